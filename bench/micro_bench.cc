@@ -1,0 +1,722 @@
+// Micro-benchmarks of the hot paths of one site, each next to its ceiling:
+//
+//   BM_Memcpy                  memcpy of 1 MiB: the ceiling of an apply
+//   BM_ApplyUpdate/plain       ParameterStore::Apply of a 1 MiB update
+//   BM_ApplyUpdate/momentum    the same with server momentum 0.9
+//   BM_GradientStep            one worker step of a 784-256-10 MLP, batch 64
+//   BM_ZmqRawRoundTrip         1 MiB each way over a raw DEALER/ROUTER pair:
+//                              the ceiling of a commit/pull round trip
+//   BM_CommitPullRoundTrip     COMMIT + MODEL of a ~1 MiB model through a
+//                              real SiteServer, this process as its worker
+//
+// After Google Benchmark's console output, main() prints a markdown table
+// of each hot path against its ceiling and goal. Goals never change the exit
+// status: it is 0 unless a benchmark failed to run.
+//
+// All benchmarks measure wall time (UseRealTime): round trips spend most of
+// their time waiting for other threads, so CPU time would flatter them.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+#include <benchmark/benchmark.h>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "meridian/layout.h"
+#include "meridian/log.h"
+#include "meridian/message.h"
+#include "meridian/meridian.pb.h"
+#include "meridian/model.h"
+#include "meridian/optimizer.h"
+#include "meridian/param_store.h"
+#include "meridian/site_server.h"
+#include "meridian/status.h"
+#include "meridian/transport.h"
+#include "testing/test_data.h"
+
+namespace meridian {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr uint64_t kUpdateFloats = kMiB / sizeof(float);  // 262144
+
+// Small, finite update values: a long run never overflows the model.
+constexpr float kUpdateValue = 1e-6f;
+
+// ---- 1. memcpy: the ceiling of applying an update --------------------------
+
+void BM_Memcpy(benchmark::State& state) {
+  std::vector<char> src(kMiB, 1);
+  std::vector<char> dst(kMiB, 0);
+  for ([[maybe_unused]] auto _ : state) {
+    std::memcpy(dst.data(), src.data(), kMiB);
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * kMiB);
+}
+BENCHMARK(BM_Memcpy)->UseRealTime();
+
+// ---- 2. ParameterStore::Apply ----------------------------------------------
+
+void BM_ApplyUpdate(benchmark::State& state, double momentum) {
+  ModelLayout layout;
+  if (Status status = layout.Add("w", {kUpdateFloats}); !status.ok()) {
+    state.SkipWithError(status.ToString().c_str());
+    return;
+  }
+  ApplyRule rule;
+  rule.rule = pb::MEAN;
+  rule.learning_rate = 1.0;
+  rule.momentum = momentum;
+  rule.workers = 1;
+  ParameterStore store(layout, /*num_shards=*/4, rule);
+  const std::vector<float> update(kUpdateFloats, kUpdateValue);
+  const UpdateSegment segment{0, update};
+  for ([[maybe_unused]] auto _ : state) {
+    benchmark::DoNotOptimize(store.Apply({&segment, 1}));
+  }
+  state.SetBytesProcessed(state.iterations() * kMiB);
+}
+BENCHMARK_CAPTURE(BM_ApplyUpdate, plain, 0.0)->UseRealTime();
+BENCHMARK_CAPTURE(BM_ApplyUpdate, momentum, 0.9)->UseRealTime();
+
+// ---- 3. one worker step ----------------------------------------------------
+
+constexpr int kInputDim = 784;
+constexpr int kClasses = 10;
+constexpr int kBatch = 64;
+// Batches cycled through, so that the step does not run on one memorised
+// batch (whose vanishing gradients would not be representative).
+constexpr int kBatches = 8;
+
+void BM_GradientStep(benchmark::State& state) {
+  pb::ModelConfig config;
+  config.set_kind(pb::MLP);
+  config.add_hidden(256);
+  Result<std::unique_ptr<Model>> made = MakeModel(config, kInputDim, kClasses);
+  if (!made.ok()) {
+    state.SkipWithError(made.status().ToString().c_str());
+    return;
+  }
+  std::unique_ptr<Model> model = std::move(made).value();
+  const uint64_t n = model->layout().num_elements();
+  std::vector<float> params(n);
+  std::vector<float> grad(n);
+  model->Initialize(/*seed=*/1, params);
+  pb::OptimizerConfig optimizer_config;  // documented defaults
+  SgdOptimizer optimizer(optimizer_config, n);
+
+  // Standardised-looking features and uniform labels.
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> feature(0.0f, 1.0f);
+  std::uniform_int_distribution<int> label(0, kClasses - 1);
+  std::vector<Eigen::MatrixXf> features(kBatches,
+                                        Eigen::MatrixXf(kInputDim, kBatch));
+  std::vector<std::vector<uint8_t>> labels(kBatches,
+                                           std::vector<uint8_t>(kBatch));
+  for (int b = 0; b < kBatches; ++b) {
+    for (Eigen::Index i = 0; i < features[b].size(); ++i) {
+      features[b].data()[i] = feature(rng);
+    }
+    for (uint8_t& l : labels[b]) l = static_cast<uint8_t>(label(rng));
+  }
+
+  float loss = 0;
+  int b = 0;
+  for ([[maybe_unused]] auto _ : state) {
+    loss = model->LossAndGradient(params, features[b], labels[b], grad);
+    optimizer.Step(params, grad);
+    b = (b + 1) % kBatches;
+  }
+  benchmark::DoNotOptimize(loss);
+  if (!std::isfinite(loss)) {
+    state.SkipWithError("training diverged: the loss is not finite");
+    return;
+  }
+  state.SetBytesProcessed(state.iterations() * kInputDim * kBatch *
+                          static_cast<int64_t>(sizeof(float)));
+  state.SetItemsProcessed(state.iterations() * kBatch);
+}
+BENCHMARK(BM_GradientStep)->UseRealTime();
+
+// ---- 4. raw ZeroMQ round trip: the ceiling of a commit/pull ----------------
+
+// Both ends copy the payload into a fresh message once per iteration, as
+// the worker (building its commit) and the server (reading the model into
+// its reply) do; the echo thread sends the received message back as is.
+void BM_ZmqRawRoundTrip(benchmark::State& state) {
+  // One context per side, like a worker process and its site server.
+  zmq::context_t server_context;
+  zmq::context_t client_context;
+  std::atomic<bool> stop{false};
+  std::thread echo;
+  try {
+    zmq::socket_t router(server_context, zmq::socket_type::router);
+    router.set(zmq::sockopt::linger, 0);
+    router.set(zmq::sockopt::rcvtimeo, 100);  // to notice `stop`
+    router.bind("tcp://127.0.0.1:*");
+    const std::string endpoint = router.get(zmq::sockopt::last_endpoint);
+    // The thread owns the router from here on.
+    echo = std::thread([&stop, router = std::move(router)]() mutable {
+      try {
+        std::vector<zmq::message_t> frames;
+        while (!stop.load(std::memory_order_relaxed)) {
+          frames.clear();
+          if (!zmq::recv_multipart(router, std::back_inserter(frames))) {
+            continue;  // timed out
+          }
+          zmq::send_multipart(router, frames);  // [routing id, payload]
+        }
+      } catch (const zmq::error_t&) {
+        // The client side reports the failure (its receive times out).
+      }
+    });
+
+    zmq::socket_t dealer(client_context, zmq::socket_type::dealer);
+    dealer.set(zmq::sockopt::linger, 0);
+    dealer.set(zmq::sockopt::rcvtimeo, 10000);
+    dealer.connect(endpoint);
+    const std::vector<char> payload(kMiB, 1);
+    for ([[maybe_unused]] auto _ : state) {
+      dealer.send(zmq::message_t(payload.data(), payload.size()),
+                  zmq::send_flags::none);
+      zmq::message_t reply;
+      if (!dealer.recv(reply) || static_cast<int64_t>(reply.size()) != kMiB) {
+        state.SkipWithError("no or wrong echo within 10 s");
+        break;
+      }
+    }
+  } catch (const zmq::error_t& error) {
+    state.SkipWithError((std::string("zmq: ") + error.what()).c_str());
+  }
+  stop.store(true);
+  if (echo.joinable()) echo.join();
+  state.SetBytesProcessed(state.iterations() * 2 * kMiB);
+}
+BENCHMARK(BM_ZmqRawRoundTrip)->UseRealTime();
+
+// ---- 5. COMMIT -> MODEL through a real SiteServer --------------------------
+
+// 784*h + h + 10*h + 10 floats = 262360 (1.0008 MiB) for h = 330.
+constexpr uint32_t kRoundTripHidden = 330;
+constexpr auto kCallTimeout = std::chrono::seconds(30);
+
+// A site server with one worker slot, run in a thread, and this process as
+// its worker. Created once (on the first run of BM_CommitPullRoundTrip) and
+// stopped by main() after all benchmarks.
+class SiteHarness {
+ public:
+  static Result<std::unique_ptr<SiteHarness>> Start() {
+    std::unique_ptr<SiteHarness> harness(new SiteHarness());
+    MERIDIAN_RETURN_IF_ERROR(harness->Init());
+    return harness;
+  }
+
+  ~SiteHarness() {
+    // Only reached without Stop() on an error path: stop the server the
+    // hard way (it waits a few seconds for our BYE, then exits).
+    stop_requested_.store(true);
+    if (server_thread_.joinable()) server_thread_.join();
+    RemoveData();
+  }
+
+  SiteHarness(const SiteHarness&) = delete;
+  SiteHarness& operator=(const SiteHarness&) = delete;
+
+  uint64_t model_bytes() const {
+    return layout_.num_elements() * sizeof(float);
+  }
+
+  // One COMMIT of a whole-model update, built as a worker builds it, and
+  // its MODEL reply. Returns the payload bytes moved (both directions).
+  Result<uint64_t> CommitAndPull() {
+    pb::Header header;
+    header.set_type(pb::COMMIT);
+    header.set_clock(static_cast<int64_t>(commits_));
+    std::vector<zmq::message_t> frames;
+    frames.reserve(layout_.tensors().size());
+    uint64_t sent = 0;
+    for (const TensorInfo& tensor : layout_.tensors()) {
+      zmq::message_t frame = MakeFloatFrame(tensor.size);
+      std::memcpy(frame.data(), update_.data() + tensor.offset,
+                  tensor.size * sizeof(float));
+      sent += frame.size();
+      frames.push_back(std::move(frame));
+      AddTensorSlice(tensor, &header);
+    }
+    pb::Commit* commit = header.mutable_commit();
+    commit->set_base_version(version_);
+    commit->set_local_steps(1);
+    commit->mutable_stats()->set_commits(commits_);
+
+    MERIDIAN_ASSIGN_OR_RETURN(
+        Envelope reply, client_->Call(header, std::move(frames), kCallTimeout));
+    if (reply.header.type() == pb::ERROR) {
+      return FailedPreconditionError(
+          "COMMIT refused: " +
+          pb::ErrorCode_Name(reply.header.error().code()) + ": " +
+          reply.header.error().message());
+    }
+    if (reply.header.type() != pb::MODEL) {
+      return DataLossError("expected MODEL, got " +
+                           DescribeHeader(reply.header));
+    }
+    if (reply.header.model().stop()) {
+      return FailedPreconditionError("the site server stopped: " +
+                                     reply.header.model().stop_reason());
+    }
+    uint64_t received = 0;
+    for (const zmq::message_t& frame : reply.payload) received += frame.size();
+    if (received != model_bytes()) {
+      return DataLossError("MODEL carries " + std::to_string(received) +
+                           " bytes, expected " +
+                           std::to_string(model_bytes()));
+    }
+    version_ = reply.header.model().version();
+    ++commits_;
+    return sent + received;
+  }
+
+  // SHUTDOWN, then BYE, then waits for the server's Run() to return.
+  Status Stop() {
+    Status status = Request(pb::SHUTDOWN, pb::STATUS_REPLY);
+    if (status.ok()) status = Request(pb::BYE, pb::BYE);
+    if (!status.ok()) stop_requested_.store(true);  // make Run() return
+    if (server_thread_.joinable()) server_thread_.join();
+    RemoveData();
+    if (!status.ok()) return status;
+    if (!run_status_.ok()) return run_status_.WithContext("SiteServer::Run");
+    const pb::SiteSummary& summary = server_->summary();
+    if (summary.commits() != commits_) {
+      return InternalError("server counted " +
+                           std::to_string(summary.commits()) +
+                           " commits, the worker sent " +
+                           std::to_string(commits_));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  SiteHarness() = default;
+
+  Status Init() {
+    data_dir_ = testing::MakeTempDir("meridian-bench");
+    testing::SyntheticDataOptions data;
+    data.train_samples = 200;  // read only for normalisation statistics
+    data.test_samples = 200;   // evaluated once at start and once at the end
+    MERIDIAN_RETURN_IF_ERROR(testing::WriteSyntheticIdx(data_dir_, data));
+
+    pb::JobConfig job = testing::SmallJob(data_dir_, /*workers=*/1,
+                                          kRoundTripHidden);
+    job.set_time_budget_s(24 * 3600);
+    job.mutable_server()->set_eval_period_s(24 * 3600);
+
+    Result<std::unique_ptr<Model>> model = MakeModel(job.model(), 784, 10);
+    if (!model.ok()) return model.status();
+    layout_ = (*model)->layout();
+    update_.assign(layout_.num_elements(), kUpdateValue);
+
+    SiteServerOptions options;
+    options.job = job;
+    options.site = job.site(0).name();
+    options.bind = "tcp://127.0.0.1:*";
+    options.stop_requested = &stop_requested_;
+    MERIDIAN_ASSIGN_OR_RETURN(server_, SiteServer::Create(std::move(options)));
+    server_thread_ = std::thread([this] { run_status_ = server_->Run(); });
+
+    pb::Endpoint self;
+    self.set_site(job.site(0).name());
+    self.set_role(pb::ROLE_WORKER);
+    self.set_id(0);
+    client_ = std::make_unique<RpcClient>(context_, server_->endpoint(), self);
+
+    pb::Header hello;
+    hello.set_type(pb::HELLO);
+    hello.mutable_hello()->set_worker_index(0);
+    layout_.ToSpecs(hello.mutable_hello()->mutable_layout());
+    MERIDIAN_ASSIGN_OR_RETURN(Envelope welcome,
+                              client_->Call(hello, {}, kCallTimeout));
+    if (welcome.header.type() != pb::WELCOME) {
+      return FailedPreconditionError("expected WELCOME, got " +
+                                     DescribeHeader(welcome.header) + " " +
+                                     welcome.header.error().message());
+    }
+    version_ = welcome.header.welcome().model_version();
+    return Status::Ok();
+  }
+
+  // A request without payload; OK when the reply has type `expected`.
+  Status Request(pb::MessageType type, pb::MessageType expected) {
+    pb::Header header;
+    header.set_type(type);
+    if (type == pb::SHUTDOWN) {
+      header.mutable_shutdown()->set_reason("benchmark finished");
+    } else if (type == pb::BYE) {
+      header.mutable_bye()->mutable_stats()->set_commits(commits_);
+    }
+    MERIDIAN_ASSIGN_OR_RETURN(Envelope reply,
+                              client_->Call(header, {}, kCallTimeout));
+    if (reply.header.type() != expected) {
+      return DataLossError("expected " + pb::MessageType_Name(expected) +
+                           ", got " + DescribeHeader(reply.header) + " " +
+                           reply.header.error().message());
+    }
+    return Status::Ok();
+  }
+
+  void RemoveData() {
+    if (data_dir_.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(data_dir_, ignored);
+    data_dir_.clear();
+  }
+
+  std::string data_dir_;
+  ModelLayout layout_;
+  std::vector<float> update_;
+
+  std::atomic<bool> stop_requested_{false};
+  std::unique_ptr<SiteServer> server_;
+  std::thread server_thread_;
+  Status run_status_;  // written by server_thread_, read after join
+
+  zmq::context_t context_;
+  std::unique_ptr<RpcClient> client_;  // destroyed before context_
+  uint64_t version_ = 0;
+  uint64_t commits_ = 0;
+};
+
+// The harness shared by every run of BM_CommitPullRoundTrip (Google
+// Benchmark calls the function several times to size the iteration count).
+struct HarnessSlot {
+  bool started = false;
+  Status start_status;
+  std::unique_ptr<SiteHarness> harness;
+};
+
+HarnessSlot& Harness() {
+  static HarnessSlot* slot = new HarnessSlot();
+  return *slot;
+}
+
+void BM_CommitPullRoundTrip(benchmark::State& state) {
+  HarnessSlot& slot = Harness();
+  if (!slot.started) {
+    slot.started = true;
+    Result<std::unique_ptr<SiteHarness>> started = SiteHarness::Start();
+    if (started.ok()) {
+      slot.harness = std::move(started).value();
+    } else {
+      slot.start_status = started.status();
+    }
+  }
+  if (slot.harness == nullptr) {
+    const std::string message =
+        "cannot start the site: " + slot.start_status.ToString();
+    state.SkipWithError(message.c_str());
+    return;
+  }
+  int64_t bytes = 0;
+  for ([[maybe_unused]] auto _ : state) {
+    Result<uint64_t> moved = slot.harness->CommitAndPull();
+    if (!moved.ok()) {
+      state.SkipWithError(moved.status().ToString().c_str());
+      break;
+    }
+    bytes += static_cast<int64_t>(*moved);
+  }
+  state.SetBytesProcessed(bytes);
+  state.counters["model_MiB"] =
+      static_cast<double>(slot.harness->model_bytes()) / kMiB;
+}
+BENCHMARK(BM_CommitPullRoundTrip)->UseRealTime();
+
+// Stops the site of BM_CommitPullRoundTrip if it was started.
+Status StopHarness() {
+  HarnessSlot& slot = Harness();
+  if (slot.harness == nullptr) return slot.start_status;
+  Status status = slot.harness->Stop();
+  slot.harness.reset();
+  return status;
+}
+
+// ---- reporting -------------------------------------------------------------
+
+struct Measurement {
+  bool error = false;
+  std::string error_message;
+  double bytes_per_second = 0;
+  double items_per_second = 0;
+};
+
+// Forwards to Google Benchmark's reporter `Base` and records the rates of
+// every benchmark, keyed by its name without the time type suffix. With
+// --benchmark_repetitions the median aggregate wins over single runs.
+template <typename Base>
+class RecordingReporter : public Base {
+ public:
+  using Run = benchmark::BenchmarkReporter::Run;
+  using Base::Base;
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    Base::ReportRuns(runs);
+    for (const Run& run : runs) Record(run);
+  }
+
+  const std::map<std::string, Measurement>& results() const {
+    return results_;
+  }
+
+ private:
+  void Record(const Run& run) {
+    const bool median = run.run_type == Run::RT_Aggregate &&
+                        run.aggregate_name == "median";
+    if (run.run_type == Run::RT_Aggregate && !median) return;
+    std::string key = run.run_name.function_name;
+    if (!run.run_name.args.empty()) key += "/" + run.run_name.args;
+    if (!median && medians_.contains(key)) return;
+    if (median) medians_.insert(key);
+    Measurement& m = results_[key];
+    m.error = run.error_occurred;
+    m.error_message = run.error_message;
+    m.bytes_per_second = Counter(run, "bytes_per_second");
+    m.items_per_second = Counter(run, "items_per_second");
+  }
+
+  static double Counter(const Run& run, const std::string& name) {
+    const auto it = run.counters.find(name);
+    return it == run.counters.end() ? 0.0 : it->second.value;
+  }
+
+  std::map<std::string, Measurement> results_;
+  std::set<std::string> medians_;
+};
+
+std::string Format(const char* format, double value, const char* unit) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), format, value);
+  return std::string(buffer) + unit;
+}
+
+// Decimal units: 1 GB/s = 1e9 bytes/s.
+std::string HumanBytesPerSecond(double bytes) {
+  if (bytes >= 1e9) return Format("%.2f", bytes / 1e9, " GB/s");
+  if (bytes >= 1e6) return Format("%.1f", bytes / 1e6, " MB/s");
+  return Format("%.1f", bytes / 1e3, " kB/s");
+}
+
+std::string HumanItemsPerSecond(double items, const char* what) {
+  const std::string unit = std::string(" ") + what + "/s";
+  if (items >= 1e6) return Format("%.2f M", items / 1e6, unit.c_str());
+  if (items >= 1e3) return Format("%.1f k", items / 1e3, unit.c_str());
+  return Format("%.0f", items, unit.c_str());
+}
+
+class SummaryTable {
+ public:
+  explicit SummaryTable(const std::map<std::string, Measurement>& results)
+      : results_(results) {}
+
+  // A row comparing `name` with `baseline`; goal <= 0: informational.
+  void Compare(const std::string& label, const std::string& name,
+               const std::string& baseline, double goal) {
+    const Measurement* m = Find(name);
+    const Measurement* b = Find(baseline);
+    const std::string goal_text =
+        goal > 0 ? Format("≥ %.1f", goal, "×") : std::string("—");
+    std::string ratio = "n/a";
+    std::string met = goal > 0 ? "n/a" : "—";
+    if (Usable(m) && Usable(b) && b->bytes_per_second > 0) {
+      const double r = m->bytes_per_second / b->bytes_per_second;
+      ratio = Format("%.2f", r, "×");
+      if (goal > 0) {
+        met = r >= goal ? "yes" : "**no**";
+        if (r < goal) ++missed_;
+      }
+    }
+    Row(label, Throughput(m, name), Throughput(b, baseline), ratio, goal_text,
+        met);
+  }
+
+  // A row with samples/s (and the bytes of features behind them).
+  void Items(const std::string& label, const std::string& name,
+             const char* what) {
+    const Measurement* m = Find(name);
+    std::string throughput = Throughput(m, name);
+    if (Usable(m)) {
+      throughput = HumanItemsPerSecond(m->items_per_second, what) + " (" +
+                   HumanBytesPerSecond(m->bytes_per_second) + " of features)";
+    }
+    Row(label, throughput, "—", "—", "—", "—");
+  }
+
+  void Print(std::ostream& out) const {
+    out << "\n| benchmark | throughput | baseline | ratio | goal | met |\n"
+        << "|---|---|---|---|---|---|\n"
+        << rows_;
+    if (missed_ > 0) {
+      out << "\n" << missed_
+          << " goal(s) missed (informational: the exit status ignores "
+             "goals).\n";
+    }
+  }
+
+ private:
+  const Measurement* Find(const std::string& name) const {
+    const auto it = results_.find(name);
+    return it == results_.end() ? nullptr : &it->second;
+  }
+
+  static bool Usable(const Measurement* m) {
+    return m != nullptr && !m->error;
+  }
+
+  static std::string Throughput(const Measurement* m,
+                                const std::string& name) {
+    if (m == nullptr) return name + " not run";
+    if (m->error) return name + " failed: " + m->error_message;
+    return HumanBytesPerSecond(m->bytes_per_second);
+  }
+
+  void Row(const std::string& label, const std::string& throughput,
+           const std::string& baseline, const std::string& ratio,
+           const std::string& goal, const std::string& met) {
+    rows_ += "| " + label + " | " + throughput + " | " + baseline + " | " +
+             ratio + " | " + goal + " | " + met + " |\n";
+  }
+
+  const std::map<std::string, Measurement>& results_;
+  std::string rows_;
+  int missed_ = 0;
+};
+
+template <typename Reporter>
+void PrintSummary(const Reporter& reporter, std::ostream& out) {
+  if (reporter.results().empty()) return;  // e.g. --benchmark_list_tests
+  SummaryTable table(reporter.results());
+  table.Compare("ApplyUpdate vs Memcpy", "BM_ApplyUpdate/plain", "BM_Memcpy",
+                0.5);
+  table.Compare("ApplyUpdate(momentum) vs Memcpy", "BM_ApplyUpdate/momentum",
+                "BM_Memcpy", 0);
+  table.Compare("CommitPullRoundTrip vs ZmqRawRoundTrip",
+                "BM_CommitPullRoundTrip", "BM_ZmqRawRoundTrip", 0.5);
+  table.Items("GradientStep", "BM_GradientStep", "samples");
+  table.Print(out);
+}
+
+template <typename Reporter>
+bool AnyError(const Reporter& reporter) {
+  return std::any_of(reporter.results().begin(), reporter.results().end(),
+                     [](const auto& entry) { return entry.second.error; });
+}
+
+// The value of --name=value (or "true" for a bare --name) in argv, read
+// before benchmark::Initialize consumes the flags: with a custom display
+// reporter, Google Benchmark no longer applies the output flags itself.
+std::optional<std::string> FlagValue(int argc, char** argv,
+                                     std::string_view name) {
+  std::optional<std::string> value;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (!arg.starts_with("--") || arg.substr(2, name.size()) != name) continue;
+    arg.remove_prefix(2 + name.size());
+    if (arg.empty()) {
+      value = "true";
+    } else if (arg.front() == '=') {
+      value = std::string(arg.substr(1));
+    }
+  }
+  return value;
+}
+
+bool IsTrue(std::string_view value) {
+  return value == "true" || value == "yes" || value == "1" || value == "t" ||
+         value == "y" || value == "on";
+}
+
+// Console options as Google Benchmark derives them from its flags.
+benchmark::ConsoleReporter::OutputOptions ConsoleOptions(int argc,
+                                                         char** argv) {
+  int options = benchmark::ConsoleReporter::OO_None;
+  const std::string color =
+      FlagValue(argc, argv, "benchmark_color").value_or("auto");
+  bool use_color = false;
+  if (color == "auto") {
+    const char* term = std::getenv("TERM");
+    use_color = ::isatty(STDOUT_FILENO) != 0 && term != nullptr &&
+                std::string_view(term) != "dumb";
+  } else {
+    use_color = IsTrue(color) || color == "force";
+  }
+  if (use_color) options |= benchmark::ConsoleReporter::OO_Color;
+  if (IsTrue(
+          FlagValue(argc, argv, "benchmark_counters_tabular").value_or(""))) {
+    options |= benchmark::ConsoleReporter::OO_Tabular;
+  }
+  return static_cast<benchmark::ConsoleReporter::OutputOptions>(options);
+}
+
+// Runs the selected benchmarks with `reporter`, stops the site, prints the
+// summary. Returns the process exit status.
+template <typename Reporter>
+int RunAll(Reporter& reporter, std::ostream& summary_out) {
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  const Status stopped = StopHarness();
+  benchmark::Shutdown();
+  PrintSummary(reporter, summary_out);
+  int exit_status = 0;
+  if (!stopped.ok()) {
+    std::cerr << "site server of BM_CommitPullRoundTrip: " << stopped << "\n";
+    exit_status = 1;
+  }
+  if (AnyError(reporter)) exit_status = 1;
+  return exit_status;
+}
+
+}  // namespace
+}  // namespace meridian
+
+int main(int argc, char** argv) {
+  // The site server logs every join and leave; keep the console for results.
+  meridian::SetLogLevel(meridian::LogLevel::kWarning);
+  const std::string format =
+      meridian::FlagValue(argc, argv, "benchmark_format").value_or("console");
+  const auto console_options = meridian::ConsoleOptions(argc, argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  // Machine-readable formats keep stdout clean; the table goes to stderr.
+  if (format == "json") {
+    meridian::RecordingReporter<benchmark::JSONReporter> reporter;
+    return meridian::RunAll(reporter, std::cerr);
+  }
+  if (format != "console") {
+    std::cerr << "--benchmark_format=" << format
+              << " is not supported here (console or json); using console\n";
+  }
+  meridian::RecordingReporter<benchmark::ConsoleReporter> reporter(
+      console_options);
+  return meridian::RunAll(reporter, std::cout);
+}

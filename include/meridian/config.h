@@ -1,0 +1,63 @@
+// The job file: a text-format pb::JobConfig. Loading reports every problem
+// with its line and column; the rest of the system only ever sees configs
+// that passed validation.
+#ifndef MERIDIAN_CONFIG_H_
+#define MERIDIAN_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meridian/meridian.pb.h"
+#include "meridian/status.h"
+
+namespace meridian {
+
+// One problem in a job file. line and column are 1-based; 0 when the
+// problem has no single place (e.g. a required field that is absent).
+struct ConfigIssue {
+  int line = 0;
+  int column = 0;
+  std::string field;    // dotted path, e.g. "site[1].workers[0].count"
+  std::string message;  // what is wrong and what is allowed
+};
+
+// "<source>:<line>:<column>: <field>: <message>" (line/column omitted when
+// 0), one issue per line.
+std::string FormatConfigIssues(std::string_view source,
+                               const std::vector<ConfigIssue>& issues);
+
+// Parses `text` and validates the result. Returns the config when there is
+// no issue; otherwise fills `issues` (when non-null) with every syntax and
+// semantic problem found and returns InvalidArgument whose message is
+// FormatConfigIssues(source, issues).
+Result<pb::JobConfig> ParseJobConfig(std::string_view text,
+                                     std::string_view source,
+                                     std::vector<ConfigIssue>* issues = nullptr);
+
+// Reads `path` and calls ParseJobConfig. A missing or unreadable file is
+// NotFound / InvalidArgument naming the path.
+Result<pb::JobConfig> LoadJobConfig(const std::string& path,
+                                    std::vector<ConfigIssue>* issues = nullptr);
+
+// Semantic checks on an already-parsed config (no locations). Used by
+// ParseJobConfig and by code that builds configs programmatically.
+std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config);
+
+// Index of the site called `name` in config.site(), or NotFound listing the
+// known names.
+Result<int> FindSite(const pb::JobConfig& config, std::string_view name);
+
+// Workers of a site (sum of its worker groups' counts).
+uint32_t SiteWorkerCount(const pb::SiteConfig& site);
+// Total workers over all sites.
+uint32_t TotalWorkerCount(const pb::JobConfig& config);
+// The group a worker index belongs to (workers are numbered group by group).
+// Precondition: index < SiteWorkerCount(site).
+const pb::WorkerGroup& WorkerGroupOf(const pb::SiteConfig& site,
+                                     uint32_t index);
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_CONFIG_H_

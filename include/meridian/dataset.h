@@ -1,0 +1,114 @@
+// Data: IDX files (gzip or plain, through zlib), normalisation, and the
+// partitioners that decide which samples live at which site and worker.
+#ifndef MERIDIAN_DATASET_H_
+#define MERIDIAN_DATASET_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "meridian/meridian.pb.h"
+#include "meridian/status.h"
+
+namespace meridian {
+
+// Raw images of an IDX3 file: count x rows x cols unsigned bytes.
+struct IdxImages {
+  uint32_t count = 0;
+  uint32_t rows = 0;
+  uint32_t cols = 0;
+  std::vector<uint8_t> pixels;  // count * rows * cols, sample-major
+  uint32_t dim() const { return rows * cols; }
+};
+
+// Reads an IDX3 ubyte image file (magic 0x00000803), gzip-compressed or
+// not. Errors name the path: NotFound for a missing file (under the default
+// data directory it also names the Debian package dataset-fashion-mnist);
+// DataLoss for a wrong magic number, implausible dimensions, a file shorter
+// or longer than its header says, or a corrupt gzip stream. Memory grows
+// with the bytes actually read, never with what a header claims.
+Result<IdxImages> ReadIdxImages(const std::string& path);
+// Reads an IDX1 ubyte label file (magic 0x00000801).
+Result<std::vector<uint8_t>> ReadIdxLabels(const std::string& path);
+
+// Writes gzip-compressed IDX files (tests and generated data sets).
+Status WriteIdxImages(const std::string& path, const IdxImages& images);
+Status WriteIdxLabels(const std::string& path,
+                      std::span<const uint8_t> labels);
+
+// Global pixel statistics after scaling to [0, 1] (population stddev; 1 when
+// there are no pixels or they are all equal).
+struct PixelStats {
+  float mean = 0;
+  float stddev = 1;
+};
+PixelStats ComputePixelStats(const IdxImages& images);
+
+// Samples ready for a model: one column per sample.
+struct Dataset {
+  Eigen::MatrixXf features;  // dim x size
+  std::vector<uint8_t> labels;
+  int num_classes = 10;
+
+  uint64_t size() const { return labels.size(); }
+  int input_dim() const { return static_cast<int>(features.rows()); }
+};
+
+// Builds a Dataset from the samples `indices` (all when empty) of the raw
+// images, in that order, normalised as `normalization` says (STANDARDIZE and
+// NORMALIZATION_UNSPECIFIED use `stats`). Indices without both pixels and a
+// label are skipped.
+Dataset MakeDataset(const IdxImages& images, std::span<const uint8_t> labels,
+                    std::span<const uint32_t> indices,
+                    pb::Normalization normalization, const PixelStats& stats,
+                    int num_classes = 10);
+
+// Splits the sample indices [0, labels.size()) into `num_parts` partitions
+// as `config` says (see pb::PartitionKind). Deterministic in `seed` (on every
+// platform); every sample lands in at most one partition; each partition is
+// sorted; IID shares differ by at most one. LABEL_SUBSET: a class listed
+// for several partitions is dealt among them in sample order (shares differ
+// by at most one), samples of unlisted classes are left out. LABEL_SKEW:
+// each sample goes home (label % num_parts) with probability skew, else to a
+// uniformly random partition. PARTITION_KIND_UNSPECIFIED is IID.
+// InvalidArgument for num_parts outside [1, 2^20], num_classes < 1, a label
+// >= num_classes, a LABEL_SUBSET list count other than num_parts (when any
+// are given), an empty list or an unknown class, a skew outside [0, 1].
+Result<std::vector<std::vector<uint32_t>>> PartitionIndices(
+    std::span<const uint8_t> labels, int num_classes, int num_parts,
+    const pb::PartitionConfig& config, uint64_t seed);
+
+// The raw training and test sets of a job, read once per process.
+struct RawData {
+  IdxImages train_images;
+  std::vector<uint8_t> train_labels;
+  IdxImages test_images;
+  std::vector<uint8_t> test_labels;
+  PixelStats stats;  // of the (limited) training images
+};
+
+// Reads the files `config` names (train and/or test), checks that image and
+// label counts agree (InvalidArgument naming both files) and that train and
+// test images have the same size, applies train_limit / test_limit. `stats`
+// is always that of the (limited) training images when the normalisation
+// needs it (not SCALE): with load_train false the training images are read
+// for it and dropped, so train_* stay empty.
+Result<RawData> LoadRawData(const pb::DataConfig& config, bool load_train,
+                            bool load_test);
+
+// The training samples of one worker: the job's site partition
+// (config.data().site_partition() over all sites, in config order), then an
+// IID split of that site's share over its workers (seeded from
+// config.seed() and the site index). Deterministic in config.seed(); sorted.
+// OutOfRange for a site or worker index outside the config; errors of
+// PartitionIndices pass through.
+Result<std::vector<uint32_t>> WorkerSampleIndices(
+    const pb::JobConfig& config, std::span<const uint8_t> train_labels,
+    int site_index, int worker_index);
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_DATASET_H_

@@ -1,0 +1,81 @@
+// Wire messages: a Protobuf pb::Header in frame 0 and one raw payload frame
+// per header slice. This file holds the pure (socket-free) parts: building
+// headers, decoding frames and validating them against a model layout, so
+// that the decoder can be unit-tested and fuzzed without a network.
+#ifndef MERIDIAN_MESSAGE_H_
+#define MERIDIAN_MESSAGE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "meridian/layout.h"
+#include "meridian/meridian.pb.h"
+#include "meridian/status.h"
+
+namespace meridian {
+
+inline constexpr uint32_t kProtocolVersion = pb::PROTOCOL_VERSION_CURRENT;
+
+// Upper bounds that keep a hostile header from making us allocate or loop
+// without limit. A header is small by design: values travel in payloads.
+inline constexpr size_t kMaxHeaderBytes = 1 << 20;
+inline constexpr int kMaxSlices = 4096;
+
+// Why a message was refused: the code and text sent back in the ERROR reply
+// and logged by the receiver.
+struct Rejection {
+  pb::ErrorCode code = pb::ERROR_MALFORMED;
+  std::string reason;
+
+  Status ToStatus() const;
+};
+
+// nullopt when the message passed the check.
+using Verdict = std::optional<Rejection>;
+
+// Bytes of one element of `dtype`; 0 for unknown types.
+size_t DTypeSize(pb::DType dtype);
+
+// A header with version, type, sender and sequence filled in.
+pb::Header MakeHeader(pb::MessageType type, const pb::Endpoint& sender,
+                      uint64_t sequence);
+
+// Appends a FLOAT32/RAW slice covering a whole tensor.
+void AddTensorSlice(const TensorInfo& tensor, pb::Header* header);
+// Appends one slice per tensor of `layout`, in layout order.
+void AddLayoutSlices(const ModelLayout& layout, pb::Header* header);
+
+// A received message, frames borrowed from the transport.
+struct FrameView {
+  std::span<const std::byte> bytes;
+};
+
+// Parses frame 0 into `header` and checks everything that does not need
+// the model: the protocol version, a known message type with the body it
+// requires, one payload frame per slice, each frame's size equal to its
+// slice's payload_bytes and to length * dtype size for RAW slices, known
+// dtype/codec. `payload` are frames 1..N.
+Verdict DecodeMessage(std::span<const std::byte> frame0,
+                      std::span<const FrameView> payload, pb::Header* header);
+
+// Checks the header's slices against `layout`: every tensor exists and
+// offset + length stays inside it (overflow-safe). When `whole_model` is
+// set, the slices must cover every tensor exactly once and entirely, in
+// layout order (what a worker commit carries).
+Verdict CheckSlicesAgainstLayout(const pb::Header& header,
+                                 const ModelLayout& layout, bool whole_model);
+
+// Rejects NaN or +-Inf in a FLOAT32 payload; names the slice and index.
+Verdict CheckFinite(const pb::TensorSlice& slice,
+                    std::span<const std::byte> payload);
+
+// "COMMIT from site-a/worker#3 seq 17 (2 slices)".
+std::string DescribeHeader(const pb::Header& header);
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_MESSAGE_H_

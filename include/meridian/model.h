@@ -1,0 +1,80 @@
+// Models: a set of named dense tensors laid end to end in one flat float
+// vector (the "key space" that shards, wire slices and updates address),
+// plus forward/backward passes in Eigen.
+#ifndef MERIDIAN_MODEL_H_
+#define MERIDIAN_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "meridian/layout.h"
+#include "meridian/meridian.pb.h"
+#include "meridian/status.h"
+
+namespace meridian {
+
+struct Dataset;
+
+// Loss and accuracy of a model on a data set.
+struct EvalResult {
+  double loss = 0;      // mean cross-entropy (nats)
+  double accuracy = 0;  // fraction of samples classified correctly
+  uint64_t samples = 0;
+};
+
+// A classifier over column-sample features. Instances hold scratch buffers:
+// not thread-safe, use one per thread. Parameters live outside the model in
+// a flat vector of layout().num_elements() floats.
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const ModelLayout& layout() const = 0;
+  virtual int input_dim() const = 0;
+  virtual int num_classes() const = 0;
+
+  // Writes initial parameters (He-uniform for ReLU layers, Glorot-uniform
+  // for the output layer, zero biases). Deterministic in `seed`. A `params`
+  // of the wrong size is filled with NaN instead.
+  virtual void Initialize(uint64_t seed, std::span<float> params) const = 0;
+
+  // Mean cross-entropy over the batch at `params`; writes its gradient with
+  // respect to every parameter into `grad` (overwritten, same size as
+  // params). `features` is input_dim() x batch (one column per sample);
+  // labels has one entry per column, each < num_classes(). When any of
+  // this does not hold, returns NaN and zeroes `grad`. Scratch buffers grow
+  // to the largest batch seen and are reused (on the AVX2 path a step then
+  // allocates nothing).
+  virtual float LossAndGradient(
+      std::span<const float> params,
+      const Eigen::Ref<const Eigen::MatrixXf>& features,
+      std::span<const uint8_t> labels, std::span<float> grad) = 0;
+
+  // Mean loss and accuracy on the first `max_samples` samples of `data`
+  // (all when 0), processed in chunks to bound memory. loss is NaN when the
+  // data does not fit the model (rows != input_dim(), label too large).
+  virtual EvalResult Evaluate(std::span<const float> params,
+                              const Dataset& data,
+                              uint64_t max_samples = 0) = 0;
+};
+
+// Builds the model the config describes: SOFTMAX (no hidden layers) or MLP
+// with config.hidden() ReLU layers. Tensor names are "fc<i>.weight"
+// ([out, in]) and "fc<i>.bias" ([out]). InvalidArgument for SOFTMAX with
+// hidden layers, MLP without any or with a zero width, another kind,
+// input_dim <= 0, num_classes outside [1, 256] or more than 2^30 parameters.
+// The dense products run on AVX2/FMA kernels when the CPU has them (checked
+// at run time) and on Eigen otherwise; MERIDIAN_NO_SIMD=1 in the environment
+// forces the Eigen path for the models built while it is set.
+Result<std::unique_ptr<Model>> MakeModel(const pb::ModelConfig& config,
+                                         int input_dim, int num_classes);
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_MODEL_H_

@@ -1,0 +1,136 @@
+// A site's model replica: one flat float vector (see layout.h) split into
+// shards by key range. Each shard has its own lock, so applying an update,
+// answering a pull and the evaluator's snapshot interleave shard by shard
+// instead of serialising on the whole model.
+#ifndef MERIDIAN_PARAM_STORE_H_
+#define MERIDIAN_PARAM_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "meridian/layout.h"
+#include "meridian/meridian.pb.h"
+#include "meridian/status.h"
+
+namespace meridian {
+
+// A contiguous run of values addressed in the flat key space.
+struct UpdateSegment {
+  uint64_t offset = 0;
+  std::span<const float> values;
+};
+
+// A destination for values read from the store: elements
+// [offset, offset + values.size()) of the key space.
+struct ReadSegment {
+  uint64_t offset = 0;
+  std::span<float> values;
+};
+
+// Half-open key range [begin, end).
+struct KeyRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t size() const { return end - begin; }
+};
+
+// How committed updates change the model:
+//   u' = learning_rate * u / (rule == MEAN ? workers : 1)
+//   momentum == 0: w += u'
+//   momentum  > 0: v = momentum * v + u'; w += v
+struct ApplyRule {
+  pb::ApplyRule rule = pb::MEAN;
+  double learning_rate = 1.0;
+  double momentum = 0.0;
+  uint32_t workers = 1;
+
+  static ApplyRule FromConfig(const pb::ServerConfig& config,
+                              uint32_t workers);
+  // The factor applied to a raw update before momentum.
+  float Scale() const;
+};
+
+// Thread-safe: every method may be called from any thread.
+class ParameterStore {
+ public:
+  // `num_shards` is clamped to [1, layout.num_elements()]. The model starts
+  // at zero; Assign() sets initial values.
+  ParameterStore(ModelLayout layout, uint32_t num_shards, ApplyRule rule);
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+
+  const ModelLayout& layout() const { return layout_; }
+  uint64_t num_elements() const { return layout_.num_elements(); }
+  uint32_t num_shards() const { return static_cast<uint32_t>(shards_.size()); }
+  KeyRange shard_range(uint32_t shard) const { return shards_[shard]->range; }
+  const ApplyRule& rule() const { return rule_; }
+
+  // Number of updates applied so far; a pull returns the model with the
+  // version it was read at.
+  uint64_t version() const { return version_.load(std::memory_order_acquire); }
+
+  // Replaces every value (size must be num_elements()); resets momentum.
+  Status Assign(std::span<const float> values);
+
+  // Copies the whole model into `out` (size num_elements()). Each shard is
+  // copied atomically; returns the version read before copying.
+  uint64_t Snapshot(std::span<float> out) const;
+
+  // Copies elements [offset, offset + out.size()) into `out`, shard by
+  // shard. Precondition: the range lies inside the key space.
+  void Read(uint64_t offset, std::span<float> out) const;
+  // Fills every read segment, each shard copied under one lock.
+  void Read(std::span<const ReadSegment> reads) const;
+
+  // Applies one update through the apply rule and returns the new version.
+  // When `read_back` is given, it is filled with the updated values in the
+  // same pass (the model a worker gets back after its commit). Precondition:
+  // segments lie inside the key space (validated by the caller against the
+  // layout).
+  uint64_t Apply(std::span<const UpdateSegment> segments,
+                 std::span<const ReadSegment> read_back = {});
+
+ private:
+  struct Shard {
+    KeyRange range;
+    mutable std::mutex mu;  // guards values_[range] and velocity_[range]
+  };
+
+  // Calls fn(shard range) for every shard, with that shard locked.
+  template <typename Fn>
+  void ForEachShardLocked(Fn&& fn) const;
+  // Copies the parts of `reads` inside `shard`; the shard must be locked.
+  void CopyOut(const KeyRange& shard, std::span<const ReadSegment> reads) const;
+
+  ModelLayout layout_;
+  ApplyRule rule_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::vector<float> values_;
+  std::vector<float> velocity_;  // empty unless rule_.momentum > 0
+  std::atomic<uint64_t> version_{0};
+};
+
+// Sums updates over a barrier (BSP): commits are added as they arrive and
+// applied once when the policy says so. Not thread-safe.
+class UpdateAccumulator {
+ public:
+  explicit UpdateAccumulator(uint64_t num_elements);
+
+  void Add(std::span<const UpdateSegment> segments);
+  uint32_t count() const { return count_; }
+  // The summed update as one segment (valid until the next Add/Clear).
+  std::vector<UpdateSegment> Segments() const;
+  void Clear();
+
+ private:
+  std::vector<float> sum_;
+  uint32_t count_ = 0;
+};
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_PARAM_STORE_H_

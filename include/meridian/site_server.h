@@ -1,0 +1,62 @@
+// The parameter server of one site: owns the site's model replica (all
+// shards), admits its workers, applies their commits under the intra-site
+// policy, answers pulls, and evaluates the model on the test set on a fixed
+// period in a thread that never blocks commits.
+#ifndef MERIDIAN_SITE_SERVER_H_
+#define MERIDIAN_SITE_SERVER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "meridian/clock.h"
+#include "meridian/meridian.pb.h"
+#include "meridian/status.h"
+
+namespace meridian {
+
+struct SiteServerOptions {
+  pb::JobConfig job;   // validated
+  std::string site;    // name of this site in job.site()
+  // ZeroMQ endpoint to bind; empty: the site's address from the job.
+  std::string bind;
+  // When set, the server writes <out_dir>/site-<name>.json (a SiteSummary)
+  // on exit.
+  std::string out_dir;
+  // Polled by the event loop; when it becomes true the server finishes the
+  // job as if the time budget ran out. May be null. Not owned.
+  const std::atomic<bool>* stop_requested = nullptr;
+};
+
+class SiteServer {
+ public:
+  // Loads the test set (and the training images' statistics), builds the
+  // model with its seeded initial parameters and binds the socket. Errors
+  // name what is wrong (missing data files, an address in use...).
+  static Result<std::unique_ptr<SiteServer>> Create(SiteServerOptions options);
+  ~SiteServer();
+  SiteServer(const SiteServer&) = delete;
+  SiteServer& operator=(const SiteServer&) = delete;
+
+  // The endpoint workers connect to (port resolved when bound to "*").
+  const std::string& endpoint() const;
+
+  // Serves until the job ends: the target accuracy is reached, the time
+  // budget runs out, a SHUTDOWN arrives or stop_requested is set. Then it
+  // tells every worker to stop, waits briefly for their BYE, runs a final
+  // evaluation and writes the summary. Returns an error only when the site
+  // could not run (e.g. workers never joined). Call once.
+  Status Run();
+
+  // Valid after Run() returned.
+  const pb::SiteSummary& summary() const;
+
+ private:
+  class Impl;
+  explicit SiteServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_SITE_SERVER_H_

@@ -1,0 +1,580 @@
+#include "meridian/config.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/generated_enum_reflection.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/text_format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <system_error>
+#include <utility>
+
+namespace meridian {
+namespace {
+
+namespace gpb = google::protobuf;
+using ParseInfoTree = gpb::TextFormat::ParseInfoTree;
+using ParseLocation = gpb::TextFormat::ParseLocation;
+
+// Fashion-MNIST has ten classes, labelled 0..9.
+constexpr uint32_t kNumClasses = 10;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
+
+std::string FormatReal(double value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%g", value);
+  return buffer;
+}
+
+// The allowed values of a real field: an interval, unbounded above when `hi`
+// is +inf. NaN and +-Inf are never allowed.
+struct RealRange {
+  double lo;
+  bool lo_open;
+  double hi;
+  bool hi_open;
+
+  bool Contains(double value) const {
+    if (!std::isfinite(value)) return false;
+    if (lo_open ? value <= lo : value < lo) return false;
+    if (hi_open ? value >= hi : value > hi) return false;
+    return true;
+  }
+  // "> 0", ">= 0", "in [0, 1)".
+  std::string Describe() const {
+    if (std::isinf(hi)) return (lo_open ? "> " : ">= ") + FormatReal(lo);
+    return std::string("in ") + (lo_open ? "(" : "[") + FormatReal(lo) + ", " +
+           FormatReal(hi) + (hi_open ? ")" : "]");
+  }
+};
+
+// The allowed values of an integer field: [lo, hi], unbounded above when
+// `hi` is kUnbounded.
+struct CountRange {
+  uint64_t lo;
+  uint64_t hi;
+
+  bool Contains(uint64_t value) const { return value >= lo && value <= hi; }
+  std::string Describe() const {
+    if (hi == kUnbounded) return ">= " + std::to_string(lo);
+    return "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  }
+};
+
+constexpr RealRange kPositive{0, true, kInf, true};      // > 0
+constexpr RealRange kNonNegative{0, false, kInf, true};  // >= 0
+constexpr RealRange kUnitInterval{0, false, 1, false};   // [0, 1]
+constexpr RealRange kMomentum{0, false, 1, true};        // [0, 1)
+constexpr RealRange kDecayFactor{0, true, 1, false};     // (0, 1]
+
+constexpr CountRange kAtLeastOne{1, kUnbounded};
+constexpr CountRange kWorkersPerGroup{1, 1024};
+constexpr CountRange kHiddenUnits{1, 65536};
+constexpr CountRange kBatchSize{1, 65536};
+constexpr CountRange kNumShards{1, 256};
+constexpr CountRange kClassLabel{0, kNumClasses - 1};
+
+constexpr std::string_view kEndpointSchemes[] = {"tcp://", "ipc://",
+                                                 "inproc://"};
+
+std::string Indexed(std::string_view field, int index) {
+  return std::string(field) + "[" + std::to_string(index) + "]";
+}
+
+// Records issues under a dotted field-path prefix ("site[1].workers[0]").
+// Copies share the issue list; Nested() returns a reporter one level deeper.
+class IssueReporter {
+ public:
+  explicit IssueReporter(std::vector<ConfigIssue>* issues,
+                         std::string prefix = "")
+      : issues_(issues), prefix_(std::move(prefix)) {}
+
+  IssueReporter Nested(std::string_view field) const {
+    return IssueReporter(issues_, Path(field));
+  }
+  IssueReporter Nested(std::string_view field, int index) const {
+    return IssueReporter(issues_, Path(Indexed(field, index)));
+  }
+
+  void Report(std::string_view field, std::string message) const {
+    ConfigIssue issue;
+    issue.field = Path(field);
+    issue.message = std::move(message);
+    issues_->push_back(std::move(issue));
+  }
+
+  void Check(bool ok, std::string_view field, std::string message) const {
+    if (!ok) Report(field, std::move(message));
+  }
+
+  void Real(std::string_view field, double value,
+            const RealRange& range) const {
+    if (range.Contains(value)) return;
+    Report(field, std::string("must be ") +
+                      (std::isfinite(value) ? "" : "finite and ") +
+                      range.Describe() + ", got " + FormatReal(value));
+  }
+
+  void Count(std::string_view field, uint64_t value,
+             const CountRange& range) const {
+    Check(range.Contains(value), field,
+          "must be " + range.Describe() + ", got " + std::to_string(value));
+  }
+
+  void NonEmpty(std::string_view field, const std::string& value) const {
+    Check(!value.empty(), field, "must be non-empty");
+  }
+
+  // The value must be a declared enumerator other than the UNSPECIFIED (0)
+  // one.
+  template <typename Enum>
+  void Specified(std::string_view field, Enum value) const {
+    const gpb::EnumDescriptor* type = gpb::GetEnumDescriptor<Enum>();
+    const gpb::EnumValueDescriptor* named = type->FindValueByNumber(value);
+    if (named != nullptr && named->number() != 0) return;
+    std::string allowed;
+    for (int i = 0; i < type->value_count(); ++i) {
+      if (type->value(i)->number() == 0) continue;
+      if (!allowed.empty()) allowed += ", ";
+      allowed += type->value(i)->name();
+    }
+    Report(field,
+           "must be one of " + allowed + ", got " +
+               (named != nullptr ? named->name() : std::to_string(value)));
+  }
+
+ private:
+  std::string Path(std::string_view field) const {
+    if (prefix_.empty()) return std::string(field);
+    return prefix_ + "." + std::string(field);
+  }
+
+  std::vector<ConfigIssue>* issues_;
+  std::string prefix_;
+};
+
+// Site names become parts of file names (logs, reports).
+bool IsFileNameSafe(std::string_view name) {
+  if (name.empty() || name == "." || name == "..") return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+  });
+}
+
+bool IsEndpoint(std::string_view address) {
+  return std::any_of(std::begin(kEndpointSchemes), std::end(kEndpointSchemes),
+                     [&](std::string_view scheme) {
+                       return address.size() > scheme.size() &&
+                              address.substr(0, scheme.size()) == scheme;
+                     });
+}
+
+void ValidateSiteName(const std::string& name, int index,
+                      std::map<std::string, int>* first_use,
+                      const IssueReporter& r) {
+  if (name.empty()) {
+    r.Report("name", "must be non-empty (every site needs a unique name)");
+    return;
+  }
+  if (!IsFileNameSafe(name)) {
+    r.Report("name",
+             "must contain only letters, digits, '_', '.' and '-' and not be "
+             "'.' or '..' (it is used in file names), got '" +
+                 name + "'");
+    return;
+  }
+  const auto [it, inserted] = first_use->emplace(name, index);
+  r.Check(inserted, "name",
+          "duplicate site name '" + name + "' (also used by site[" +
+              std::to_string(it->second) + "]); site names must be unique");
+}
+
+void ValidateSites(const pb::JobConfig& config, const IssueReporter& root) {
+  root.Check(config.site_size() > 0, "site",
+             "at least one site is required, e.g. site { name: \"a\" "
+             "workers { count: 2 } }");
+  std::map<std::string, int> first_use;
+  for (int i = 0; i < config.site_size(); ++i) {
+    const pb::SiteConfig& site = config.site(i);
+    const IssueReporter r = root.Nested("site", i);
+    ValidateSiteName(site.name(), i, &first_use, r);
+    r.Check(IsEndpoint(site.address()), "address",
+            "must be a ZeroMQ endpoint starting with tcp://, ipc:// or "
+            "inproc://, got '" +
+                site.address() + "'");
+    // With every group's count >= 1 this also guarantees >= 1 worker.
+    r.Check(site.workers_size() > 0, "workers",
+            "a site needs at least one worker group, e.g. workers { count: "
+            "2 }");
+    for (int g = 0; g < site.workers_size(); ++g) {
+      const IssueReporter w = r.Nested("workers", g);
+      w.Count("count", site.workers(g).count(), kWorkersPerGroup);
+      w.Real("step_time_s", site.workers(g).step_time_s(), kNonNegative);
+    }
+  }
+}
+
+void ValidateModel(const pb::ModelConfig& model, const IssueReporter& r) {
+  r.Specified("kind", model.kind());
+  if (model.kind() == pb::SOFTMAX) {
+    r.Check(model.hidden_size() == 0, "hidden",
+            "must be empty for kind SOFTMAX (it has no hidden layers); use "
+            "kind: MLP for hidden layers");
+    return;
+  }
+  for (int i = 0; i < model.hidden_size(); ++i) {
+    r.Count(Indexed("hidden", i), model.hidden(i), kHiddenUnits);
+  }
+}
+
+void ValidatePartition(const pb::PartitionConfig& partition, int num_sites,
+                       const IssueReporter& r) {
+  r.Specified("kind", partition.kind());
+  r.Real("skew", partition.skew(), kUnitInterval);
+  if (partition.classes_size() == 0) return;  // LABEL_SUBSET: label % P
+  r.Check(partition.kind() == pb::LABEL_SUBSET, "classes",
+          "class lists are only used by kind: LABEL_SUBSET");
+  r.Check(partition.classes_size() == num_sites, "classes",
+          "must list one class list per site: expected " +
+              std::to_string(num_sites) + ", got " +
+              std::to_string(partition.classes_size()));
+  for (int i = 0; i < partition.classes_size(); ++i) {
+    const pb::ClassList& list = partition.classes(i);
+    const IssueReporter c = r.Nested("classes", i);
+    c.Check(list.label_size() > 0, "label",
+            "each class list must name at least one class label");
+    for (int j = 0; j < list.label_size(); ++j) {
+      c.Count(Indexed("label", j), list.label(j), kClassLabel);
+    }
+  }
+}
+
+void ValidateData(const pb::DataConfig& data, int num_sites,
+                  const IssueReporter& r) {
+  r.NonEmpty("dir", data.dir());
+  r.NonEmpty("train_images", data.train_images());
+  r.NonEmpty("train_labels", data.train_labels());
+  r.NonEmpty("test_images", data.test_images());
+  r.NonEmpty("test_labels", data.test_labels());
+  r.Specified("normalization", data.normalization());
+  ValidatePartition(data.site_partition(), num_sites,
+                    r.Nested("site_partition"));
+}
+
+void ValidateOptimizer(const pb::OptimizerConfig& optimizer,
+                       const IssueReporter& r) {
+  r.Real("learning_rate", optimizer.learning_rate(), kPositive);
+  r.Real("momentum", optimizer.momentum(), kMomentum);
+  r.Real("weight_decay", optimizer.weight_decay(), kNonNegative);
+  r.Count("batch_size", optimizer.batch_size(), kBatchSize);
+  r.Specified("schedule", optimizer.schedule());
+  r.Count("step_size", optimizer.step_size(), kAtLeastOne);
+  r.Real("gamma", optimizer.gamma(), kDecayFactor);
+}
+
+void ValidateServer(const pb::ServerConfig& server, const IssueReporter& r) {
+  r.Specified("apply_rule", server.apply_rule());
+  r.Real("momentum", server.momentum(), kMomentum);
+  r.Real("learning_rate", server.learning_rate(), kPositive);
+  r.Count("num_shards", server.num_shards(), kNumShards);
+  r.Real("eval_period_s", server.eval_period_s(), kPositive);
+  r.Real("join_timeout_s", server.join_timeout_s(), kPositive);
+}
+
+void ValidatePolicy(const pb::PolicyConfig& policy, const IssueReporter& r) {
+  r.Specified("kind", policy.kind());
+  r.Count("local_steps", policy.local_steps(), kAtLeastOne);
+}
+
+// ---------------------------------------------------------------------------
+// Locations.
+
+// Line `line` (0-based) of `text`, without its newline; empty past the end.
+std::string_view LineOf(std::string_view text, int line) {
+  size_t start = 0;
+  for (int i = 0; i < line; ++i) {
+    start = text.find('\n', start);
+    if (start == std::string_view::npos) return {};
+    ++start;
+  }
+  const size_t end = text.find('\n', start);
+  return text.substr(start, end == std::string_view::npos ? end : end - start);
+}
+
+// The text between `marker` and the next '"' in `message`.
+std::optional<std::string_view> QuotedAfter(std::string_view message,
+                                            std::string_view marker) {
+  const size_t at = message.find(marker);
+  if (at == std::string_view::npos) return std::nullopt;
+  const size_t start = at + marker.size();
+  const size_t end = message.find('"', start);
+  if (end == std::string_view::npos || end == start) return std::nullopt;
+  return message.substr(start, end - start);
+}
+
+// Collects the parser's errors as issues (protobuf's positions are 0-based;
+// a negative line means "no position").
+class IssueCollector final : public gpb::io::ErrorCollector {
+ public:
+  IssueCollector(std::string_view text, std::vector<ConfigIssue>* issues)
+      : text_(text), issues_(issues) {}
+
+  void AddError(int line, gpb::io::ColumnNumber column,
+                const std::string& message) override {
+    ConfigIssue issue;
+    if (line >= 0) {
+      issue.line = line + 1;
+      issue.column = column >= 0 ? PointAtName(line, column, message) + 1 : 0;
+    }
+    issue.message = message;
+    issues_->push_back(std::move(issue));
+  }
+
+ private:
+  // Protobuf reports an unknown field name or enum value at the token after
+  // it. Moves the column back to the name when the name directly precedes
+  // that token on the same line (and the line has no tabs, which protobuf
+  // expands); otherwise keeps protobuf's column.
+  int PointAtName(int line, int column, std::string_view message) const {
+    std::optional<std::string_view> name =
+        QuotedAfter(message, "has no field named \"");
+    if (!name.has_value()) {
+      name = QuotedAfter(message, "Unknown enumeration value of \"");
+    }
+    if (!name.has_value()) return column;
+    const std::string_view text = LineOf(text_, line);
+    if (text.find('\t') != std::string_view::npos ||
+        static_cast<size_t>(column) > text.size()) {
+      return column;
+    }
+    size_t end = static_cast<size_t>(column);
+    while (end > 0 && text[end - 1] == ' ') --end;
+    if (end < name->size() ||
+        text.substr(end - name->size(), name->size()) != *name) {
+      return column;
+    }
+    return static_cast<int>(end - name->size());
+  }
+
+  std::string_view text_;
+  std::vector<ConfigIssue>* issues_;
+};
+
+// One step of a dotted field path: "workers[0]" or "count".
+struct PathStep {
+  std::string_view name;
+  int index = -1;  // -1: no index given
+};
+
+std::optional<PathStep> ParsePathStep(std::string_view text) {
+  PathStep step;
+  const size_t bracket = text.find('[');
+  step.name = text.substr(0, bracket);
+  if (bracket == std::string_view::npos) return step;
+  if (text.back() != ']') return std::nullopt;
+  const char* first = text.data() + bracket + 1;
+  const char* last = text.data() + text.size() - 1;
+  const auto [end, error] = std::from_chars(first, last, step.index);
+  if (error != std::errc() || end != last || step.index < 0) {
+    return std::nullopt;
+  }
+  return step;
+}
+
+// Where the index-th value of `field` starts. A repeated field written as a
+// list ("hidden: [1, 0]") has one location for the whole list, so a missing
+// entry falls back to the nearest earlier one.
+std::optional<ParseLocation> FindLocation(const ParseInfoTree& tree,
+                                          const gpb::FieldDescriptor* field,
+                                          int index) {
+  if (!field->is_repeated()) {
+    const ParseLocation location = tree.GetLocation(field, -1);
+    if (location.line >= 0) return location;
+    return std::nullopt;
+  }
+  for (int i = std::max(index, 0); i >= 0; --i) {
+    const ParseLocation location = tree.GetLocation(field, i);
+    if (location.line >= 0) return location;
+  }
+  return std::nullopt;
+}
+
+// Sets issue->line/column (1-based) to where the field at issue->field was
+// written; to the closest enclosing message that was written when the field
+// itself is absent; to 0 when none was.
+void LocateIssue(const ParseInfoTree& root, ConfigIssue* issue) {
+  const gpb::Descriptor* type = pb::JobConfig::descriptor();
+  const ParseInfoTree* tree = &root;
+  std::string_view rest = issue->field;
+  while (tree != nullptr && type != nullptr && !rest.empty()) {
+    const size_t dot = rest.find('.');
+    const std::optional<PathStep> step = ParsePathStep(rest.substr(0, dot));
+    rest = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
+    if (!step.has_value()) return;
+    const gpb::FieldDescriptor* field =
+        type->FindFieldByName(std::string(step->name));
+    if (field == nullptr) return;
+    const std::optional<ParseLocation> location =
+        FindLocation(*tree, field, step->index);
+    if (!location.has_value()) return;
+    issue->line = location->line + 1;
+    issue->column = location->column + 1;
+    if (field->cpp_type() != gpb::FieldDescriptor::CPPTYPE_MESSAGE) return;
+    tree = tree->GetTreeForNested(
+        field, field->is_repeated() ? std::max(step->index, 0) : -1);
+    type = field->message_type();
+  }
+}
+
+}  // namespace
+
+std::string FormatConfigIssues(std::string_view source,
+                               const std::vector<ConfigIssue>& issues) {
+  std::string out;
+  for (const ConfigIssue& issue : issues) {
+    if (!out.empty()) out += '\n';
+    out += source;
+    if (issue.line > 0) {
+      out += ':';
+      out += std::to_string(issue.line);
+      if (issue.column > 0) {
+        out += ':';
+        out += std::to_string(issue.column);
+      }
+    }
+    out += ": ";
+    if (!issue.field.empty()) {
+      out += issue.field;
+      out += ": ";
+    }
+    out += issue.message;
+  }
+  return out;
+}
+
+std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config) {
+  std::vector<ConfigIssue> issues;
+  const IssueReporter root(&issues);
+  ValidateSites(config, root);
+  ValidateModel(config.model(), root.Nested("model"));
+  ValidateData(config.data(), config.site_size(), root.Nested("data"));
+  ValidateOptimizer(config.optimizer(), root.Nested("optimizer"));
+  ValidateServer(config.server(), root.Nested("server"));
+  ValidatePolicy(config.policy(), root.Nested("policy"));
+  root.Real("target_accuracy", config.target_accuracy(), kUnitInterval);
+  root.Real("time_budget_s", config.time_budget_s(), kPositive);
+  return issues;
+}
+
+Result<pb::JobConfig> ParseJobConfig(std::string_view text,
+                                     std::string_view source,
+                                     std::vector<ConfigIssue>* issues) {
+  std::vector<ConfigIssue> found;
+  pb::JobConfig config;
+  if (text.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    found.push_back({0, 0, "", "the job file is too large"});
+  } else {
+    IssueCollector collector(text, &found);
+    ParseInfoTree tree;
+    gpb::TextFormat::Parser parser;
+    parser.RecordErrorsTo(&collector);
+    parser.WriteLocationsTo(&tree);
+    gpb::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
+    if (parser.Parse(&input, &config)) {
+      // Semantic checks only on a complete parse: a partial one would add
+      // issues that are mere consequences of the syntax error.
+      found = ValidateJobConfig(config);
+      for (ConfigIssue& issue : found) LocateIssue(tree, &issue);
+    } else if (found.empty()) {
+      found.push_back({0, 0, "", "the job file does not parse"});
+    }
+  }
+  if (issues != nullptr) *issues = found;
+  if (!found.empty()) {
+    return InvalidArgumentError(FormatConfigIssues(source, found));
+  }
+  return config;
+}
+
+Result<pb::JobConfig> LoadJobConfig(const std::string& path,
+                                    std::vector<ConfigIssue>* issues) {
+  if (issues != nullptr) issues->clear();
+  std::error_code error;
+  const std::filesystem::file_status status =
+      std::filesystem::status(path, error);
+  if (status.type() == std::filesystem::file_type::not_found) {
+    return NotFoundError("job file '" + path + "' does not exist");
+  }
+  if (error) {
+    return InvalidArgumentError("cannot access job file '" + path +
+                                "': " + error.message());
+  }
+  if (std::filesystem::is_directory(status)) {
+    return InvalidArgumentError("job file '" + path +
+                                "' is a directory, not a file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int saved_errno = errno;
+    return InvalidArgumentError(
+        "cannot open job file '" + path + "'" +
+        (saved_errno != 0 ? ": " + std::generic_category().message(saved_errno)
+                          : std::string()));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return InvalidArgumentError("error while reading job file '" + path + "'");
+  }
+  return ParseJobConfig(text.str(), path, issues);
+}
+
+Result<int> FindSite(const pb::JobConfig& config, std::string_view name) {
+  std::string known;
+  for (int i = 0; i < config.site_size(); ++i) {
+    if (config.site(i).name() == name) return i;
+    if (!known.empty()) known += ", ";
+    known += config.site(i).name();
+  }
+  return NotFoundError("no site named '" + std::string(name) +
+                       "' in the job (sites: " + known + ")");
+}
+
+uint32_t SiteWorkerCount(const pb::SiteConfig& site) {
+  uint32_t count = 0;
+  for (const pb::WorkerGroup& group : site.workers()) count += group.count();
+  return count;
+}
+
+uint32_t TotalWorkerCount(const pb::JobConfig& config) {
+  uint32_t count = 0;
+  for (const pb::SiteConfig& site : config.site()) {
+    count += SiteWorkerCount(site);
+  }
+  return count;
+}
+
+const pb::WorkerGroup& WorkerGroupOf(const pb::SiteConfig& site,
+                                     uint32_t index) {
+  for (const pb::WorkerGroup& group : site.workers()) {
+    if (index < group.count()) return group;
+    index -= group.count();
+  }
+  return site.workers(site.workers_size() - 1);  // precondition violated
+}
+
+}  // namespace meridian

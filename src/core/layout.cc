@@ -1,0 +1,94 @@
+#include "meridian/layout.h"
+
+#include <limits>
+
+namespace meridian {
+
+Status ModelLayout::Add(std::string name, std::vector<uint64_t> shape) {
+  if (name.empty()) return InvalidArgumentError("tensor name is empty");
+  if (Find(name) != nullptr) {
+    return InvalidArgumentError("duplicate tensor name '" + name + "'");
+  }
+  if (shape.empty()) {
+    return InvalidArgumentError("tensor '" + name + "' has an empty shape");
+  }
+  uint64_t size = 1;
+  for (uint64_t dim : shape) {
+    if (dim == 0) {
+      return InvalidArgumentError("tensor '" + name + "' has a zero dimension");
+    }
+    // Keep every element index and byte offset representable.
+    if (size > (std::numeric_limits<uint64_t>::max() / 8) / dim) {
+      return InvalidArgumentError("tensor '" + name + "' is too large");
+    }
+    size *= dim;
+  }
+  if (num_elements_ > (std::numeric_limits<uint64_t>::max() / 8) - size) {
+    return InvalidArgumentError("model is too large");
+  }
+  TensorInfo info;
+  info.name = std::move(name);
+  info.shape = std::move(shape);
+  info.offset = num_elements_;
+  info.size = size;
+  num_elements_ += size;
+  tensors_.push_back(std::move(info));
+  return Status::Ok();
+}
+
+const TensorInfo* ModelLayout::Find(std::string_view name) const {
+  // Models have a handful of tensors: a linear scan beats hashing here.
+  for (const TensorInfo& info : tensors_) {
+    if (info.name == name) return &info;
+  }
+  return nullptr;
+}
+
+void ModelLayout::ToSpecs(
+    google::protobuf::RepeatedPtrField<pb::TensorSpec>* specs) const {
+  specs->Clear();
+  for (const TensorInfo& info : tensors_) {
+    pb::TensorSpec* spec = specs->Add();
+    spec->set_name(info.name);
+    for (uint64_t dim : info.shape) spec->add_shape(dim);
+  }
+}
+
+Result<ModelLayout> ModelLayout::FromSpecs(
+    const google::protobuf::RepeatedPtrField<pb::TensorSpec>& specs) {
+  ModelLayout layout;
+  for (const pb::TensorSpec& spec : specs) {
+    MERIDIAN_RETURN_IF_ERROR(layout.Add(
+        spec.name(), std::vector<uint64_t>(spec.shape().begin(),
+                                           spec.shape().end())));
+  }
+  return layout;
+}
+
+std::string ModelLayout::DebugString() const {
+  std::string out;
+  for (const TensorInfo& info : tensors_) {
+    if (!out.empty()) out += ' ';
+    out += info.name;
+    out += '[';
+    for (size_t i = 0; i < info.shape.size(); ++i) {
+      if (i > 0) out += ',';
+      out += std::to_string(info.shape[i]);
+    }
+    out += ']';
+  }
+  return out;
+}
+
+bool operator==(const ModelLayout& a, const ModelLayout& b) {
+  if (a.tensors_.size() != b.tensors_.size()) return false;
+  for (size_t i = 0; i < a.tensors_.size(); ++i) {
+    if (a.tensors_[i].name != b.tensors_[i].name ||
+        a.tensors_[i].shape != b.tensors_[i].shape) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace meridian

@@ -1,0 +1,227 @@
+#include "meridian/transport.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iterator>
+
+#include <zmq_addon.hpp>
+
+namespace meridian {
+namespace {
+
+Status FromZmqError(const zmq::error_t& error, std::string_view what) {
+  std::string message(what);
+  message += ": ";
+  message += error.what();
+  // ETERM: the context is shutting down, i.e. we were asked to stop.
+  if (error.num() == ETERM) return CancelledError(std::move(message));
+  return UnavailableError(std::move(message));
+}
+
+}  // namespace
+
+std::span<const float> FloatsOf(const zmq::message_t& frame,
+                                std::vector<float>* scratch) {
+  const size_t count = frame.size() / sizeof(float);
+  const auto address = reinterpret_cast<uintptr_t>(frame.data());
+  if (address % alignof(float) == 0) {
+    return {static_cast<const float*>(frame.data()), count};
+  }
+  scratch->resize(count);
+  std::memcpy(scratch->data(), frame.data(), count * sizeof(float));
+  return {scratch->data(), count};
+}
+
+zmq::message_t MakeFloatFrame(size_t count) {
+  return zmq::message_t(count * sizeof(float));
+}
+
+zmq::message_t CopyFloatFrame(std::span<const float> values) {
+  return zmq::message_t(values.data(), values.size_bytes());
+}
+
+Status SendMessage(zmq::socket_t& socket, const pb::Header& header,
+                   std::vector<zmq::message_t> payload,
+                   std::string_view routing_id) {
+  std::string bytes;
+  if (!header.SerializeToString(&bytes)) {
+    return InternalError("cannot serialise header " + DescribeHeader(header));
+  }
+  try {
+    if (!routing_id.empty()) {
+      zmq::message_t id(routing_id.data(), routing_id.size());
+      if (!socket.send(std::move(id), zmq::send_flags::sndmore)) {
+        return UnavailableError("send would block (peer not reading)");
+      }
+    }
+    const auto header_flags =
+        payload.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;
+    if (!socket.send(zmq::message_t(bytes.data(), bytes.size()),
+                     header_flags)) {
+      return UnavailableError("send would block (peer not reading)");
+    }
+    for (size_t i = 0; i < payload.size(); ++i) {
+      const auto flags = i + 1 < payload.size() ? zmq::send_flags::sndmore
+                                                : zmq::send_flags::none;
+      // A multipart message is atomic in ZeroMQ: once the first frame was
+      // accepted the rest are queued, so this cannot half-fail on EAGAIN.
+      socket.send(std::move(payload[i]), flags);
+    }
+  } catch (const zmq::error_t& error) {
+    return FromZmqError(error, "sending " + DescribeHeader(header));
+  }
+  return Status::Ok();
+}
+
+Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
+                                std::chrono::milliseconds timeout) {
+  std::vector<zmq::message_t> frames;
+  try {
+    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+    const int ready = zmq::poll(&item, 1, timeout);
+    if (ready == 0) return Received{};
+    if (!zmq::recv_multipart(socket, std::back_inserter(frames),
+                             zmq::recv_flags::dontwait)) {
+      return Received{};
+    }
+  } catch (const zmq::error_t& error) {
+    // A signal interrupted the wait: report nothing received so that the
+    // caller's loop can look at its stop flag.
+    if (error.num() == EINTR) return Received{};
+    return FromZmqError(error, "receiving");
+  }
+  Received received;
+  size_t first = 0;
+  std::string routing_id;
+  if (routed) {
+    if (frames.empty()) return Received{};  // cannot even answer
+    routing_id = frames[0].to_string();
+    first = 1;
+  }
+  if (frames.size() <= first) {
+    received.refused = Refused{std::move(routing_id),
+                               Rejection{pb::ERROR_MALFORMED,
+                                         "message has no header frame"},
+                               pb::Header()};
+    return received;
+  }
+  std::vector<FrameView> views;
+  views.reserve(frames.size() - first - 1);
+  for (size_t i = first + 1; i < frames.size(); ++i) {
+    views.push_back(FrameView{BytesOf(frames[i])});
+  }
+  pb::Header header;
+  if (Verdict verdict = DecodeMessage(BytesOf(frames[first]), views, &header)) {
+    received.refused = Refused{std::move(routing_id), std::move(*verdict),
+                               std::move(header)};
+    return received;
+  }
+  Envelope envelope;
+  envelope.routing_id = std::move(routing_id);
+  envelope.header = std::move(header);
+  envelope.payload.reserve(frames.size() - first - 1);
+  for (size_t i = first + 1; i < frames.size(); ++i) {
+    envelope.payload.push_back(std::move(frames[i]));
+  }
+  received.message = std::move(envelope);
+  return received;
+}
+
+Status SendError(zmq::socket_t& socket, const pb::Endpoint& self,
+                 uint64_t sequence, const Rejection& rejection,
+                 uint64_t rejected_sequence,
+                 std::string_view routing_id) {
+  pb::Header header = MakeHeader(pb::ERROR, self, sequence);
+  pb::Error* error = header.mutable_error();
+  error->set_code(rejection.code);
+  error->set_message(rejection.reason);
+  error->set_rejected_sequence(rejected_sequence);
+  return SendMessage(socket, header, {}, routing_id);
+}
+
+RpcClient::RpcClient(zmq::context_t& context, const std::string& endpoint,
+                     pb::Endpoint self, const std::atomic<bool>* cancel)
+    : context_(context),
+      endpoint_(endpoint),
+      self_(std::move(self)),
+      cancel_(cancel) {}
+
+void RpcClient::Connect() {
+  socket_.emplace(context_, zmq::socket_type::dealer);
+  socket_->set(zmq::sockopt::linger, 0);
+  socket_->connect(endpoint_);
+}
+
+Result<Received> RpcClient::AwaitReply(std::chrono::milliseconds timeout,
+                                       bool cancellable) {
+  // Wait in slices so that a cancellation is noticed promptly.
+  constexpr auto kSlice = std::chrono::milliseconds(100);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (cancellable && cancel_ != nullptr && cancel_->load()) {
+      return CancelledError("cancelled");
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return Received{};
+    MERIDIAN_ASSIGN_OR_RETURN(
+        Received received,
+        ReceiveMessage(*socket_, false, std::min(left, kSlice)));
+    if (!received.timed_out()) return received;
+  }
+}
+
+Result<Envelope> RpcClient::Call(pb::Header header,
+                                 std::vector<zmq::message_t> payload,
+                                 std::chrono::milliseconds timeout) {
+  try {
+    if (!socket_) Connect();
+  } catch (const zmq::error_t& error) {
+    return InvalidArgumentError("cannot connect to '" + endpoint_ +
+                                "': " + error.what());
+  }
+  if (reply_outstanding_) {
+    // The previous call was cancelled: its reply is still owed to us and
+    // must not be taken for this call's. Keeping the connection (and so our
+    // identity at the server) matters more than the wait.
+    reply_outstanding_ = false;
+    MERIDIAN_ASSIGN_OR_RETURN(Received stale, AwaitReply(timeout, false));
+    if (stale.timed_out()) socket_.reset();
+    if (!socket_) Connect();
+  }
+  header.set_protocol_version(kProtocolVersion);
+  *header.mutable_sender() = self_;
+  header.set_sequence(++sequence_);
+  const std::string request = DescribeHeader(header);
+  MERIDIAN_RETURN_IF_ERROR(SendMessage(*socket_, header, std::move(payload)));
+  Result<Received> received = AwaitReply(timeout, true);
+  if (!received.ok()) {
+    if (received.status().code() == StatusCode::kCancelled) {
+      reply_outstanding_ = true;
+    }
+    return received.status().WithContext("waiting for the reply to " +
+                                         request);
+  }
+  if (received->timed_out()) {
+    socket_.reset();  // drop the late reply, if any, with the socket
+    return DeadlineExceededError("no reply from " + endpoint_ + " to " +
+                                 request + " within " +
+                                 std::to_string(timeout.count()) + " ms");
+  }
+  if (received->refused) {
+    return DataLossError("malformed reply from " + endpoint_ + " to " +
+                         request + ": " + received->refused->rejection.reason);
+  }
+  return std::move(*received->message);
+}
+
+Result<std::string> BoundEndpoint(zmq::socket_t& socket) {
+  try {
+    return socket.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& error) {
+    return FromZmqError(error, "reading the bound endpoint");
+  }
+}
+
+}  // namespace meridian

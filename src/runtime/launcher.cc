@@ -1,0 +1,358 @@
+#include "meridian/launcher.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "meridian/clock.h"
+#include "meridian/config.h"
+#include "meridian/log.h"
+#include "meridian/transport.h"
+#include "runtime/process.h"
+#include "runtime/report.h"
+
+namespace meridian {
+namespace {
+
+// How long a site server may take to load its data and bind.
+constexpr auto kReadyTimeout = std::chrono::seconds(120);
+// After the site servers finish, how long workers get to exit on their own,
+// and after SIGTERM how long anyone gets before SIGKILL.
+constexpr double kWorkerGraceS = 15.0;
+constexpr double kKillGraceS = 10.0;
+constexpr auto kMonitorInterval = std::chrono::milliseconds(100);
+constexpr double kProgressPeriodS = 1.0;
+constexpr double kPlainProgressPeriodS = 5.0;
+constexpr int kLogTailLines = 8;
+
+std::atomic<bool> g_stop_signal{false};
+
+void OnStopSignal(int) { g_stop_signal.store(true); }
+
+std::string SelfExecutable() {
+  std::error_code error;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::string("meridian") : path.string();
+}
+
+// Live progress of one site, as of its last status reply.
+struct SiteProgress {
+  std::string name;
+  std::unique_ptr<RpcClient> client;
+  std::optional<pb::SiteStatus> status;
+};
+
+std::string FormatProgress(const std::vector<SiteProgress>& sites,
+                           double wall_s) {
+  std::string line;
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "[%6.1f s]", wall_s);
+  line += buf;
+  for (const SiteProgress& site : sites) {
+    if (!site.status) {
+      std::snprintf(buf, sizeof(buf), " %s: starting", site.name.c_str());
+    } else if (site.status->workers_joined() <
+               site.status->workers_expected()) {
+      std::snprintf(buf, sizeof(buf), " %s: %u/%u workers joined",
+                    site.name.c_str(), site.status->workers_joined(),
+                    site.status->workers_expected());
+    } else {
+      const pb::EvalPoint& eval = site.status->last_eval();
+      std::snprintf(buf, sizeof(buf),
+                    " %s: train %.1f s  acc %.4f  loss %.4f  %.0f commits/s",
+                    site.name.c_str(), site.status->elapsed_s(),
+                    eval.accuracy(), eval.loss(),
+                    site.status->commits_per_s());
+    }
+    line += buf;
+  }
+  return line;
+}
+
+class JobRun {
+ public:
+  JobRun(const pb::JobConfig& job, const RunOptions& options)
+      : job_(job), options_(options) {}
+
+  Result<pb::RunReport> Run() {
+    MERIDIAN_RETURN_IF_ERROR(PrepareOutDir());
+    Status started = StartChildren();
+    if (!started.ok()) {
+      StopAll(SIGTERM);
+      WaitAll();
+      return started;
+    }
+    Monitor();
+    return Report();
+  }
+
+ private:
+  bool StopRequested() const {
+    return options_.stop_requested != nullptr && options_.stop_requested->load();
+  }
+
+  Status PrepareOutDir() {
+    std::error_code error;
+    std::filesystem::create_directories(options_.out_dir + "/logs", error);
+    if (error) {
+      return InvalidArgumentError("cannot create output directory '" +
+                                  options_.out_dir + "': " + error.message());
+    }
+    // A summary left from an earlier run into the same directory must not
+    // be mistaken for this run's.
+    for (const pb::SiteConfig& site : job_.site()) {
+      std::filesystem::remove(SummaryPath(site.name()), error);
+    }
+    return Status::Ok();
+  }
+
+  std::string SummaryPath(const std::string& site) const {
+    return options_.out_dir + "/site-" + site + ".json";
+  }
+
+  Status StartChildren() {
+    const std::string binary =
+        options_.binary.empty() ? SelfExecutable() : options_.binary;
+    const std::string logs = options_.out_dir + "/logs/";
+    for (const pb::SiteConfig& site : job_.site()) {
+      MERIDIAN_ASSIGN_OR_RETURN(
+          ChildProcess child,
+          ChildProcess::Spawn(
+              "site server '" + site.name() + "'",
+              {binary, "site", "--config", options_.config_path, "--site",
+               site.name(), "--bind", "tcp://127.0.0.1:*", "--out",
+               options_.out_dir, "--ready-fd", std::to_string(kReadyFd)},
+              logs + "site-" + site.name() + ".log"));
+      sites_.push_back(std::move(child));
+    }
+    std::vector<std::string> endpoints;
+    for (ChildProcess& site : sites_) {
+      Result<std::string> line = site.ReadReadyLine(kReadyTimeout);
+      if (!line.ok() || line->rfind("ready ", 0) != 0) {
+        site.Poll();
+        return UnavailableError(
+            site.name() + " did not start (" +
+            (line.ok() ? "unexpected '" + *line + "'"
+                       : line.status().message()) +
+            "; " + site.DescribeExit() + "); its log " + site.log_path() +
+            " ends with:\n" + site.LogTail(kLogTailLines));
+      }
+      endpoints.push_back(line->substr(6));
+    }
+    for (int s = 0; s < job_.site_size(); ++s) {
+      const pb::SiteConfig& site = job_.site(s);
+      progress_.push_back(SiteProgress{site.name(), nullptr, std::nullopt});
+      pb::Endpoint self;
+      self.set_site(site.name());
+      self.set_role(pb::ROLE_LAUNCHER);
+      progress_.back().client =
+          std::make_unique<RpcClient>(context_, endpoints[s], self);
+      for (uint32_t w = 0; w < SiteWorkerCount(site); ++w) {
+        MERIDIAN_ASSIGN_OR_RETURN(
+            ChildProcess child,
+            ChildProcess::Spawn(
+                "worker " + std::to_string(w) + " of site '" + site.name() +
+                    "'",
+                {binary, "worker", "--config", options_.config_path, "--site",
+                 site.name(), "--index", std::to_string(w), "--connect",
+                 endpoints[s]},
+                logs + "worker-" + site.name() + "-" + std::to_string(w) +
+                    ".log"));
+        workers_.push_back(std::move(child));
+      }
+    }
+    MLOG(INFO) << "started " << sites_.size() << " site servers and "
+               << workers_.size() << " workers; logs in " << logs;
+    return Status::Ok();
+  }
+
+  std::vector<ChildProcess*> Children() {
+    std::vector<ChildProcess*> all;
+    for (ChildProcess& c : sites_) all.push_back(&c);
+    for (ChildProcess& c : workers_) all.push_back(&c);
+    return all;
+  }
+
+  void StopAll(int signal) {
+    for (ChildProcess* child : Children()) child->Signal(signal);
+  }
+
+  void WaitAll() {
+    const double deadline = wall_.ElapsedSeconds() + kKillGraceS;
+    while (true) {
+      bool all_done = true;
+      for (ChildProcess* child : Children()) all_done &= child->Poll();
+      if (all_done) return;
+      if (wall_.ElapsedSeconds() > deadline) StopAll(SIGKILL);
+      std::this_thread::sleep_for(kMonitorInterval);
+    }
+  }
+
+  // Starts the shutdown of every child; `deadline_s` later the rest get
+  // SIGKILL.
+  void BeginStop(int signal, double grace_s) {
+    if (stopping_) return;
+    stopping_ = true;
+    if (signal != 0) StopAll(signal);
+    terminated_ = signal == SIGTERM;
+    kill_deadline_s_ = wall_.ElapsedSeconds() + grace_s;
+  }
+
+  void Monitor() {
+    double next_progress = 0;
+    double next_plain = kPlainProgressPeriodS;
+    bool sites_done_seen = false;
+    while (true) {
+      if (StopRequested() && !interrupted_) {
+        interrupted_ = true;
+        MLOG(WARNING) << "interrupted: stopping every process";
+        BeginStop(SIGTERM, kKillGraceS);
+      }
+      bool all_done = true;
+      for (ChildProcess* child : Children()) {
+        const bool was_done = child->exited();
+        all_done &= child->Poll();
+        if (!was_done && child->exited() && !child->succeeded() &&
+            !stopping_) {
+          failure_ = child->name() + " " + child->DescribeExit() +
+                     "; its log " + child->log_path() + " ends with:\n" +
+                     child->LogTail(kLogTailLines);
+          MLOG(ERROR) << failure_;
+          BeginStop(SIGTERM, kKillGraceS);
+        }
+      }
+      if (all_done) break;
+      const bool sites_done =
+          std::all_of(sites_.begin(), sites_.end(),
+                      [](const ChildProcess& c) { return c.exited(); });
+      if (sites_done && !sites_done_seen) {
+        sites_done_seen = true;
+        // Workers leave on their own once told to stop; give them time.
+        BeginStop(0, kWorkerGraceS);
+      }
+      if (stopping_ && wall_.ElapsedSeconds() > kill_deadline_s_) {
+        if (!terminated_) {
+          terminated_ = true;
+          StopAll(SIGTERM);
+          kill_deadline_s_ = wall_.ElapsedSeconds() + kKillGraceS;
+        } else {
+          StopAll(SIGKILL);
+        }
+      }
+      const double now = wall_.ElapsedSeconds();
+      if (!stopping_ && now >= next_progress) {
+        next_progress = now + kProgressPeriodS;
+        PollProgress();
+        const bool tty = options_.progress != nullptr &&
+                         ::isatty(::fileno(options_.progress));
+        if (tty) {
+          std::fprintf(options_.progress, "\r\033[K%s",
+                       FormatProgress(progress_, now).c_str());
+          std::fflush(options_.progress);
+          progress_line_open_ = true;
+        } else if (options_.progress != nullptr && now >= next_plain) {
+          next_plain = now + kPlainProgressPeriodS;
+          std::fprintf(options_.progress, "%s\n",
+                       FormatProgress(progress_, now).c_str());
+          std::fflush(options_.progress);
+        }
+      }
+      std::this_thread::sleep_for(kMonitorInterval);
+    }
+    if (progress_line_open_) std::fprintf(options_.progress, "\n");
+  }
+
+  void PollProgress() {
+    for (SiteProgress& site : progress_) {
+      pb::Header request;
+      request.set_type(pb::STATUS_REQUEST);
+      Result<Envelope> reply = site.client->Call(
+          request, {}, std::chrono::milliseconds(300));
+      if (reply.ok() && reply->header.type() == pb::STATUS_REPLY) {
+        site.status = reply->header.status();
+      }
+    }
+  }
+
+  Result<pb::RunReport> Report() {
+    std::vector<pb::SiteSummary> summaries;
+    std::string missing;
+    for (const pb::SiteConfig& site : job_.site()) {
+      pb::SiteSummary summary;
+      Status read = ReadJsonFile(SummaryPath(site.name()), &summary);
+      if (read.ok()) {
+        summaries.push_back(std::move(summary));
+      } else {
+        missing += (missing.empty() ? "" : ", ") + site.name();
+      }
+    }
+    std::string outcome;
+    if (!failure_.empty()) {
+      outcome = "failed: " + failure_.substr(0, failure_.find('\n'));
+    } else if (interrupted_) {
+      outcome = "interrupted";
+    } else if (!summaries.empty()) {
+      outcome = summaries.front().stop_reason();
+    }
+    if (summaries.empty()) {
+      return UnavailableError(
+          failure_.empty() ? "no site server wrote its summary (" + missing +
+                                 ")"
+                           : failure_);
+    }
+    pb::RunReport report =
+        BuildRunReport(job_, summaries, wall_.ElapsedSeconds(), outcome);
+    MERIDIAN_RETURN_IF_ERROR(
+        WriteJsonFile(report, options_.out_dir + "/report.json"));
+    MERIDIAN_RETURN_IF_ERROR(
+        WriteTimelineCsv(summaries, options_.out_dir + "/timeline.csv"));
+    if (!failure_.empty()) return UnavailableError(failure_);
+    if (!missing.empty()) {
+      return UnavailableError("site servers without a summary: " + missing);
+    }
+    return report;
+  }
+
+  const pb::JobConfig& job_;
+  const RunOptions& options_;
+  Stopwatch wall_;
+  zmq::context_t context_;
+  std::vector<ChildProcess> sites_;
+  std::vector<ChildProcess> workers_;
+  std::vector<SiteProgress> progress_;
+  bool stopping_ = false;
+  bool terminated_ = false;
+  bool interrupted_ = false;
+  bool progress_line_open_ = false;
+  double kill_deadline_s_ = 0;
+  std::string failure_;
+};
+
+}  // namespace
+
+Result<pb::RunReport> RunJob(const pb::JobConfig& job,
+                             const RunOptions& options) {
+  SetLogRole("launcher");
+  JobRun run(job, options);
+  return run.Run();
+}
+
+const std::atomic<bool>* InstallStopSignalHandlers() {
+  struct sigaction action {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  return &g_stop_signal;
+}
+
+}  // namespace meridian

@@ -1,0 +1,813 @@
+#include "meridian/site_server.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "meridian/config.h"
+#include "meridian/dataset.h"
+#include "meridian/log.h"
+#include "meridian/message.h"
+#include "meridian/model.h"
+#include "meridian/param_store.h"
+#include "meridian/policy.h"
+#include "meridian/transport.h"
+#include "runtime/report.h"
+
+namespace meridian {
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(20);
+// After the job ends, how long workers get to collect their stop and say
+// BYE before the server exits anyway (a worker mid-step needs at most one
+// step; one that died never says BYE).
+constexpr double kDrainTimeoutS = 5.0;
+// Window of the commits-per-second figure in status replies.
+constexpr double kRateWindowS = 5.0;
+
+struct WorkerSlot {
+  bool joined = false;
+  bool left = false;
+  std::string routing_id;
+  // The worker's COMMIT or PULL that has not been answered yet.
+  bool awaiting_reply = false;
+  uint64_t awaiting_sequence = 0;
+  pb::WorkerStats stats;
+  double step_time_s = 0;
+};
+
+}  // namespace
+
+class SiteServer::Impl {
+ public:
+  Impl(SiteServerOptions options, int site_index, std::unique_ptr<Model> model,
+       std::unique_ptr<Model> eval_model, Dataset test_set,
+       std::unique_ptr<IntraSitePolicy> policy)
+      : options_(std::move(options)),
+        job_(options_.job),
+        site_config_(job_.site(site_index)),
+        self_(MakeSelf(site_config_.name())),
+        model_(std::move(model)),
+        eval_model_(std::move(eval_model)),
+        test_set_(std::move(test_set)),
+        policy_(std::move(policy)),
+        store_(model_->layout(), job_.server().num_shards(),
+               ApplyRule::FromConfig(job_.server(),
+                                     SiteWorkerCount(site_config_))),
+        aggregate_(model_->layout().num_elements()),
+        workers_(SiteWorkerCount(site_config_)),
+        socket_(context_, zmq::socket_type::router) {
+    for (uint32_t i = 0; i < workers_.size(); ++i) {
+      workers_[i].step_time_s = WorkerGroupOf(site_config_, i).step_time_s();
+    }
+    summary_.set_name(site_config_.name());
+  }
+
+  ~Impl() { StopEvaluator(); }
+
+  Status Init() {
+    std::vector<float> initial(model_->layout().num_elements());
+    model_->Initialize(job_.seed(), initial);
+    MERIDIAN_RETURN_IF_ERROR(store_.Assign(initial));
+    const std::string bind =
+        options_.bind.empty() ? site_config_.address() : options_.bind;
+    try {
+      socket_.set(zmq::sockopt::linger, 0);
+      // Fail loudly (EHOSTUNREACH) instead of dropping a reply to a worker
+      // that went away.
+      socket_.set(zmq::sockopt::router_mandatory, 1);
+      socket_.set(zmq::sockopt::sndtimeo, 1000);
+      socket_.bind(bind);
+    } catch (const zmq::error_t& error) {
+      return UnavailableError("site '" + site_config_.name() +
+                              "' cannot listen on '" + bind +
+                              "': " + error.what());
+    }
+    MERIDIAN_ASSIGN_OR_RETURN(endpoint_, BoundEndpoint(socket_));
+    MLOG(INFO) << "site server listening on " << endpoint_ << " for "
+               << workers_.size() << " workers; model "
+               << model_->layout().DebugString() << " ("
+               << model_->layout().num_elements() << " parameters, "
+               << store_.num_shards() << " shards); policy "
+               << policy_->name() << "; test set " << test_set_.size()
+               << " samples";
+    return Status::Ok();
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+  const pb::SiteSummary& summary() const { return summary_; }
+
+  Status Run() {
+    MERIDIAN_RETURN_IF_ERROR(AwaitWorkers());
+    if (finished_) {  // stopped before training began
+      WriteSummary();
+      return Status::Ok();
+    }
+    StartTraining();
+    MERIDIAN_RETURN_IF_ERROR(Serve());
+    MERIDIAN_RETURN_IF_ERROR(Drain());
+    Finish();
+    return Status::Ok();
+  }
+
+ private:
+  static pb::Endpoint MakeSelf(const std::string& site) {
+    pb::Endpoint self;
+    self.set_site(site);
+    self.set_role(pb::ROLE_SITE_SERVER);
+    self.set_id(0);
+    return self;
+  }
+
+  double Now() const { return clock_->NowSeconds(); }
+  double Elapsed() const { return Now() - start_s_; }
+  bool StopRequested() const {
+    return options_.stop_requested != nullptr &&
+           options_.stop_requested->load(std::memory_order_relaxed);
+  }
+
+  // ---- phase 1: every worker joins -----------------------------------------
+  Status AwaitWorkers() {
+    const double deadline = Now() + job_.server().join_timeout_s();
+    while (JoinedCount() < workers_.size()) {
+      if (StopRequested()) {
+        FinishJob("stopped before all workers joined");
+        return Status::Ok();
+      }
+      if (Now() > deadline) {
+        std::string missing;
+        for (uint32_t i = 0; i < workers_.size(); ++i) {
+          if (!workers_[i].joined) {
+            missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+          }
+        }
+        return DeadlineExceededError(
+            "workers [" + missing + "] of site '" + site_config_.name() +
+            "' did not join within " +
+            std::to_string(job_.server().join_timeout_s()) + " s");
+      }
+      MERIDIAN_RETURN_IF_ERROR(PollOnce());
+      if (finished_) return Status::Ok();
+    }
+    return Status::Ok();
+  }
+
+  uint32_t JoinedCount() const {
+    return static_cast<uint32_t>(std::count_if(
+        workers_.begin(), workers_.end(),
+        [](const WorkerSlot& w) { return w.joined; }));
+  }
+
+  void StartTraining() {
+    start_s_ = Now();
+    training_ = true;
+    policy_->Start(static_cast<uint32_t>(workers_.size()), clock_->Now());
+    MLOG(INFO) << "all " << workers_.size() << " workers joined; training";
+    for (uint32_t i = 0; i < workers_.size(); ++i) SendWelcome(i);
+    StartEvaluator();
+  }
+
+  // ---- phase 2: training ---------------------------------------------------
+  Status Serve() {
+    while (!finished_) {
+      MERIDIAN_RETURN_IF_ERROR(PollOnce());
+      Execute(policy_->OnTick(clock_->Now()));
+      CheckStopConditions();
+    }
+    return Status::Ok();
+  }
+
+  void CheckStopConditions() {
+    if (finished_) return;
+    if (job_.stop_at_target() && target_reached_.load()) {
+      FinishJob("target accuracy reached");
+    } else if (Elapsed() >= job_.time_budget_s()) {
+      FinishJob("time budget of " + FormatSeconds(job_.time_budget_s()) +
+                " s used");
+    } else if (StopRequested()) {
+      FinishJob("stopped on request (signal)");
+    } else if (std::all_of(workers_.begin(), workers_.end(),
+                           [](const WorkerSlot& w) { return w.left; })) {
+      FinishJob("every worker left");
+    }
+  }
+
+  // Ends training: nothing more is scheduled; waiting workers are told to
+  // stop. A BSP aggregate of a clock that never closed is applied, so that
+  // no accepted commit is lost.
+  void FinishJob(const std::string& reason) {
+    if (finished_) return;
+    finished_ = true;
+    stop_reason_ = reason;
+    training_s_ = training_ ? Elapsed() : 0;
+    MLOG(INFO) << "finishing: " << reason;
+    if (aggregate_.count() > 0) {
+      MLOG(INFO) << "applying the open barrier's " << aggregate_.count()
+                 << " commits before stopping";
+      FlushAggregate();
+    }
+    for (uint32_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i].awaiting_reply) SendModel(i);
+    }
+  }
+
+  // ---- phase 3: let workers leave, final evaluation ------------------------
+  Status Drain() {
+    const double deadline = Now() + kDrainTimeoutS;
+    while (Now() < deadline &&
+           !std::all_of(workers_.begin(), workers_.end(),
+                        [](const WorkerSlot& w) { return w.left; })) {
+      MERIDIAN_RETURN_IF_ERROR(PollOnce());
+    }
+    return Status::Ok();
+  }
+
+  void Finish() {
+    StopEvaluator();
+    // The final model's quality, measured once more after the last update.
+    std::vector<float> params(store_.num_elements());
+    const uint64_t version = store_.Snapshot(params);
+    const EvalResult final_eval = eval_model_->Evaluate(params, test_set_);
+    {
+      std::lock_guard<std::mutex> lock(eval_mu_);
+      RecordEvalLocked(final_eval, version, commits_.load());
+    }
+    const pb::EvalPoint& last = timeline_.back();
+    summary_.set_final_accuracy(last.accuracy());
+    summary_.set_final_loss(last.loss());
+    summary_.set_model_version(store_.version());
+    summary_.set_commits(commits_.load());
+    summary_.set_rejected(rejected_);
+    summary_.set_training_s(training_s_);
+    summary_.set_stop_reason(stop_reason_);
+    summary_.set_reached_target(time_to_target_s_ >= 0);
+    summary_.set_time_to_target_s(time_to_target_s_);
+    MLOG(INFO) << "final accuracy " << last.accuracy() << " loss "
+               << last.loss() << " after " << commits_.load() << " commits ("
+               << stop_reason_ << ")";
+    WriteSummary();
+  }
+
+  void WriteSummary() {
+    {
+      std::lock_guard<std::mutex> lock(eval_mu_);
+      summary_.clear_timeline();
+      for (const pb::EvalPoint& point : timeline_) {
+        *summary_.add_timeline() = point;
+      }
+    }
+    summary_.clear_workers();
+    for (uint32_t i = 0; i < workers_.size(); ++i) {
+      pb::WorkerSummary* w = summary_.add_workers();
+      w->set_site(site_config_.name());
+      w->set_index(i);
+      const pb::WorkerStats& s = workers_[i].stats;
+      w->set_steps(s.steps());
+      w->set_commits(s.commits());
+      w->set_compute_s(s.compute_s());
+      w->set_device_wait_s(s.device_wait_s());
+      w->set_blocked_s(s.blocked_s());
+      w->set_step_time_s(workers_[i].step_time_s);
+      w->set_steps_per_s(training_s_ > 0 ? s.steps() / training_s_ : 0);
+    }
+    if (options_.out_dir.empty()) return;
+    const std::string path =
+        options_.out_dir + "/site-" + site_config_.name() + ".json";
+    if (Status status = WriteJsonFile(summary_, path); !status.ok()) {
+      MLOG(ERROR) << "cannot write the site summary: " << status;
+    }
+  }
+
+  // ---- the event loop ------------------------------------------------------
+  Status PollOnce() {
+    Result<Received> received = ReceiveMessage(socket_, true, kPollInterval);
+    if (!received.ok()) return received.status();
+    if (received->refused) {
+      Refuse(received->refused->routing_id, received->refused->header,
+             received->refused->rejection);
+      return Status::Ok();
+    }
+    if (received->message) Dispatch(*received->message);
+    SampleRate();
+    return Status::Ok();
+  }
+
+  void Refuse(const std::string& routing_id, const pb::Header& header,
+              const Rejection& rejection) {
+    ++rejected_;
+    MLOG(ERROR) << "rejected " << DescribeHeader(header) << ": "
+                << pb::ErrorCode_Name(rejection.code) << ": "
+                << rejection.reason;
+    Status status = SendError(socket_, self_, ++sequence_, rejection,
+                              header.sequence(), routing_id);
+    if (!status.ok()) {
+      MLOG(WARNING) << "cannot send the error reply: " << status;
+    }
+  }
+
+  void Dispatch(Envelope& message) {
+    switch (message.header.type()) {
+      case pb::HELLO:
+        return HandleHello(message);
+      case pb::COMMIT:
+        return HandleCommit(message);
+      case pb::PULL:
+        return HandlePull(message);
+      case pb::BYE:
+        return HandleBye(message);
+      case pb::STATUS_REQUEST:
+        return SendStatus(message);
+      case pb::SHUTDOWN:
+        FinishJob("shutdown requested: " +
+                  (message.header.shutdown().reason().empty()
+                       ? std::string("no reason given")
+                       : message.header.shutdown().reason()));
+        return SendStatus(message);
+      default:
+        return Refuse(message.routing_id, message.header,
+                      {pb::ERROR_UNEXPECTED,
+                       pb::MessageType_Name(message.header.type()) +
+                           " is not a request a site server serves"});
+    }
+  }
+
+  // The worker slot behind a request, or null after refusing it.
+  WorkerSlot* Sender(const Envelope& message) {
+    const pb::Endpoint& sender = message.header.sender();
+    if (sender.role() != pb::ROLE_WORKER ||
+        sender.site() != site_config_.name() ||
+        sender.id() >= workers_.size()) {
+      Refuse(message.routing_id, message.header,
+             {pb::ERROR_UNKNOWN_SENDER,
+              "sender is not a worker of site '" + site_config_.name() +
+                  "' (which has workers 0.." +
+                  std::to_string(workers_.size() - 1) + ")"});
+      return nullptr;
+    }
+    WorkerSlot& slot = workers_[sender.id()];
+    if (!slot.joined || slot.routing_id != message.routing_id) {
+      Refuse(message.routing_id, message.header,
+             {pb::ERROR_UNKNOWN_SENDER,
+              "worker " + std::to_string(sender.id()) +
+                  " has not joined from this connection"});
+      return nullptr;
+    }
+    if (slot.left) {
+      Refuse(message.routing_id, message.header,
+             {pb::ERROR_UNEXPECTED,
+              "worker " + std::to_string(sender.id()) + " already left"});
+      return nullptr;
+    }
+    if (slot.awaiting_reply) {
+      Refuse(message.routing_id, message.header,
+             {pb::ERROR_UNEXPECTED,
+              "worker " + std::to_string(sender.id()) +
+                  " sent a request before its previous one was answered"});
+      return nullptr;
+    }
+    return &slot;
+  }
+
+  void HandleHello(Envelope& message) {
+    const pb::Endpoint& sender = message.header.sender();
+    const uint32_t index = message.header.hello().worker_index();
+    if (sender.role() != pb::ROLE_WORKER ||
+        sender.site() != site_config_.name() || index >= workers_.size() ||
+        sender.id() != index) {
+      return Refuse(message.routing_id, message.header,
+                    {pb::ERROR_UNKNOWN_SENDER,
+                     "HELLO from '" + sender.site() + "' worker " +
+                         std::to_string(index) + ": site '" +
+                         site_config_.name() + "' has workers 0.." +
+                         std::to_string(workers_.size() - 1)});
+    }
+    Result<ModelLayout> layout =
+        ModelLayout::FromSpecs(message.header.hello().layout());
+    if (!layout.ok() || !(*layout == model_->layout())) {
+      return Refuse(message.routing_id, message.header,
+                    {pb::ERROR_LAYOUT_MISMATCH,
+                     "worker's model [" +
+                         (layout.ok() ? layout->DebugString()
+                                      : layout.status().message()) +
+                         "] differs from the site's [" +
+                         model_->layout().DebugString() +
+                         "]: are both started from the same job file?"});
+    }
+    WorkerSlot& slot = workers_[index];
+    if (slot.joined) {
+      return Refuse(message.routing_id, message.header,
+                    {pb::ERROR_UNEXPECTED,
+                     "worker " + std::to_string(index) + " already joined"});
+    }
+    if (finished_) {
+      return Refuse(message.routing_id, message.header,
+                    {pb::ERROR_UNEXPECTED, "the job has finished"});
+    }
+    slot.joined = true;
+    slot.routing_id = message.routing_id;
+    slot.awaiting_reply = true;
+    slot.awaiting_sequence = message.header.sequence();
+    MLOG(INFO) << "worker " << index << " joined (" << JoinedCount() << "/"
+               << workers_.size() << ")";
+    if (training_) SendWelcome(index);
+  }
+
+  void HandleCommit(Envelope& message) {
+    WorkerSlot* slot = Sender(message);
+    if (slot == nullptr) return;
+    const uint32_t worker = message.header.sender().id();
+    if (!training_) {
+      return Refuse(message.routing_id, message.header,
+                    {pb::ERROR_UNEXPECTED, "training has not started"});
+    }
+    if (Verdict verdict = CheckSlicesAgainstLayout(
+            message.header, model_->layout(), /*whole_model=*/true)) {
+      return Refuse(message.routing_id, message.header, *verdict);
+    }
+    for (int i = 0; i < message.header.slices_size(); ++i) {
+      if (Verdict verdict = CheckFinite(message.header.slices(i),
+                                        BytesOf(message.payload[i]))) {
+        return Refuse(message.routing_id, message.header, *verdict);
+      }
+    }
+    const pb::Commit& commit = message.header.commit();
+    if (commit.base_version() > store_.version()) {
+      return Refuse(message.routing_id, message.header,
+                    {pb::ERROR_STALE,
+                     "commit based on model version " +
+                         std::to_string(commit.base_version()) +
+                         ", newer than the site's " +
+                         std::to_string(store_.version())});
+    }
+    slot->stats = commit.stats();
+    slot->awaiting_reply = true;
+    slot->awaiting_sequence = message.header.sequence();
+    if (finished_) {
+      // The job is over, but the worker's last update is real work: apply
+      // it so that nothing accepted is lost, then tell it to stop.
+      ApplyCommit(message);
+      SendModel(worker);
+      return;
+    }
+    CommitEvent event;
+    event.worker = worker;
+    event.base_version = commit.base_version();
+    event.current_version = store_.version();
+    event.local_steps = commit.local_steps();
+    event.now = clock_->Now();
+    PolicyDecision decision = policy_->OnCommit(event);
+    switch (decision.update) {
+      case PolicyDecision::Update::kApply: {
+        auto released = std::find(decision.release.begin(),
+                                  decision.release.end(), worker);
+        if (released != decision.release.end() && !decision.flush_aggregate) {
+          // The common asynchronous case: apply and copy the result into
+          // the reply in one pass over the model.
+          ModelReply reply = NewModelReply(pb::MODEL);
+          const uint64_t version = store_.Apply(Segments(message), reply.reads);
+          ++commits_;
+          SendModelReply(worker, version, std::move(reply));
+          decision.release.erase(released);
+        } else {
+          ApplyCommit(message);
+        }
+        break;
+      }
+      case PolicyDecision::Update::kAggregate:
+        aggregate_.Add(Segments(message));
+        ++commits_;
+        break;
+      case PolicyDecision::Update::kReject:
+        slot->awaiting_reply = false;
+        Refuse(message.routing_id, message.header,
+               {pb::ERROR_STALE, decision.reject_reason});
+        break;
+    }
+    Execute(decision);
+  }
+
+  void HandlePull(Envelope& message) {
+    WorkerSlot* slot = Sender(message);
+    if (slot == nullptr) return;
+    slot->awaiting_reply = true;
+    slot->awaiting_sequence = message.header.sequence();
+    if (finished_ || !training_) return SendModel(message.header.sender().id());
+    Execute(policy_->OnPull(message.header.sender().id(), clock_->Now()));
+  }
+
+  void HandleBye(Envelope& message) {
+    WorkerSlot* slot = Sender(message);
+    if (slot == nullptr) return;
+    const uint32_t worker = message.header.sender().id();
+    if (message.header.has_bye()) slot->stats = message.header.bye().stats();
+    slot->left = true;
+    MLOG(INFO) << "worker " << worker << " left after "
+               << slot->stats.steps() << " steps, " << slot->stats.commits()
+               << " commits";
+    pb::Header reply = MakeHeader(pb::BYE, self_, ++sequence_);
+    if (Status status = SendMessage(socket_, reply, {}, slot->routing_id);
+        !status.ok()) {
+      MLOG(WARNING) << "cannot acknowledge BYE of worker " << worker << ": "
+                    << status;
+    }
+    if (training_ && !finished_) {
+      Execute(policy_->OnLeave(worker, clock_->Now()));
+    }
+  }
+
+  std::vector<UpdateSegment> Segments(const Envelope& message) {
+    std::vector<UpdateSegment> segments;
+    segments.reserve(message.payload.size());
+    scratch_.resize(message.payload.size());
+    for (size_t i = 0; i < message.payload.size(); ++i) {
+      const pb::TensorSlice& slice = message.header.slices(static_cast<int>(i));
+      const TensorInfo* tensor = model_->layout().Find(slice.tensor());
+      segments.push_back(UpdateSegment{
+          tensor->offset + slice.offset(),
+          FloatsOf(message.payload[i], &scratch_[i])});
+    }
+    return segments;
+  }
+
+  void ApplyCommit(const Envelope& message) {
+    store_.Apply(Segments(message));
+    ++commits_;
+  }
+
+  void FlushAggregate() {
+    store_.Apply(aggregate_.Segments());
+    aggregate_.Clear();
+  }
+
+  void Execute(const PolicyDecision& decision) {
+    if (decision.flush_aggregate && aggregate_.count() > 0) FlushAggregate();
+    for (uint32_t worker : decision.release) {
+      if (worker < workers_.size() && workers_[worker].awaiting_reply &&
+          !workers_[worker].left) {
+        SendModel(worker);
+      }
+    }
+  }
+
+  // ---- replies -------------------------------------------------------------
+  // A reply carrying the whole model: one payload frame per tensor, and the
+  // store reads that fill the frames in place.
+  struct ModelReply {
+    pb::Header header;
+    std::vector<zmq::message_t> frames;
+    std::vector<ReadSegment> reads;
+  };
+
+  ModelReply NewModelReply(pb::MessageType type) {
+    ModelReply reply;
+    reply.header = MakeHeader(type, self_, ++sequence_);
+    reply.header.set_clock(static_cast<int64_t>(policy_->clock()));
+    const std::vector<TensorInfo>& tensors = model_->layout().tensors();
+    for (const TensorInfo& tensor : tensors) {
+      reply.frames.push_back(MakeFloatFrame(tensor.size));
+      AddTensorSlice(tensor, &reply.header);
+    }
+    // Only now point into the frames: a small ZeroMQ message keeps its
+    // bytes inside the message object, which moved while the vector grew.
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      reply.reads.push_back(ReadSegment{
+          tensors[i].offset,
+          std::span<float>(static_cast<float*>(reply.frames[i].data()),
+                           tensors[i].size)});
+    }
+    return reply;
+  }
+
+  void SendWelcome(uint32_t worker) {
+    ModelReply reply = NewModelReply(pb::WELCOME);
+    pb::Welcome* welcome = reply.header.mutable_welcome();
+    model_->layout().ToSpecs(welcome->mutable_layout());
+    welcome->set_model_version(store_.version());
+    store_.Read(reply.reads);
+    *welcome->mutable_plan() = policy_->PlanFor(worker);
+    welcome->set_site_workers(static_cast<uint32_t>(workers_.size()));
+    Deliver(worker, reply.header, std::move(reply.frames));
+  }
+
+  void SendModel(uint32_t worker) {
+    if (finished_) {
+      pb::Header header = MakeHeader(pb::MODEL, self_, ++sequence_);
+      header.set_clock(static_cast<int64_t>(policy_->clock()));
+      pb::Model* model = header.mutable_model();
+      model->set_version(store_.version());
+      model->set_stop(true);
+      model->set_stop_reason(stop_reason_);
+      Deliver(worker, header, {});
+      return;
+    }
+    ModelReply reply = NewModelReply(pb::MODEL);
+    const uint64_t version = store_.version();  // only this thread applies
+    store_.Read(reply.reads);
+    SendModelReply(worker, version, std::move(reply));
+  }
+
+  // Completes and sends a MODEL reply whose frames hold the model at
+  // `version`.
+  void SendModelReply(uint32_t worker, uint64_t version, ModelReply reply) {
+    pb::Model* model = reply.header.mutable_model();
+    model->set_version(version);
+    *model->mutable_plan() = policy_->PlanFor(worker);
+    Deliver(worker, reply.header, std::move(reply.frames));
+  }
+
+  void Deliver(uint32_t worker, const pb::Header& header,
+               std::vector<zmq::message_t> frames) {
+    WorkerSlot& slot = workers_[worker];
+    slot.awaiting_reply = false;
+    if (Status status =
+            SendMessage(socket_, header, std::move(frames), slot.routing_id);
+        !status.ok()) {
+      MLOG(WARNING) << "cannot reply to worker " << worker << ": " << status;
+    }
+  }
+
+  void SendStatus(const Envelope& request) {
+    pb::Header header = MakeHeader(pb::STATUS_REPLY, self_, ++sequence_);
+    header.set_clock(static_cast<int64_t>(policy_->clock()));
+    pb::SiteStatus* status = header.mutable_status();
+    status->set_site(site_config_.name());
+    status->set_elapsed_s(
+        training_ ? (finished_ ? training_s_.load() : Elapsed()) : 0);
+    status->set_model_version(store_.version());
+    status->set_commits(commits_.load());
+    status->set_commits_per_s(CommitRate());
+    status->set_workers_joined(JoinedCount());
+    status->set_workers_expected(static_cast<uint32_t>(workers_.size()));
+    status->set_finished(finished_);
+    status->set_rejected(rejected_);
+    {
+      std::lock_guard<std::mutex> lock(eval_mu_);
+      if (!timeline_.empty()) *status->mutable_last_eval() = timeline_.back();
+    }
+    if (Status sent = SendMessage(socket_, header, {}, request.routing_id);
+        !sent.ok()) {
+      MLOG(WARNING) << "cannot answer a status request: " << sent;
+    }
+  }
+
+  void SampleRate() {
+    const double now = Now();
+    if (!rate_samples_.empty() && now - rate_samples_.back().first < 0.5) {
+      return;
+    }
+    rate_samples_.emplace_back(now, commits_.load());
+    while (rate_samples_.size() > 2 &&
+           now - rate_samples_.front().first > kRateWindowS) {
+      rate_samples_.pop_front();
+    }
+  }
+
+  double CommitRate() const {
+    if (rate_samples_.size() < 2) return 0;
+    const auto& [t0, c0] = rate_samples_.front();
+    const double dt = Now() - t0;
+    return dt > 0 ? static_cast<double>(commits_ - c0) / dt : 0;
+  }
+
+  // ---- evaluation thread ---------------------------------------------------
+  void StartEvaluator() {
+    evaluator_ = std::thread([this] { EvalLoop(); });
+  }
+
+  void StopEvaluator() {
+    {
+      std::lock_guard<std::mutex> lock(eval_mu_);
+      eval_stop_ = true;
+    }
+    eval_cv_.notify_all();
+    if (evaluator_.joinable()) evaluator_.join();
+  }
+
+  void EvalLoop() {
+    const auto period = FromSeconds(job_.server().eval_period_s());
+    std::vector<float> params(store_.num_elements());
+    std::unique_lock<std::mutex> lock(eval_mu_);
+    while (!eval_stop_) {
+      lock.unlock();
+      const uint64_t commits = commits_.load();
+      const uint64_t version = store_.Snapshot(params);
+      const EvalResult result = eval_model_->Evaluate(params, test_set_);
+      lock.lock();
+      RecordEvalLocked(result, version, commits);
+      eval_cv_.wait_for(lock, period, [this] { return eval_stop_; });
+    }
+  }
+
+  // `version` and `commits`: the state the evaluated snapshot was taken at.
+  void RecordEvalLocked(const EvalResult& result, uint64_t version,
+                        uint64_t commits) {
+    pb::EvalPoint point;
+    point.set_t_s(finished_eval_time());
+    point.set_accuracy(result.accuracy);
+    point.set_loss(result.loss);
+    point.set_model_version(version);
+    point.set_commits(commits);
+    timeline_.push_back(point);
+    const double target = job_.target_accuracy();
+    if (target > 0 && result.accuracy >= target && time_to_target_s_ < 0) {
+      time_to_target_s_ = point.t_s();
+      target_reached_.store(true);
+      MLOG(INFO) << "target accuracy " << target << " reached at "
+                 << point.t_s() << " s (accuracy " << result.accuracy << ")";
+    }
+  }
+
+  // Evaluation timestamps: seconds of training, frozen once the job ended.
+  double finished_eval_time() const {
+    const double frozen = training_s_.load();
+    return frozen > 0 ? frozen : Elapsed();
+  }
+
+  static std::string FormatSeconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.0f", s);
+    return buf;
+  }
+
+  SiteServerOptions options_;
+  const pb::JobConfig& job_;
+  const pb::SiteConfig& site_config_;
+  const pb::Endpoint self_;
+  Clock* clock_ = SystemClock();
+
+  std::unique_ptr<Model> model_;       // layout and initial parameters
+  std::unique_ptr<Model> eval_model_;  // used by the evaluator thread only
+  Dataset test_set_;
+  std::unique_ptr<IntraSitePolicy> policy_;
+  ParameterStore store_;
+  UpdateAccumulator aggregate_;
+  std::vector<WorkerSlot> workers_;
+  std::vector<std::vector<float>> scratch_;  // realigned payloads
+
+  zmq::context_t context_;
+  zmq::socket_t socket_;
+  std::string endpoint_;
+  uint64_t sequence_ = 0;
+
+  // Event-loop state.
+  bool training_ = false;
+  bool finished_ = false;
+  // Read by the evaluator thread too, hence atomic.
+  std::atomic<double> start_s_{0};
+  std::atomic<double> training_s_{0};
+  std::atomic<uint64_t> commits_{0};
+  std::string stop_reason_;
+  uint64_t rejected_ = 0;
+  std::deque<std::pair<double, uint64_t>> rate_samples_;
+
+  // Evaluator state, guarded by eval_mu_.
+  std::mutex eval_mu_;
+  std::condition_variable eval_cv_;
+  bool eval_stop_ = false;
+  std::vector<pb::EvalPoint> timeline_;
+  double time_to_target_s_ = -1;
+  std::atomic<bool> target_reached_{false};
+  std::thread evaluator_;
+
+  pb::SiteSummary summary_;
+};
+
+Result<std::unique_ptr<SiteServer>> SiteServer::Create(
+    SiteServerOptions options) {
+  MERIDIAN_ASSIGN_OR_RETURN(const int site_index,
+                            FindSite(options.job, options.site));
+  SetLogRole(options.site + "/server");
+  const pb::JobConfig& job = options.job;
+  // The training images are read for their normalisation statistics only.
+  MERIDIAN_ASSIGN_OR_RETURN(RawData raw, LoadRawData(job.data(), true, true));
+  Dataset test_set =
+      MakeDataset(raw.test_images, raw.test_labels, {},
+                  job.data().normalization(), raw.stats);
+  const int input_dim = static_cast<int>(raw.test_images.dim());
+  MERIDIAN_ASSIGN_OR_RETURN(auto model,
+                            MakeModel(job.model(), input_dim, 10));
+  MERIDIAN_ASSIGN_OR_RETURN(auto eval_model,
+                            MakeModel(job.model(), input_dim, 10));
+  MERIDIAN_ASSIGN_OR_RETURN(auto policy, MakePolicy(job.policy()));
+  auto impl = std::make_unique<Impl>(std::move(options), site_index,
+                                     std::move(model), std::move(eval_model),
+                                     std::move(test_set), std::move(policy));
+  MERIDIAN_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<SiteServer>(new SiteServer(std::move(impl)));
+}
+
+SiteServer::SiteServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SiteServer::~SiteServer() = default;
+
+const std::string& SiteServer::endpoint() const { return impl_->endpoint(); }
+Status SiteServer::Run() { return impl_->Run(); }
+const pb::SiteSummary& SiteServer::summary() const { return impl_->summary(); }
+
+}  // namespace meridian

@@ -1,0 +1,810 @@
+#include "meridian/config.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace meridian {
+namespace {
+
+namespace gpb = google::protobuf;
+
+// (line, column, field) of each issue, in order.
+using Where = std::tuple<int, int, std::string>;
+
+std::vector<Where> Locations(const std::vector<ConfigIssue>& issues) {
+  std::vector<Where> out;
+  for (const ConfigIssue& issue : issues) {
+    out.emplace_back(issue.line, issue.column, issue.field);
+  }
+  return out;
+}
+
+std::vector<std::string> Fields(const std::vector<ConfigIssue>& issues) {
+  std::vector<std::string> out;
+  for (const ConfigIssue& issue : issues) out.push_back(issue.field);
+  return out;
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+constexpr char kMinimal[] = R"(
+site {
+  name: "a"
+  workers { count: 2 }
+}
+)";
+
+// Every field of JobConfig set to a valid, non-default value.
+constexpr char kFull[] = R"(# A full job.
+name: "full-job"
+site {
+  name: "eu-west"
+  address: "tcp://10.0.0.1:7200"
+  workers { count: 2 step_time_s: 0.01 }
+  workers { count: 3 step_time_s: 0.05 }
+}
+site {
+  name: "us_east.1"
+  address: "ipc:///tmp/us_east.sock"
+  workers { }
+}
+model { kind: MLP hidden: [256, 128] }
+data {
+  dir: "/data/fmnist"
+  train_images: "ti.gz"
+  train_labels: "tl.gz"
+  test_images: "vi.gz"
+  test_labels: "vl.gz"
+  normalization: SCALE
+  site_partition {
+    kind: LABEL_SUBSET
+    classes { label: [0, 1, 2, 3, 4] }
+    classes { label: 5 label: 6 label: 7 label: 8 label: 9 }
+    skew: 0.5
+  }
+  train_limit: 6000
+  test_limit: 1000
+}
+optimizer {
+  learning_rate: 0.1
+  momentum: 0.5
+  weight_decay: 0.0001
+  batch_size: 32
+  schedule: STEP
+  step_size: 200
+  gamma: 0.9
+}
+server {
+  apply_rule: SUM
+  momentum: 0.3
+  learning_rate: 0.5
+  num_shards: 8
+  eval_period_s: 1.5
+  join_timeout_s: 30
+}
+policy { kind: BSP local_steps: 4 }
+target_accuracy: 0.85
+time_budget_s: 120
+seed: 42
+)";
+
+pb::JobConfig ParseOrDie(const std::string& text) {
+  Result<pb::JobConfig> config = ParseJobConfig(text, "test.job");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : pb::JobConfig();
+}
+
+// A valid config with one of every repeated message, built in code.
+pb::JobConfig ValidConfig() {
+  pb::JobConfig config = ParseOrDie(kMinimal);
+  config.mutable_data()->mutable_site_partition()->set_kind(pb::LABEL_SUBSET);
+  config.mutable_data()->mutable_site_partition()->add_classes()->add_label(3);
+  return config;
+}
+
+// ---------------------------------------------------------------------------
+// Parsing valid configs.
+
+TEST(ParseJobConfigTest, MinimalConfigParses) {
+  std::vector<ConfigIssue> issues = {{1, 1, "stale", "left over"}};
+  Result<pb::JobConfig> config = ParseJobConfig(kMinimal, "min.job", &issues);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(issues.empty());
+  ASSERT_EQ(config->site_size(), 1);
+  EXPECT_EQ(config->site(0).name(), "a");
+  EXPECT_EQ(SiteWorkerCount(config->site(0)), 2u);
+  EXPECT_EQ(TotalWorkerCount(*config), 2u);
+}
+
+TEST(ParseJobConfigTest, DefaultsAreTheDocumentedOnes) {
+  const pb::JobConfig config = ParseOrDie(R"(site { name: "a" workers {} })");
+  EXPECT_EQ(config.name(), "job");
+  EXPECT_EQ(config.site(0).address(), "tcp://127.0.0.1:7100");
+  EXPECT_EQ(config.site(0).workers(0).count(), 1u);
+  EXPECT_EQ(config.site(0).workers(0).step_time_s(), 0.0);
+  EXPECT_EQ(config.model().kind(), pb::MLP);
+  EXPECT_EQ(config.model().hidden_size(), 0);
+  EXPECT_EQ(config.data().dir(), "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(config.data().train_images(), "train-images-idx3-ubyte.gz");
+  EXPECT_EQ(config.data().train_labels(), "train-labels-idx1-ubyte.gz");
+  EXPECT_EQ(config.data().test_images(), "t10k-images-idx3-ubyte.gz");
+  EXPECT_EQ(config.data().test_labels(), "t10k-labels-idx1-ubyte.gz");
+  EXPECT_EQ(config.data().normalization(), pb::STANDARDIZE);
+  EXPECT_EQ(config.data().site_partition().kind(), pb::IID);
+  EXPECT_EQ(config.data().site_partition().classes_size(), 0);
+  EXPECT_EQ(config.data().site_partition().skew(), 0.8);
+  EXPECT_EQ(config.data().train_limit(), 0u);
+  EXPECT_EQ(config.data().test_limit(), 0u);
+  EXPECT_EQ(config.optimizer().learning_rate(), 0.05);
+  EXPECT_EQ(config.optimizer().momentum(), 0.9);
+  EXPECT_EQ(config.optimizer().weight_decay(), 0.0);
+  EXPECT_EQ(config.optimizer().batch_size(), 64u);
+  EXPECT_EQ(config.optimizer().schedule(), pb::CONSTANT);
+  EXPECT_EQ(config.optimizer().step_size(), 1000u);
+  EXPECT_EQ(config.optimizer().gamma(), 0.5);
+  EXPECT_EQ(config.server().apply_rule(), pb::MEAN);
+  EXPECT_EQ(config.server().momentum(), 0.0);
+  EXPECT_EQ(config.server().learning_rate(), 1.0);
+  EXPECT_EQ(config.server().num_shards(), 4u);
+  EXPECT_EQ(config.server().eval_period_s(), 2.0);
+  EXPECT_EQ(config.server().join_timeout_s(), 60.0);
+  EXPECT_EQ(config.policy().kind(), pb::ASYNC);
+  EXPECT_EQ(config.policy().local_steps(), 1u);
+  EXPECT_EQ(config.target_accuracy(), 0.0);
+  EXPECT_EQ(config.time_budget_s(), 600.0);
+  EXPECT_EQ(config.seed(), 1u);
+}
+
+TEST(ParseJobConfigTest, FullConfigParses) {
+  const pb::JobConfig config = ParseOrDie(kFull);
+  EXPECT_EQ(config.name(), "full-job");
+  ASSERT_EQ(config.site_size(), 2);
+  EXPECT_EQ(config.site(0).address(), "tcp://10.0.0.1:7200");
+  EXPECT_EQ(config.site(1).name(), "us_east.1");
+  EXPECT_EQ(SiteWorkerCount(config.site(0)), 5u);
+  EXPECT_EQ(SiteWorkerCount(config.site(1)), 1u);
+  EXPECT_EQ(TotalWorkerCount(config), 6u);
+  ASSERT_EQ(config.model().hidden_size(), 2);
+  EXPECT_EQ(config.model().hidden(1), 128u);
+  EXPECT_EQ(config.data().normalization(), pb::SCALE);
+  ASSERT_EQ(config.data().site_partition().classes_size(), 2);
+  EXPECT_EQ(config.data().site_partition().classes(1).label_size(), 5);
+  EXPECT_EQ(config.data().site_partition().classes(1).label(4), 9u);
+  EXPECT_EQ(config.data().site_partition().skew(), 0.5);
+  EXPECT_EQ(config.data().train_limit(), 6000u);
+  EXPECT_EQ(config.optimizer().schedule(), pb::STEP);
+  EXPECT_EQ(config.optimizer().weight_decay(), 0.0001);
+  EXPECT_EQ(config.server().apply_rule(), pb::SUM);
+  EXPECT_EQ(config.server().num_shards(), 8u);
+  EXPECT_EQ(config.server().join_timeout_s(), 30.0);
+  EXPECT_EQ(config.policy().kind(), pb::BSP);
+  EXPECT_EQ(config.policy().local_steps(), 4u);
+  EXPECT_EQ(config.target_accuracy(), 0.85);
+  EXPECT_EQ(config.time_budget_s(), 120.0);
+  EXPECT_EQ(config.seed(), 42u);
+  EXPECT_TRUE(ValidateJobConfig(config).empty());
+}
+
+// ---------------------------------------------------------------------------
+// Syntax errors.
+
+TEST(ParseJobConfigTest, SyntaxErrorHasOneBasedLineAndColumn) {
+  const std::string text =
+      "site {\n"
+      "  name: \"a\"\n"
+      "  workers { count 2 }\n"  // missing ':' -> at the "2", column 19
+      "}\n";
+  std::vector<ConfigIssue> issues;
+  Result<pb::JobConfig> config = ParseJobConfig(text, "bad.job", &issues);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(Locations(issues), (std::vector<Where>{{3, 19, ""}}));
+  EXPECT_TRUE(Contains(issues[0].message, "Expected \":\""))
+      << issues[0].message;
+  EXPECT_EQ(config.status().message(), "bad.job:3:19: " + issues[0].message);
+}
+
+TEST(ParseJobConfigTest, UnterminatedMessageReportsEndOfInput) {
+  std::vector<ConfigIssue> issues;
+  EXPECT_FALSE(ParseJobConfig("site {\n  name: \"a\"\n", "x", &issues).ok());
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(issues[0].line, 3);
+  EXPECT_EQ(issues[0].column, 1);
+}
+
+TEST(ParseJobConfigTest, UnknownFieldPointsAtTheName) {
+  std::vector<ConfigIssue> issues;
+  const std::string text = "site {\n  name: \"a\"\n  wrkers { count: 2 }\n}\n";
+  EXPECT_FALSE(ParseJobConfig(text, "x", &issues).ok());
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(Locations(issues), (std::vector<Where>{{3, 3, ""}}));
+  EXPECT_TRUE(Contains(issues[0].message, "no field named \"wrkers\""))
+      << issues[0].message;
+}
+
+TEST(ParseJobConfigTest, WrongEnumValuePointsAtTheValue) {
+  std::vector<ConfigIssue> issues;
+  const std::string text = "site { name: \"a\" }\npolicy { kind: SSP }\n";
+  EXPECT_FALSE(ParseJobConfig(text, "x", &issues).ok());
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(Locations(issues), (std::vector<Where>{{2, 16, ""}}));
+  EXPECT_TRUE(Contains(issues[0].message, "\"SSP\"")) << issues[0].message;
+}
+
+TEST(ParseJobConfigTest, WrongValueTypeIsReported) {
+  std::vector<ConfigIssue> issues;
+  const std::string text = "site {\n  workers { count: \"two\" }\n}\n";
+  EXPECT_FALSE(ParseJobConfig(text, "x", &issues).ok());
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(Locations(issues), (std::vector<Where>{{2, 20, ""}}));
+  EXPECT_TRUE(Contains(issues[0].message, "Expected integer"))
+      << issues[0].message;
+}
+
+TEST(ParseJobConfigTest, NegativeCountIsASyntaxError) {
+  std::vector<ConfigIssue> issues;
+  EXPECT_FALSE(
+      ParseJobConfig("site { workers { count: -1 } }", "x", &issues).ok());
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(issues[0].line, 1);
+  EXPECT_EQ(issues[0].column, 25);
+}
+
+TEST(ParseJobConfigTest, RepeatedSingularFieldIsReported) {
+  std::vector<ConfigIssue> issues;
+  EXPECT_FALSE(ParseJobConfig("seed: 1\nseed: 2\n", "x", &issues).ok());
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(issues[0].line, 2);
+  EXPECT_TRUE(Contains(issues[0].message, "\"seed\"")) << issues[0].message;
+}
+
+TEST(ParseJobConfigTest, SyntaxErrorSkipsSemanticChecks) {
+  // No site and a syntax error: only the syntax error is reported, since
+  // semantic checks on a partial parse would be noise.
+  std::vector<ConfigIssue> issues;
+  EXPECT_FALSE(ParseJobConfig("name: \"j\" }", "x", &issues).ok());
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(issues[0].field, "");
+}
+
+// ---------------------------------------------------------------------------
+// Semantic errors with locations.
+
+TEST(ParseJobConfigTest, ReportsEverySemanticProblemAtItsField) {
+  const std::string text =
+      "site {\n"                              // 1
+      "  name: \"a\"\n"                       // 2
+      "  workers {\n"                         // 3
+      "    count: 0\n"                        // 4
+      "    step_time_s: -1\n"                 // 5
+      "  }\n"                                 // 6
+      "  address: \"http://x:1\"\n"           // 7
+      "}\n"                                   // 8
+      "site {\n"                              // 9
+      "  name: \"a\"\n"                       // 10
+      "  workers { count: 2 }\n"              // 11
+      "}\n"                                   // 12
+      "model { kind: SOFTMAX hidden: 10 }\n"  // 13
+      "optimizer {\n"                         // 14
+      "  learning_rate: 0\n"                  // 15
+      "  momentum: 1\n"                       // 16
+      "  batch_size: 0\n"                     // 17
+      "}\n"                                   // 18
+      "server { num_shards: 300 }\n"          // 19
+      "policy { local_steps: 0 }\n"           // 20
+      "time_budget_s: inf\n";                 // 21
+  std::vector<ConfigIssue> issues;
+  Result<pb::JobConfig> config = ParseJobConfig(text, "multi.job", &issues);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Locations(issues), (std::vector<Where>{
+                                   {7, 3, "site[0].address"},
+                                   {4, 5, "site[0].workers[0].count"},
+                                   {5, 5, "site[0].workers[0].step_time_s"},
+                                   {10, 3, "site[1].name"},
+                                   {13, 23, "model.hidden"},
+                                   {15, 3, "optimizer.learning_rate"},
+                                   {16, 3, "optimizer.momentum"},
+                                   {17, 3, "optimizer.batch_size"},
+                                   {19, 10, "server.num_shards"},
+                                   {20, 10, "policy.local_steps"},
+                                   {21, 1, "time_budget_s"},
+                               }));
+  ASSERT_EQ(issues.size(), 11u);
+  EXPECT_TRUE(Contains(issues[0].message, "tcp://, ipc:// or inproc://"));
+  EXPECT_EQ(issues[1].message, "must be in [1, 1024], got 0");
+  EXPECT_EQ(issues[2].message, "must be >= 0, got -1");
+  EXPECT_TRUE(Contains(issues[3].message, "duplicate site name 'a'"));
+  EXPECT_TRUE(Contains(issues[4].message, "SOFTMAX"));
+  EXPECT_EQ(issues[5].message, "must be > 0, got 0");
+  EXPECT_EQ(issues[6].message, "must be in [0, 1), got 1");
+  EXPECT_EQ(issues[7].message, "must be in [1, 65536], got 0");
+  EXPECT_EQ(issues[8].message, "must be in [1, 256], got 300");
+  EXPECT_EQ(issues[9].message, "must be >= 1, got 0");
+  EXPECT_EQ(issues[10].message, "must be finite and > 0, got inf");
+  // The status message is exactly the formatted issue list.
+  EXPECT_EQ(config.status().message(), FormatConfigIssues("multi.job", issues));
+  EXPECT_TRUE(Contains(config.status().message(),
+                       "multi.job:4:5: site[0].workers[0].count: must be in "
+                       "[1, 1024], got 0\n"));
+}
+
+TEST(ParseJobConfigTest, AbsentFieldFallsBackToEnclosingMessage) {
+  std::vector<ConfigIssue> issues;
+  EXPECT_FALSE(ParseJobConfig("\n  site { name: \"a\" }\n", "x", &issues).ok());
+  EXPECT_EQ(Locations(issues), (std::vector<Where>{{2, 3, "site[0].workers"}}));
+
+  // No site at all: nothing to point at.
+  EXPECT_FALSE(ParseJobConfig("seed: 3\n", "x", &issues).ok());
+  EXPECT_EQ(Locations(issues), (std::vector<Where>{{0, 0, "site"}}));
+  EXPECT_EQ(FormatConfigIssues("x", issues), "x: site: " + issues[0].message);
+}
+
+TEST(ParseJobConfigTest, ListSyntaxEntriesUseTheListLocation) {
+  const std::string text =
+      "site { name: \"a\" workers {} }\n"
+      "model {\n"
+      "  hidden: 64\n"
+      "  hidden: [32, 0, 70000]\n"
+      "}\n";
+  std::vector<ConfigIssue> issues;
+  EXPECT_FALSE(ParseJobConfig(text, "x", &issues).ok());
+  EXPECT_EQ(Locations(issues), (std::vector<Where>{{4, 3, "model.hidden[2]"},
+                                                   {4, 3, "model.hidden[3]"}}));
+}
+
+TEST(ParseJobConfigTest, ClassListProblemsAreLocated) {
+  const std::string text =
+      "site { name: \"a\" workers {} }\n"  // 1
+      "site { name: \"b\" workers {} }\n"  // 2
+      "data { site_partition {\n"          // 3
+      "  kind: LABEL_SUBSET\n"             // 4
+      "  classes { label: [0, 1] }\n"      // 5
+      "  classes { }\n"                    // 6
+      "  classes {\n"                      // 7
+      "    label: 2\n"                     // 8
+      "    label: 10\n"                    // 9
+      "  }\n"                              // 10
+      "  skew: 1.5\n"                      // 11
+      "} }\n";                             // 12
+  std::vector<ConfigIssue> issues;
+  EXPECT_FALSE(ParseJobConfig(text, "x", &issues).ok());
+  EXPECT_EQ(Locations(issues),
+            (std::vector<Where>{
+                {11, 3, "data.site_partition.skew"},
+                {5, 3, "data.site_partition.classes"},
+                {6, 3, "data.site_partition.classes[1].label"},
+                {9, 5, "data.site_partition.classes[2].label[1]"},
+            }));
+  ASSERT_EQ(issues.size(), 4u);
+  EXPECT_EQ(issues[0].message, "must be in [0, 1], got 1.5");
+  EXPECT_TRUE(Contains(issues[1].message, "expected 2, got 3"))
+      << issues[1].message;
+  EXPECT_EQ(issues[3].message, "must be in [0, 9], got 10");
+}
+
+TEST(ParseJobConfigTest, DuplicateSiteNamesAreReportedOncePerRepeat) {
+  const std::string text =
+      "site { name: \"x\" workers {} }\n"
+      "site { name: \"y\" workers {} }\n"
+      "site { name: \"x\" workers {} }\n"
+      "site { name: \"x\" workers {} }\n";
+  std::vector<ConfigIssue> issues;
+  EXPECT_FALSE(ParseJobConfig(text, "x", &issues).ok());
+  EXPECT_EQ(Locations(issues), (std::vector<Where>{{3, 8, "site[2].name"},
+                                                   {4, 8, "site[3].name"}}));
+  EXPECT_EQ(issues[0].message,
+            "duplicate site name 'x' (also used by site[0]); site names must "
+            "be unique");
+}
+
+// ---------------------------------------------------------------------------
+// ValidateJobConfig rules.
+
+TEST(ValidateJobConfigTest, ValidConfigHasNoIssue) {
+  EXPECT_TRUE(ValidateJobConfig(ValidConfig()).empty());
+  EXPECT_TRUE(ValidateJobConfig(ParseOrDie(kMinimal)).empty());
+}
+
+TEST(ValidateJobConfigTest, ValidationIssuesHaveNoLocation) {
+  pb::JobConfig config = ValidConfig();
+  config.mutable_site(0)->mutable_workers(0)->set_count(0);
+  const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+  EXPECT_EQ(Locations(issues),
+            (std::vector<Where>{{0, 0, "site[0].workers[0].count"}}));
+}
+
+TEST(ValidateJobConfigTest, SiteNames) {
+  struct Case {
+    std::string name;
+    bool valid;
+  };
+  const Case cases[] = {
+      {"site-1", true}, {"A.b_c", true}, {"", false},  {"a b", false},
+      {"a/b", false},   {"..", false},   {".", false}, {"é", false},
+      {"..a", true},    {"x:y", false},
+  };
+  for (const Case& c : cases) {
+    pb::JobConfig config = ValidConfig();
+    config.mutable_site(0)->set_name(c.name);
+    const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+    EXPECT_EQ(Fields(issues), c.valid
+                                  ? std::vector<std::string>{}
+                                  : std::vector<std::string>{"site[0].name"})
+        << "name '" << c.name << "'";
+  }
+}
+
+TEST(ValidateJobConfigTest, Addresses) {
+  struct Case {
+    std::string address;
+    bool valid;
+  };
+  const Case cases[] = {
+      {"tcp://127.0.0.1:7100", true},
+      {"ipc:///tmp/a", true},
+      {"inproc://a", true},
+      {"", false},
+      {"tcp://", false},
+      {"http://h:1", false},
+      {"127.0.0.1:7100", false},
+      {"TCP://h:1", false},
+  };
+  for (const Case& c : cases) {
+    pb::JobConfig config = ValidConfig();
+    config.mutable_site(0)->set_address(c.address);
+    EXPECT_EQ(Fields(ValidateJobConfig(config)),
+              c.valid ? std::vector<std::string>{}
+                      : std::vector<std::string>{"site[0].address"})
+        << "address '" << c.address << "'";
+  }
+}
+
+// Boundaries of every numeric range: `mutate` sets one value; `field` is the
+// expected issue's path, empty when the value is allowed.
+TEST(ValidateJobConfigTest, NumericBoundaries) {
+  struct Case {
+    std::function<void(pb::JobConfig*)> mutate;
+    std::string field;
+  };
+  auto group = [](pb::JobConfig* c) {
+    return c->mutable_site(0)->mutable_workers(0);
+  };
+  auto opt = [](pb::JobConfig* c) { return c->mutable_optimizer(); };
+  auto server = [](pb::JobConfig* c) { return c->mutable_server(); };
+  auto part = [](pb::JobConfig* c) {
+    return c->mutable_data()->mutable_site_partition();
+  };
+  const Case cases[] = {
+      {[&](auto* c) { group(c)->set_count(1024); }, ""},
+      {[&](auto* c) { group(c)->set_count(1025); }, "site[0].workers[0].count"},
+      {[&](auto* c) { group(c)->set_step_time_s(0); }, ""},
+      {[&](auto* c) { group(c)->set_step_time_s(-1e-9); },
+       "site[0].workers[0].step_time_s"},
+      {[](auto* c) { c->mutable_model()->add_hidden(65536); }, ""},
+      {[](auto* c) { c->mutable_model()->add_hidden(1); }, ""},
+      {[](auto* c) { c->mutable_model()->add_hidden(65537); },
+       "model.hidden[0]"},
+      {[&](auto* c) { part(c)->set_skew(0); }, ""},
+      {[&](auto* c) { part(c)->set_skew(1); }, ""},
+      {[&](auto* c) { part(c)->set_skew(-0.1); }, "data.site_partition.skew"},
+      {[&](auto* c) { part(c)->mutable_classes(0)->set_label(0, 9); }, ""},
+      {[&](auto* c) { part(c)->mutable_classes(0)->set_label(0, 10); },
+       "data.site_partition.classes[0].label[0]"},
+      {[&](auto* c) { opt(c)->set_learning_rate(1e-12); }, ""},
+      {[&](auto* c) { opt(c)->set_learning_rate(-0.1); },
+       "optimizer.learning_rate"},
+      {[&](auto* c) { opt(c)->set_momentum(0); }, ""},
+      {[&](auto* c) { opt(c)->set_momentum(0.999); }, ""},
+      {[&](auto* c) { opt(c)->set_momentum(-0.1); }, "optimizer.momentum"},
+      {[&](auto* c) { opt(c)->set_weight_decay(0); }, ""},
+      {[&](auto* c) { opt(c)->set_weight_decay(-1); },
+       "optimizer.weight_decay"},
+      {[&](auto* c) { opt(c)->set_batch_size(1); }, ""},
+      {[&](auto* c) { opt(c)->set_batch_size(65536); }, ""},
+      {[&](auto* c) { opt(c)->set_batch_size(65537); }, "optimizer.batch_size"},
+      {[&](auto* c) { opt(c)->set_step_size(1); }, ""},
+      {[&](auto* c) { opt(c)->set_step_size(0); }, "optimizer.step_size"},
+      {[&](auto* c) { opt(c)->set_gamma(1); }, ""},
+      {[&](auto* c) { opt(c)->set_gamma(0); }, "optimizer.gamma"},
+      {[&](auto* c) { opt(c)->set_gamma(1.01); }, "optimizer.gamma"},
+      {[&](auto* c) { server(c)->set_momentum(0); }, ""},
+      {[&](auto* c) { server(c)->set_momentum(1); }, "server.momentum"},
+      {[&](auto* c) { server(c)->set_learning_rate(0); },
+       "server.learning_rate"},
+      {[&](auto* c) { server(c)->set_num_shards(1); }, ""},
+      {[&](auto* c) { server(c)->set_num_shards(256); }, ""},
+      {[&](auto* c) { server(c)->set_num_shards(0); }, "server.num_shards"},
+      {[&](auto* c) { server(c)->set_num_shards(257); }, "server.num_shards"},
+      {[&](auto* c) { server(c)->set_eval_period_s(0); },
+       "server.eval_period_s"},
+      {[&](auto* c) { server(c)->set_join_timeout_s(-5); },
+       "server.join_timeout_s"},
+      {[](auto* c) { c->mutable_policy()->set_local_steps(1); }, ""},
+      {[](auto* c) { c->mutable_policy()->set_local_steps(0); },
+       "policy.local_steps"},
+      {[](auto* c) { c->set_target_accuracy(0); }, ""},
+      {[](auto* c) { c->set_target_accuracy(1); }, ""},
+      {[](auto* c) { c->set_target_accuracy(1.0001); }, "target_accuracy"},
+      {[](auto* c) { c->set_target_accuracy(-0.5); }, "target_accuracy"},
+      {[](auto* c) { c->set_time_budget_s(0.001); }, ""},
+      {[](auto* c) { c->set_time_budget_s(0); }, "time_budget_s"},
+  };
+  int index = 0;
+  for (const Case& c : cases) {
+    pb::JobConfig config = ValidConfig();
+    c.mutate(&config);
+    EXPECT_EQ(Fields(ValidateJobConfig(config)),
+              c.field.empty() ? std::vector<std::string>{}
+                              : std::vector<std::string>{c.field})
+        << "case #" << index;
+    ++index;
+  }
+}
+
+TEST(ValidateJobConfigTest, UnspecifiedEnumsListTheAllowedValues) {
+  pb::JobConfig config = ValidConfig();
+  config.mutable_model()->set_kind(pb::MODEL_KIND_UNSPECIFIED);
+  config.mutable_data()->set_normalization(pb::NORMALIZATION_UNSPECIFIED);
+  config.mutable_data()->mutable_site_partition()->set_kind(
+      pb::PARTITION_KIND_UNSPECIFIED);
+  config.mutable_optimizer()->set_schedule(pb::LR_SCHEDULE_KIND_UNSPECIFIED);
+  config.mutable_server()->set_apply_rule(pb::APPLY_RULE_UNSPECIFIED);
+  config.mutable_policy()->set_kind(pb::POLICY_KIND_UNSPECIFIED);
+  const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+  // The classes are only used by LABEL_SUBSET, which is no longer the kind.
+  EXPECT_EQ(Fields(issues), (std::vector<std::string>{
+                                "model.kind",
+                                "data.normalization",
+                                "data.site_partition.kind",
+                                "data.site_partition.classes",
+                                "optimizer.schedule",
+                                "server.apply_rule",
+                                "policy.kind",
+                            }));
+  ASSERT_EQ(issues.size(), 7u);
+  EXPECT_EQ(issues[0].message,
+            "must be one of SOFTMAX, MLP, got MODEL_KIND_UNSPECIFIED");
+  EXPECT_EQ(issues[1].message,
+            "must be one of SCALE, STANDARDIZE, got "
+            "NORMALIZATION_UNSPECIFIED");
+  EXPECT_EQ(issues[6].message,
+            "must be one of BSP, ASYNC, got POLICY_KIND_UNSPECIFIED");
+}
+
+TEST(ValidateJobConfigTest, SoftmaxRejectsHiddenLayers) {
+  pb::JobConfig config = ValidConfig();
+  config.mutable_model()->set_kind(pb::SOFTMAX);
+  EXPECT_TRUE(ValidateJobConfig(config).empty());
+  config.mutable_model()->add_hidden(16);
+  EXPECT_EQ(Fields(ValidateJobConfig(config)),
+            std::vector<std::string>{"model.hidden"});
+}
+
+TEST(ValidateJobConfigTest, EmptyDataNames) {
+  pb::JobConfig config = ValidConfig();
+  pb::DataConfig* data = config.mutable_data();
+  data->set_dir("");
+  data->set_train_images("");
+  data->set_train_labels("");
+  data->set_test_images("");
+  data->set_test_labels("");
+  const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+  EXPECT_EQ(Fields(issues),
+            (std::vector<std::string>{"data.dir", "data.train_images",
+                                      "data.train_labels", "data.test_images",
+                                      "data.test_labels"}));
+  ASSERT_FALSE(issues.empty());
+  EXPECT_EQ(issues[0].message, "must be non-empty");
+}
+
+TEST(ValidateJobConfigTest, SiteNeedsWorkers) {
+  pb::JobConfig config = ValidConfig();
+  config.mutable_site(0)->clear_workers();
+  EXPECT_EQ(Fields(ValidateJobConfig(config)),
+            std::vector<std::string>{"site[0].workers"});
+  config.clear_site();
+  config.mutable_data()->mutable_site_partition()->clear_classes();
+  EXPECT_EQ(Fields(ValidateJobConfig(config)),
+            std::vector<std::string>{"site"});
+}
+
+TEST(ValidateJobConfigTest, LabelSubsetWithoutListsIsValid) {
+  pb::JobConfig config = ValidConfig();
+  config.mutable_data()->mutable_site_partition()->clear_classes();
+  EXPECT_TRUE(ValidateJobConfig(config).empty());
+}
+
+// Visits every double field reachable from `message` (through the first
+// element of repeated messages) with its dotted path.
+void ForEachDoubleField(
+    gpb::Message* message, const std::string& prefix,
+    const std::function<void(gpb::Message*, const gpb::FieldDescriptor*,
+                             const std::string&)>& visit) {
+  const gpb::Descriptor* type = message->GetDescriptor();
+  const gpb::Reflection* reflection = message->GetReflection();
+  for (int i = 0; i < type->field_count(); ++i) {
+    const gpb::FieldDescriptor* field = type->field(i);
+    const std::string path =
+        (prefix.empty() ? "" : prefix + ".") + field->name();
+    if (field->cpp_type() == gpb::FieldDescriptor::CPPTYPE_DOUBLE) {
+      ASSERT_FALSE(field->is_repeated()) << path;
+      visit(message, field, path);
+    } else if (field->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (!field->is_repeated()) {
+        ForEachDoubleField(reflection->MutableMessage(message, field), path,
+                           visit);
+      } else if (reflection->FieldSize(*message, field) > 0) {
+        ForEachDoubleField(
+            reflection->MutableRepeatedMessage(message, field, 0), path + "[0]",
+            visit);
+      }
+    }
+  }
+}
+
+TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
+  pb::JobConfig config = ValidConfig();
+  int visited = 0;
+  ForEachDoubleField(
+      &config, "",
+      [&](gpb::Message* message, const gpb::FieldDescriptor* field,
+          const std::string& path) {
+        ++visited;
+        const gpb::Reflection* reflection = message->GetReflection();
+        const double saved = reflection->GetDouble(*message, field);
+        for (double bad : {std::numeric_limits<double>::quiet_NaN(),
+                           std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity()}) {
+          reflection->SetDouble(message, field, bad);
+          const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+          ASSERT_EQ(Fields(issues), std::vector<std::string>{path})
+              << "value " << bad;
+          EXPECT_TRUE(Contains(issues[0].message, "must be finite"))
+              << issues[0].message;
+        }
+        reflection->SetDouble(message, field, saved);
+        EXPECT_TRUE(ValidateJobConfig(config).empty()) << path;
+      });
+  // step_time_s, skew, 4 optimizer/server pairs..., target, budget.
+  EXPECT_EQ(visited, 12);
+}
+
+// ---------------------------------------------------------------------------
+// FormatConfigIssues.
+
+TEST(FormatConfigIssuesTest, Format) {
+  EXPECT_EQ(FormatConfigIssues("j.txt", {}), "");
+  EXPECT_EQ(FormatConfigIssues("j.txt", {{4, 5, "site[0].workers[0].count",
+                                          "must be in [1, 1024], got 0"}}),
+            "j.txt:4:5: site[0].workers[0].count: must be in [1, 1024], got 0");
+  EXPECT_EQ(FormatConfigIssues("j.txt", {{0, 0, "site", "need one"},
+                                         {3, 0, "seed", "bad"},
+                                         {2, 7, "", "syntax"}}),
+            "j.txt: site: need one\n"
+            "j.txt:3: seed: bad\n"
+            "j.txt:2:7: syntax");
+}
+
+// ---------------------------------------------------------------------------
+// LoadJobConfig.
+
+class LoadJobConfigTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(testing::TempDir()) /
+           ("config_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::filesystem::path path = dir_ / name;
+    std::ofstream(path) << text;
+    return path.string();
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(LoadJobConfigTest, LoadsAFile) {
+  const std::string path = Write("ok.job", kFull);
+  Result<pb::JobConfig> config = LoadJobConfig(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->name(), "full-job");
+}
+
+TEST_F(LoadJobConfigTest, MissingFileIsNotFoundNamingThePath) {
+  const std::string path = (dir_ / "nope.job").string();
+  Result<pb::JobConfig> config = LoadJobConfig(path);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(config.status().message(), path)) << config.status();
+}
+
+TEST_F(LoadJobConfigTest, DirectoryIsInvalidArgumentNamingThePath) {
+  Result<pb::JobConfig> config = LoadJobConfig(dir_.string());
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(config.status().message(), dir_.string()))
+      << config.status();
+}
+
+TEST_F(LoadJobConfigTest, IssuesAreReportedAgainstThePath) {
+  const std::string path = Write("bad.job", "site {\n  name: \"\"\n}\n");
+  std::vector<ConfigIssue> issues;
+  Result<pb::JobConfig> config = LoadJobConfig(path, &issues);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Locations(issues), (std::vector<Where>{{2, 3, "site[0].name"},
+                                                   {1, 1, "site[0].workers"}}));
+  EXPECT_EQ(config.status().message(), FormatConfigIssues(path, issues));
+  EXPECT_EQ(config.status().message().rfind(path + ":2:3: site[0].name: ", 0),
+            0u)
+      << config.status();
+}
+
+// ---------------------------------------------------------------------------
+// Site helpers.
+
+TEST(FindSiteTest, FindsByNameAndListsKnownNames) {
+  const pb::JobConfig config = ParseOrDie(kFull);
+  Result<int> index = FindSite(config, "us_east.1");
+  ASSERT_TRUE(index.ok());
+  EXPECT_EQ(*index, 1);
+  EXPECT_EQ(*FindSite(config, "eu-west"), 0);
+
+  Result<int> missing = FindSite(config, "ap-south");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(missing.status().message(),
+            "no site named 'ap-south' in the job (sites: eu-west, "
+            "us_east.1)");
+}
+
+TEST(SiteWorkersTest, CountsAndGroupsAcrossMultipleGroups) {
+  pb::SiteConfig site;
+  pb::WorkerGroup* fast = site.add_workers();
+  fast->set_count(2);
+  fast->set_step_time_s(0.01);
+  pb::WorkerGroup* slow = site.add_workers();
+  slow->set_count(3);
+  slow->set_step_time_s(0.5);
+  pb::WorkerGroup* single = site.add_workers();  // default count: 1
+  single->set_step_time_s(2);
+  EXPECT_EQ(SiteWorkerCount(site), 6u);
+
+  const double expected[] = {0.01, 0.01, 0.5, 0.5, 0.5, 2};
+  for (uint32_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(WorkerGroupOf(site, i).step_time_s(), expected[i])
+        << "worker " << i;
+  }
+  EXPECT_EQ(&WorkerGroupOf(site, 1), &site.workers(0));
+  EXPECT_EQ(&WorkerGroupOf(site, 2), &site.workers(1));
+  EXPECT_EQ(&WorkerGroupOf(site, 5), &site.workers(2));
+
+  pb::JobConfig config;
+  *config.add_site() = site;
+  config.add_site()->add_workers()->set_count(4);
+  EXPECT_EQ(TotalWorkerCount(config), 10u);
+  EXPECT_EQ(SiteWorkerCount(pb::SiteConfig()), 0u);
+}
+
+}  // namespace
+}  // namespace meridian

@@ -1,0 +1,165 @@
+#include "meridian/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace meridian {
+namespace {
+
+ModelLayout TwoLayerLayout() {
+  ModelLayout layout;
+  EXPECT_TRUE(layout.Add("fc1.w", {784, 128}).ok());
+  EXPECT_TRUE(layout.Add("fc1.b", {128}).ok());
+  EXPECT_TRUE(layout.Add("fc2.w", {128, 10}).ok());
+  EXPECT_TRUE(layout.Add("fc2.b", {10}).ok());
+  return layout;
+}
+
+TEST(ModelLayoutTest, EmptyLayout) {
+  const ModelLayout layout;
+  EXPECT_TRUE(layout.tensors().empty());
+  EXPECT_EQ(layout.num_elements(), 0u);
+  EXPECT_EQ(layout.DebugString(), "");
+  EXPECT_EQ(layout.Find("x"), nullptr);
+}
+
+TEST(ModelLayoutTest, AddLaysTensorsEndToEnd) {
+  const ModelLayout layout = TwoLayerLayout();
+  ASSERT_EQ(layout.tensors().size(), 4u);
+  const uint64_t offsets[] = {0, 100352, 100480, 101760};
+  const uint64_t sizes[] = {100352, 128, 1280, 10};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(layout.tensors()[i].offset, offsets[i]) << i;
+    EXPECT_EQ(layout.tensors()[i].size, sizes[i]) << i;
+  }
+  EXPECT_EQ(layout.tensors()[2].name, "fc2.w");
+  EXPECT_EQ(layout.tensors()[2].shape, (std::vector<uint64_t>{128, 10}));
+  EXPECT_EQ(layout.num_elements(), 101770u);
+}
+
+TEST(ModelLayoutTest, RejectsBadTensorsAndStaysUnchanged) {
+  ModelLayout layout;
+  ASSERT_TRUE(layout.Add("w", {2, 3}).ok());
+
+  const Status duplicate = layout.Add("w", {4});
+  EXPECT_EQ(duplicate.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(duplicate.message().find("'w'"), std::string::npos);
+  EXPECT_EQ(layout.Add("", {4}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(layout.Add("e", {}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(layout.Add("z", {3, 0}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(layout.Add("z0", {0}).code(), StatusCode::kInvalidArgument);
+
+  EXPECT_EQ(layout.tensors().size(), 1u);
+  EXPECT_EQ(layout.num_elements(), 6u);
+  EXPECT_EQ(layout.Find("z"), nullptr);
+
+  // Still usable after the failures.
+  ASSERT_TRUE(layout.Add("b", {3}).ok());
+  EXPECT_EQ(layout.Find("b")->offset, 6u);
+}
+
+TEST(ModelLayoutTest, RejectsSizesThatOverflow) {
+  constexpr uint64_t kHuge = uint64_t{1} << 40;
+  ModelLayout layout;
+  EXPECT_EQ(layout.Add("t", {kHuge, kHuge}).code(),
+            StatusCode::kInvalidArgument);
+  const uint64_t max_elements = std::numeric_limits<uint64_t>::max() / 8;
+  ASSERT_TRUE(layout.Add("a", {max_elements / 2 + 1}).ok());
+  const Status total = layout.Add("b", {max_elements / 2 + 1});
+  EXPECT_EQ(total.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(layout.tensors().size(), 1u);
+  EXPECT_EQ(layout.num_elements(), max_elements / 2 + 1);
+}
+
+TEST(ModelLayoutTest, Find) {
+  const ModelLayout layout = TwoLayerLayout();
+  const TensorInfo* info = layout.Find("fc2.w");
+  ASSERT_NE(info, nullptr);
+  EXPECT_EQ(info->name, "fc2.w");
+  EXPECT_EQ(info->offset, 100480u);
+  EXPECT_EQ(info->size, 1280u);
+  EXPECT_EQ(info, &layout.tensors()[2]);
+  EXPECT_EQ(layout.Find("fc2"), nullptr);
+  EXPECT_EQ(layout.Find(""), nullptr);
+}
+
+TEST(ModelLayoutTest, SpecsRoundTrip) {
+  const ModelLayout layout = TwoLayerLayout();
+  google::protobuf::RepeatedPtrField<pb::TensorSpec> specs;
+  specs.Add()->set_name("stale");  // ToSpecs replaces the contents
+  layout.ToSpecs(&specs);
+  ASSERT_EQ(specs.size(), 4);
+  EXPECT_EQ(specs[0].name(), "fc1.w");
+  ASSERT_EQ(specs[0].shape_size(), 2);
+  EXPECT_EQ(specs[0].shape(0), 784u);
+  EXPECT_EQ(specs[0].shape(1), 128u);
+  EXPECT_EQ(specs[3].name(), "fc2.b");
+
+  Result<ModelLayout> back = ModelLayout::FromSpecs(specs);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == layout);
+  EXPECT_EQ(back->num_elements(), layout.num_elements());
+  EXPECT_EQ(back->Find("fc2.b")->offset, 101760u);
+}
+
+TEST(ModelLayoutTest, FromSpecsRejectsInvalidSpecs) {
+  google::protobuf::RepeatedPtrField<pb::TensorSpec> specs;
+  pb::TensorSpec* a = specs.Add();
+  a->set_name("a");
+  a->add_shape(2);
+  *specs.Add() = *a;  // duplicate name
+  EXPECT_EQ(ModelLayout::FromSpecs(specs).status().code(),
+            StatusCode::kInvalidArgument);
+
+  specs.RemoveLast();
+  specs.Add()->set_name("no_shape");
+  EXPECT_EQ(ModelLayout::FromSpecs(specs).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(ModelLayoutTest, Equality) {
+  ModelLayout a;
+  ASSERT_TRUE(a.Add("w", {2, 3}).ok());
+  ASSERT_TRUE(a.Add("b", {3}).ok());
+  ModelLayout same;
+  ASSERT_TRUE(same.Add("w", {2, 3}).ok());
+  ASSERT_TRUE(same.Add("b", {3}).ok());
+  EXPECT_TRUE(a == same);
+
+  ModelLayout reshaped;  // same element count, other shape
+  ASSERT_TRUE(reshaped.Add("w", {3, 2}).ok());
+  ASSERT_TRUE(reshaped.Add("b", {3}).ok());
+  EXPECT_FALSE(a == reshaped);
+
+  ModelLayout reordered;
+  ASSERT_TRUE(reordered.Add("b", {3}).ok());
+  ASSERT_TRUE(reordered.Add("w", {2, 3}).ok());
+  EXPECT_FALSE(a == reordered);
+
+  ModelLayout renamed;
+  ASSERT_TRUE(renamed.Add("w", {2, 3}).ok());
+  ASSERT_TRUE(renamed.Add("bias", {3}).ok());
+  EXPECT_FALSE(a == renamed);
+
+  ModelLayout shorter;
+  ASSERT_TRUE(shorter.Add("w", {2, 3}).ok());
+  EXPECT_FALSE(a == shorter);
+  EXPECT_FALSE(shorter == a);
+  EXPECT_TRUE(ModelLayout() == ModelLayout());
+}
+
+TEST(ModelLayoutTest, DebugString) {
+  ModelLayout layout;
+  ASSERT_TRUE(layout.Add("w", {2, 3}).ok());
+  EXPECT_EQ(layout.DebugString(), "w[2,3]");
+  ASSERT_TRUE(layout.Add("b", {3}).ok());
+  ASSERT_TRUE(layout.Add("t", {1, 2, 4}).ok());
+  EXPECT_EQ(layout.DebugString(), "w[2,3] b[3] t[1,2,4]");
+}
+
+}  // namespace
+}  // namespace meridian

@@ -1,0 +1,160 @@
+// The command line's answers to bad input: clear errors, no crash.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "meridian/meridian.pb.h"
+#include "testing/test_data.h"
+
+namespace meridian {
+namespace {
+
+struct CommandResult {
+  int exit_code = -1;
+  bool crashed = false;
+  std::string output;
+};
+
+CommandResult Meridian(const std::string& args) {
+  CommandResult result;
+  const std::string command = std::string(MERIDIAN_BINARY) + " " + args +
+                              " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) {
+    result.output.append(buffer, n);
+  }
+  const int status = ::pclose(pipe);
+  result.crashed = !WIFEXITED(status);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::string WriteText(const std::string& text) {
+  const std::string path = testing::MakeTempDir("cli") + "/job.pbtxt";
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(CliTest, ValidateAcceptsTheShippedConfig) {
+  const CommandResult result = Meridian(
+      std::string("validate ") + MERIDIAN_SOURCE_DIR +
+      "/deploy/configs/single-site.pbtxt");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("OK"), std::string::npos) << result.output;
+}
+
+TEST(CliTest, ValidateReportsEveryProblemWithLineAndColumn) {
+  const std::string path = WriteText(
+      "name: \"bad\"\n"
+      "site {\n"
+      "  name: \"a\"\n"
+      "  workers { count: 0 }\n"
+      "}\n"
+      "optimizer { learning_rate: -1 }\n"
+      "target_accuracy: 1.5\n");
+  const CommandResult result = Meridian("validate " + path);
+  EXPECT_FALSE(result.crashed);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find(path + ":4:"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find(path + ":6:"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find(path + ":7:"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("count"), std::string::npos);
+  EXPECT_NE(result.output.find("learning_rate"), std::string::npos);
+}
+
+TEST(CliTest, ValidateReportsSyntaxErrors) {
+  const std::string path = WriteText("site {\n  name: \"a\"\n  wrkers { }\n}\n");
+  const CommandResult result = Meridian("validate " + path);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find(path + ":3:"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("wrkers"), std::string::npos) << result.output;
+}
+
+TEST(CliTest, MissingConfigFileIsNamed) {
+  const CommandResult result = Meridian("validate /nonexistent/job.pbtxt");
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.output.find("/nonexistent/job.pbtxt"), std::string::npos)
+      << result.output;
+}
+
+TEST(CliTest, RunRefusesAnInvalidConfigBeforeStartingAnything) {
+  const std::string path = WriteText("site { name: \"a\" }\n");
+  const std::string out = testing::MakeTempDir("cli-out");
+  const CommandResult result = Meridian("run " + path + " --out " + out);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("worker"), std::string::npos) << result.output;
+}
+
+TEST(CliTest, MissingDataFileIsNamedWithItsPackage) {
+  pb::JobConfig job = testing::SmallJob("/usr/share/datasets/fashion-mnist", 1);
+  job.mutable_data()->set_train_images("no-such-file-idx3-ubyte.gz");
+  const std::string path =
+      testing::MakeTempDir("cli-job") + "/job.pbtxt";
+  ASSERT_TRUE(testing::WriteJobFile(job, path).ok());
+  const std::string out = testing::MakeTempDir("cli-out");
+  const CommandResult result = Meridian("run " + path + " --out " + out);
+  EXPECT_FALSE(result.crashed);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find(
+                "/usr/share/datasets/fashion-mnist/no-such-file-idx3-ubyte.gz"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("dataset-fashion-mnist"), std::string::npos)
+      << result.output;
+}
+
+TEST(CliTest, MissingDataDirectoryIsNamed) {
+  pb::JobConfig job = testing::SmallJob("/nonexistent/data", 1);
+  const std::string path = testing::MakeTempDir("cli-job") + "/job.pbtxt";
+  ASSERT_TRUE(testing::WriteJobFile(job, path).ok());
+  const CommandResult result =
+      Meridian("site --config " + path + " --site site-a");
+  EXPECT_FALSE(result.crashed);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("/nonexistent/data/"), std::string::npos)
+      << result.output;
+}
+
+TEST(CliTest, UnknownSiteAndWorkerAreNamed) {
+  const std::string data = testing::MakeTempDir("cli-data");
+  testing::SyntheticDataOptions options;
+  options.train_samples = 100;
+  options.test_samples = 20;
+  ASSERT_TRUE(testing::WriteSyntheticIdx(data, options).ok());
+  const std::string path = testing::MakeTempDir("cli-job") + "/job.pbtxt";
+  ASSERT_TRUE(testing::WriteJobFile(testing::SmallJob(data, 2), path).ok());
+  CommandResult result =
+      Meridian("worker --config " + path + " --site nowhere --index 0");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("nowhere"), std::string::npos);
+  EXPECT_NE(result.output.find("site-a"), std::string::npos)
+      << "the error lists the known sites: " << result.output;
+  result = Meridian("worker --config " + path + " --site site-a --index 7");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("no worker 7"), std::string::npos)
+      << result.output;
+}
+
+TEST(CliTest, BadCommandLinesAreUsageErrors) {
+  EXPECT_EQ(Meridian("").exit_code, 2);
+  EXPECT_EQ(Meridian("frobnicate").exit_code, 2);
+  EXPECT_EQ(Meridian("worker --config x --site a --index notanumber").exit_code,
+            2);
+  const CommandResult help = Meridian("--help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.output.find("run"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace meridian

@@ -1,0 +1,241 @@
+// Whole jobs through the real binary: `meridian run` spawning a site server
+// and its workers as separate processes talking ZeroMQ over loopback.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "meridian/meridian.pb.h"
+#include "runtime/report.h"
+#include "testing/test_data.h"
+
+namespace meridian {
+namespace {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+CommandResult RunCommand(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) {
+    result.output.append(buffer, n);
+  }
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// Live processes whose command line (arguments joined by spaces) contains
+// `needle`, this test process excluded. Zombies count as gone.
+std::vector<pid_t> FindProcesses(const std::string& needle) {
+  std::vector<pid_t> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = std::stoi(name);
+    if (pid == ::getpid()) continue;
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)),
+                     std::istreambuf_iterator<char>());
+    std::replace(args.begin(), args.end(), '\0', ' ');
+    if (args.find(needle) == std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string stat_line;
+    std::getline(stat, stat_line);
+    const size_t paren = stat_line.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat_line.size() &&
+        stat_line[paren + 2] == 'Z') {
+      continue;
+    }
+    found.push_back(pid);
+  }
+  return found;
+}
+
+int CountProcesses(const std::string& needle) {
+  return static_cast<int>(FindProcesses(needle).size());
+}
+
+void KillProcesses(const std::string& needle) {
+  for (pid_t pid : FindProcesses(needle)) ::kill(pid, SIGKILL);
+}
+
+class IntegrationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_dir_ = new std::string(testing::MakeTempDir("integration-data"));
+    testing::SyntheticDataOptions options;
+    options.train_samples = 4000;
+    options.test_samples = 1000;
+    // Overlapping classes: a trained model gets ~0.97, a random one 0.1.
+    options.noise = 400;
+    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+  }
+
+  std::string WriteJob(const pb::JobConfig& job) {
+    const std::string dir = testing::MakeTempDir("integration-job");
+    const std::string path = dir + "/job.pbtxt";
+    EXPECT_TRUE(testing::WriteJobFile(job, path).ok());
+    return path;
+  }
+
+  static std::string* data_dir_;
+};
+
+std::string* IntegrationTest::data_dir_ = nullptr;
+
+void ExpectConverged(const pb::RunReport& report, double target,
+                     uint32_t workers) {
+  EXPECT_TRUE(report.reached_target()) << report.outcome();
+  EXPECT_GE(report.final_accuracy(), target);
+  EXPECT_GT(report.time_to_target_s(), 0);
+  EXPECT_GT(report.wall_s(), report.time_to_target_s());
+  ASSERT_EQ(report.workers_size(), static_cast<int>(workers));
+  for (const pb::WorkerSummary& worker : report.workers()) {
+    EXPECT_GT(worker.steps(), 0u) << "worker " << worker.index();
+    EXPECT_GT(worker.commits(), 0u) << "worker " << worker.index();
+  }
+  ASSERT_EQ(report.sites_size(), 1);
+  const pb::SiteSummary& site = report.sites(0);
+  ASSERT_GE(site.timeline_size(), 2);
+  // It learned: the first evaluation (of the initial model) was near chance.
+  EXPECT_LT(site.timeline(0).accuracy(), 0.3);
+  EXPECT_GT(site.commits(), 0u);
+}
+
+TEST_F(IntegrationTest, FourAsyncWorkersConverge) {
+  pb::JobConfig job = testing::SmallJob(*data_dir_, 4);
+  job.set_target_accuracy(0.95);
+  job.set_time_budget_s(120);
+  const std::string path = WriteJob(job);
+  const std::string out = testing::MakeTempDir("integration-out");
+  const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
+                                          " run " + path + " --out " + out);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  pb::RunReport report;
+  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
+  ExpectConverged(report, 0.95, 4);
+  EXPECT_EQ(report.outcome(), "target accuracy reached");
+  // The timeline is there and has a row per evaluation.
+  std::ifstream timeline(out + "/timeline.csv");
+  std::string header;
+  std::getline(timeline, header);
+  EXPECT_EQ(header, "site,t_s,accuracy,loss,model_version,commits");
+  // Every child is gone.
+  EXPECT_EQ(CountProcesses(path), 0);
+}
+
+TEST_F(IntegrationTest, FourBspWorkersConverge) {
+  pb::JobConfig job = testing::SmallJob(*data_dir_, 4);
+  job.set_target_accuracy(0.95);
+  job.set_time_budget_s(120);
+  job.mutable_policy()->set_kind(pb::BSP);
+  const std::string path = WriteJob(job);
+  const std::string out = testing::MakeTempDir("integration-out");
+  const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
+                                          " run " + path + " --out " + out);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  pb::RunReport report;
+  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
+  ExpectConverged(report, 0.95, 4);
+  // Under BSP every worker commits once per clock: equal counts (the last
+  // clock may be cut by the stop, hence the slack of one).
+  const uint64_t commits = report.workers(0).commits();
+  for (const pb::WorkerSummary& worker : report.workers()) {
+    EXPECT_LE(std::max(worker.commits(), commits) -
+                  std::min(worker.commits(), commits),
+              1u);
+  }
+}
+
+TEST_F(IntegrationTest, AFailingWorkerStopsTheJobAndIsNamed) {
+  pb::JobConfig job = testing::SmallJob(*data_dir_, 3);
+  job.set_target_accuracy(0);  // run until stopped
+  job.set_time_budget_s(300);
+  job.mutable_site(0)->mutable_workers(0)->set_step_time_s(0.01);
+  const std::string path = WriteJob(job);
+  const std::string out = testing::MakeTempDir("integration-out");
+  const std::string needle = "worker --config " + path + " --site site-a --index 1";
+  std::thread killer([&] {
+    // Wait for the worker to be up and training, then kill it.
+    for (int i = 0; i < 300 && CountProcesses(needle) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    KillProcesses(needle);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
+                                          " run " + path + " --out " + out);
+  killer.join();
+  const double took = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("worker 1 of site 'site-a'"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("killed by signal 9"), std::string::npos)
+      << result.output;
+  EXPECT_LT(took, 120) << "the job must stop soon after the failure";
+  EXPECT_EQ(CountProcesses(path), 0) << "orphaned children";
+  // The sites still wrote what they had.
+  pb::RunReport report;
+  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
+  EXPECT_EQ(report.outcome().rfind("failed: ", 0), 0u) << report.outcome();
+}
+
+TEST_F(IntegrationTest, InterruptStopsEveryProcess) {
+  pb::JobConfig job = testing::SmallJob(*data_dir_, 2);
+  job.set_target_accuracy(0);
+  job.set_time_budget_s(300);
+  const std::string path = WriteJob(job);
+  const std::string out = testing::MakeTempDir("integration-out");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int devnull = ::open("/dev/null", O_WRONLY);
+    ::dup2(devnull, STDOUT_FILENO);
+    ::dup2(devnull, STDERR_FILENO);
+    ::execl(MERIDIAN_BINARY, MERIDIAN_BINARY, "run", path.c_str(), "--out",
+            out.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const std::string needle = "worker --config " + path;
+  for (int i = 0; i < 300 && CountProcesses(needle) < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  EXPECT_EQ(CountProcesses(path), 0) << "orphaned children";
+  pb::RunReport report;
+  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
+  EXPECT_EQ(report.outcome(), "interrupted");
+  ASSERT_EQ(report.workers_size(), 2);
+  EXPECT_GT(report.workers(0).steps(), 0u);
+}
+
+}  // namespace
+}  // namespace meridian

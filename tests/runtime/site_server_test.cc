@@ -1,0 +1,459 @@
+// A live site server (real ZeroMQ sockets on loopback, running in a thread
+// of this process) fed well-formed and malformed messages.
+#include "meridian/site_server.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <thread>
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "meridian/config.h"
+#include "meridian/log.h"
+#include "meridian/message.h"
+#include "meridian/model.h"
+#include "meridian/transport.h"
+#include "testing/test_data.h"
+
+namespace meridian {
+namespace {
+
+using std::chrono::milliseconds;
+constexpr milliseconds kTimeout(10000);
+
+class SiteServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_dir_ = new std::string(testing::MakeTempDir("site-server-data"));
+    testing::SyntheticDataOptions options;
+    options.train_samples = 500;
+    options.test_samples = 100;
+    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+  }
+
+  // Starts a server for `workers` workers under `policy`.
+  void StartServer(uint32_t workers, pb::PolicyKind policy = pb::ASYNC) {
+    job_ = testing::SmallJob(*data_dir_, workers, /*hidden=*/8);
+    job_.mutable_policy()->set_kind(policy);
+    job_.set_time_budget_s(120);
+    job_.mutable_server()->set_eval_period_s(5);
+    ASSERT_TRUE(ValidateJobConfig(job_).empty());
+    SiteServerOptions options;
+    options.job = job_;
+    options.site = "site-a";
+    options.bind = "tcp://127.0.0.1:*";
+    options.out_dir = testing::MakeTempDir("site-server-out");
+    out_dir_ = options.out_dir;
+    Result<std::unique_ptr<SiteServer>> server =
+        SiteServer::Create(std::move(options));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    endpoint_ = server_->endpoint();
+    thread_ = std::thread([this] { run_status_ = server_->Run(); });
+    Result<std::unique_ptr<Model>> model = MakeModel(job_.model(), 784, 10);
+    ASSERT_TRUE(model.ok());
+    model_ = std::move(*model);
+    initial_.resize(model_->layout().num_elements());
+    model_->Initialize(job_.seed(), initial_);
+  }
+
+  void TearDown() override {
+    if (!thread_.joinable()) return;
+    pb::Header shutdown;
+    shutdown.set_type(pb::SHUTDOWN);
+    shutdown.mutable_shutdown()->set_reason("test over");
+    RpcClient control(context_, endpoint_, ClientEndpoint());
+    EXPECT_TRUE(control.Call(shutdown, {}, kTimeout).ok());
+    for (auto& client : workers_) {
+      pb::Header bye;
+      bye.set_type(pb::BYE);
+      bye.mutable_bye();
+      (void)client->Call(bye, {}, kTimeout);
+    }
+    thread_.join();
+    EXPECT_TRUE(run_status_.ok()) << run_status_;
+  }
+
+  static pb::Endpoint ClientEndpoint() {
+    pb::Endpoint self;
+    self.set_site("site-a");
+    self.set_role(pb::ROLE_CLIENT);
+    return self;
+  }
+
+  static pb::Endpoint WorkerEndpoint(uint32_t index) {
+    pb::Endpoint self;
+    self.set_site("site-a");
+    self.set_role(pb::ROLE_WORKER);
+    self.set_id(index);
+    return self;
+  }
+
+  RpcClient* NewWorkerClient(uint32_t index) {
+    workers_.push_back(
+        std::make_unique<RpcClient>(context_, endpoint_, WorkerEndpoint(index)));
+    return workers_.back().get();
+  }
+
+  pb::Header Hello(uint32_t index) {
+    pb::Header hello;
+    hello.set_type(pb::HELLO);
+    hello.mutable_hello()->set_worker_index(index);
+    model_->layout().ToSpecs(hello.mutable_hello()->mutable_layout());
+    return hello;
+  }
+
+  // Joins worker 0 and returns its client after checking the WELCOME.
+  RpcClient* JoinOneWorker() {
+    RpcClient* client = NewWorkerClient(0);
+    Result<Envelope> welcome = client->Call(Hello(0), {}, kTimeout);
+    EXPECT_TRUE(welcome.ok()) << welcome.status();
+    if (!welcome.ok()) return client;
+    EXPECT_EQ(welcome->header.type(), pb::WELCOME);
+    EXPECT_EQ(ModelValues(*welcome), initial_);
+    return client;
+  }
+
+  // A whole-model COMMIT whose every element is `value`.
+  pb::Header CommitHeader(uint64_t base_version = 0) {
+    pb::Header header;
+    header.set_type(pb::COMMIT);
+    AddLayoutSlices(model_->layout(), &header);
+    header.mutable_commit()->set_base_version(base_version);
+    header.mutable_commit()->set_local_steps(1);
+    return header;
+  }
+
+  std::vector<zmq::message_t> UpdateFrames(float value) {
+    std::vector<zmq::message_t> frames;
+    for (const TensorInfo& tensor : model_->layout().tensors()) {
+      std::vector<float> values(tensor.size, value);
+      frames.push_back(CopyFloatFrame(values));
+    }
+    return frames;
+  }
+
+  std::vector<float> ModelValues(const Envelope& reply) {
+    std::vector<float> values;
+    for (const zmq::message_t& frame : reply.payload) {
+      const float* data = static_cast<const float*>(frame.data());
+      values.insert(values.end(), data, data + frame.size() / sizeof(float));
+    }
+    return values;
+  }
+
+  // PULLs the model; checks it is MODEL.
+  Envelope Pull(RpcClient* client) {
+    pb::Header pull;
+    pull.set_type(pb::PULL);
+    pull.mutable_pull();
+    Result<Envelope> reply = client->Call(pull, {}, kTimeout);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->header.type(), pb::MODEL);
+    return std::move(*reply);
+  }
+
+  void ExpectError(const Result<Envelope>& reply, pb::ErrorCode code) {
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_EQ(reply->header.type(), pb::ERROR)
+        << "expected an ERROR reply, got " << DescribeHeader(reply->header);
+    EXPECT_EQ(reply->header.error().code(), code)
+        << pb::ErrorCode_Name(reply->header.error().code()) << ": "
+        << reply->header.error().message();
+    EXPECT_FALSE(reply->header.error().message().empty());
+  }
+
+  // Sends raw frames from a fresh DEALER and returns the decoded reply.
+  Envelope SendRaw(std::vector<zmq::message_t> frames) {
+    zmq::socket_t socket(context_, zmq::socket_type::dealer);
+    socket.set(zmq::sockopt::linger, 0);
+    socket.connect(endpoint_);
+    zmq::send_multipart(socket, frames);
+    Result<Received> received = ReceiveMessage(socket, false, kTimeout);
+    EXPECT_TRUE(received.ok());
+    EXPECT_TRUE(received->message.has_value()) << "no valid reply";
+    return received->message ? std::move(*received->message) : Envelope{};
+  }
+
+  static zmq::message_t HeaderFrame(const pb::Header& header) {
+    std::string bytes;
+    header.SerializeToString(&bytes);
+    return zmq::message_t(bytes.data(), bytes.size());
+  }
+
+  // The model is exactly the initial one: nothing was applied.
+  void ExpectModelUntouched(RpcClient* client) {
+    Envelope model = Pull(client);
+    EXPECT_EQ(model.header.model().version(), 0u);
+    EXPECT_EQ(ModelValues(model), initial_);
+  }
+
+  static std::string* data_dir_;
+  pb::JobConfig job_;
+  std::string out_dir_;
+  zmq::context_t context_;
+  std::unique_ptr<SiteServer> server_;
+  std::string endpoint_;
+  std::thread thread_;
+  Status run_status_;
+  std::unique_ptr<Model> model_;
+  std::vector<float> initial_;
+  std::vector<std::unique_ptr<RpcClient>> workers_;
+};
+
+std::string* SiteServerTest::data_dir_ = nullptr;
+
+TEST_F(SiteServerTest, ValidCommitIsAppliedAndAnswered) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  Result<Envelope> reply =
+      worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->header.type(), pb::MODEL);
+  EXPECT_EQ(reply->header.model().version(), 1u);
+  const std::vector<float> values = ModelValues(*reply);
+  ASSERT_EQ(values.size(), initial_.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    // MEAN over one worker: w += u.
+    ASSERT_FLOAT_EQ(values[i], initial_[i] + 0.5f) << "element " << i;
+  }
+}
+
+TEST_F(SiteServerTest, GarbageHeaderIsRejected) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  std::vector<zmq::message_t> frames;
+  frames.emplace_back(std::string("\xff\xff\xff\xff garbage"));
+  Envelope reply = SendRaw(std::move(frames));
+  EXPECT_EQ(reply.header.type(), pb::ERROR);
+  EXPECT_EQ(reply.header.error().code(), pb::ERROR_MALFORMED);
+  ExpectModelUntouched(worker);
+}
+
+TEST_F(SiteServerTest, WrongProtocolVersionIsRejected) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  pb::Header header = CommitHeader();
+  header.set_protocol_version(kProtocolVersion + 1);
+  *header.mutable_sender() = WorkerEndpoint(0);
+  std::vector<zmq::message_t> frames;
+  frames.push_back(HeaderFrame(header));
+  for (auto& frame : UpdateFrames(1.0f)) frames.push_back(std::move(frame));
+  Envelope reply = SendRaw(std::move(frames));
+  EXPECT_EQ(reply.header.type(), pb::ERROR);
+  EXPECT_EQ(reply.header.error().code(), pb::ERROR_VERSION);
+  ExpectModelUntouched(worker);
+}
+
+TEST_F(SiteServerTest, TruncatedMessageIsRejected) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  std::vector<zmq::message_t> frames = UpdateFrames(1.0f);
+  frames.pop_back();  // the last tensor's payload never arrives
+  ExpectError(worker->Call(CommitHeader(), std::move(frames), kTimeout),
+              pb::ERROR_SIZE_MISMATCH);
+  // A payload frame cut short of what its slice announces.
+  std::vector<zmq::message_t> short_frames = UpdateFrames(1.0f);
+  short_frames[0] = zmq::message_t(short_frames[0].data(),
+                                   short_frames[0].size() - 3);
+  ExpectError(worker->Call(CommitHeader(), std::move(short_frames), kTimeout),
+              pb::ERROR_SIZE_MISMATCH);
+  ExpectModelUntouched(worker);
+}
+
+TEST_F(SiteServerTest, SizesThatDisagreeWithTheHeaderAreRejected) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  // Header and frame agree on bytes, but not with the element count.
+  pb::Header header = CommitHeader();
+  header.mutable_slices(0)->set_length(header.slices(0).length() - 1);
+  ExpectError(worker->Call(header, UpdateFrames(1.0f), kTimeout),
+              pb::ERROR_SIZE_MISMATCH);
+  ExpectModelUntouched(worker);
+}
+
+TEST_F(SiteServerTest, KeyRangesOutsideTheModelAreRejected) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  // A slice that starts inside the tensor and runs past its end.
+  pb::Header header = CommitHeader();
+  header.mutable_slices(1)->set_offset(4);
+  ExpectError(worker->Call(header, UpdateFrames(1.0f), kTimeout),
+              pb::ERROR_OUT_OF_RANGE);
+  // An offset chosen to overflow offset + length.
+  header = CommitHeader();
+  header.mutable_slices(1)->set_offset(std::numeric_limits<uint64_t>::max() -
+                                       2);
+  ExpectError(worker->Call(header, UpdateFrames(1.0f), kTimeout),
+              pb::ERROR_OUT_OF_RANGE);
+  // A tensor the model does not have.
+  header = CommitHeader();
+  header.mutable_slices(0)->set_tensor("fc9.weight");
+  ExpectError(worker->Call(header, UpdateFrames(1.0f), kTimeout),
+              pb::ERROR_OUT_OF_RANGE);
+  ExpectModelUntouched(worker);
+}
+
+TEST_F(SiteServerTest, NonFiniteUpdatesAreRejected) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<zmq::message_t> frames = UpdateFrames(0.25f);
+    float* values = static_cast<float*>(frames[2].data());
+    values[3] = bad;
+    Result<Envelope> reply =
+        worker->Call(CommitHeader(), std::move(frames), kTimeout);
+    ExpectError(reply, pb::ERROR_NON_FINITE);
+    EXPECT_NE(reply->header.error().message().find("element 3"),
+              std::string::npos)
+        << reply->header.error().message();
+  }
+  ExpectModelUntouched(worker);
+}
+
+TEST_F(SiteServerTest, CommitFromTheFutureIsRejected) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  ExpectError(worker->Call(CommitHeader(/*base_version=*/7),
+                           UpdateFrames(1.0f), kTimeout),
+              pb::ERROR_STALE);
+  ExpectModelUntouched(worker);
+}
+
+TEST_F(SiteServerTest, UnknownSendersAreRejected) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  // A worker index the site does not have, on its own connection.
+  RpcClient intruder(context_, endpoint_, WorkerEndpoint(5));
+  ExpectError(intruder.Call(CommitHeader(), UpdateFrames(1.0f), kTimeout),
+              pb::ERROR_UNKNOWN_SENDER);
+  // A valid index from a connection that never joined.
+  RpcClient impostor(context_, endpoint_, WorkerEndpoint(0));
+  ExpectError(impostor.Call(CommitHeader(), UpdateFrames(1.0f), kTimeout),
+              pb::ERROR_UNKNOWN_SENDER);
+  ExpectModelUntouched(worker);
+}
+
+TEST_F(SiteServerTest, LayoutMismatchIsRefusedAtJoin) {
+  StartServer(1);
+  RpcClient* worker = NewWorkerClient(0);
+  pb::Header hello = Hello(0);
+  hello.mutable_hello()->mutable_layout(0)->set_shape(0, 9);
+  ExpectError(worker->Call(hello, {}, kTimeout), pb::ERROR_LAYOUT_MISMATCH);
+  // The same worker can still join with the right model.
+  Result<Envelope> welcome = worker->Call(Hello(0), {}, kTimeout);
+  ASSERT_TRUE(welcome.ok());
+  EXPECT_EQ(welcome->header.type(), pb::WELCOME);
+}
+
+TEST_F(SiteServerTest, KeepsServingAndCountsRejections) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  for (int i = 0; i < 3; ++i) {
+    std::vector<zmq::message_t> frames;
+    frames.emplace_back(std::string("junk"));
+    SendRaw(std::move(frames));
+  }
+  Result<Envelope> reply =
+      worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->header.type(), pb::MODEL);
+  RpcClient control(context_, endpoint_, ClientEndpoint());
+  pb::Header status;
+  status.set_type(pb::STATUS_REQUEST);
+  Result<Envelope> status_reply = control.Call(status, {}, kTimeout);
+  ASSERT_TRUE(status_reply.ok());
+  ASSERT_EQ(status_reply->header.type(), pb::STATUS_REPLY);
+  EXPECT_EQ(status_reply->header.status().rejected(), 3u);
+  EXPECT_EQ(status_reply->header.status().commits(), 1u);
+  EXPECT_EQ(status_reply->header.status().model_version(), 1u);
+}
+
+TEST_F(SiteServerTest, BspHoldsRepliesUntilEveryWorkerCommitted) {
+  StartServer(2, pb::BSP);
+  RpcClient* w0 = NewWorkerClient(0);
+  RpcClient* w1 = NewWorkerClient(1);
+  // The start barrier: WELCOMEs come once both joined.
+  Result<Envelope> welcome1 = DeadlineExceededError("not answered");
+  std::thread join1([&] { welcome1 = w1->Call(Hello(1), {}, kTimeout); });
+  Result<Envelope> welcome0 = w0->Call(Hello(0), {}, kTimeout);
+  join1.join();
+  ASSERT_TRUE(welcome0.ok() && welcome1.ok());
+  ASSERT_EQ(welcome0->header.type(), pb::WELCOME);
+
+  // Worker 0 commits alone: no answer while worker 1 has not committed.
+  Result<Envelope> reply0 = DeadlineExceededError("not answered");
+  std::thread commit0([&] {
+    reply0 = w0->Call(CommitHeader(), UpdateFrames(1.0f), kTimeout);
+  });
+  std::this_thread::sleep_for(milliseconds(300));
+  RpcClient control(context_, endpoint_, ClientEndpoint());
+  pb::Header status;
+  status.set_type(pb::STATUS_REQUEST);
+  Result<Envelope> before = control.Call(status, {}, kTimeout);
+  ASSERT_TRUE(before.ok());
+  EXPECT_EQ(before->header.status().model_version(), 0u)
+      << "the barrier must not apply before every worker committed";
+
+  Result<Envelope> reply1 =
+      w1->Call(CommitHeader(), UpdateFrames(3.0f), kTimeout);
+  commit0.join();
+  ASSERT_TRUE(reply0.ok()) << reply0.status();
+  ASSERT_TRUE(reply1.ok()) << reply1.status();
+  ASSERT_EQ(reply0->header.type(), pb::MODEL);
+  ASSERT_EQ(reply1->header.type(), pb::MODEL);
+  EXPECT_EQ(reply0->header.model().version(), 1u);
+  EXPECT_EQ(reply1->header.model().version(), 1u);
+  const std::vector<float> values = ModelValues(*reply1);
+  for (size_t i = 0; i < values.size(); ++i) {
+    // One aggregated apply: w += (1 + 3) / 2.
+    ASSERT_FLOAT_EQ(values[i], initial_[i] + 2.0f) << "element " << i;
+  }
+  EXPECT_EQ(reply0->header.clock(), 1);
+}
+
+TEST_F(SiteServerTest, ShutdownStopsWorkersAndWritesTheSummary) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  ASSERT_TRUE(
+      worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout).ok());
+  RpcClient control(context_, endpoint_, ClientEndpoint());
+  pb::Header shutdown;
+  shutdown.set_type(pb::SHUTDOWN);
+  shutdown.mutable_shutdown()->set_reason("operator");
+  ASSERT_TRUE(control.Call(shutdown, {}, kTimeout).ok());
+  // The next commit is still applied (nothing lost), then the worker is
+  // told to stop.
+  Result<Envelope> reply =
+      worker->Call(CommitHeader(1), UpdateFrames(0.5f), kTimeout);
+  ASSERT_TRUE(reply.ok());
+  ASSERT_EQ(reply->header.type(), pb::MODEL);
+  EXPECT_TRUE(reply->header.model().stop());
+  EXPECT_EQ(reply->header.model().version(), 2u);
+  pb::Header bye;
+  bye.set_type(pb::BYE);
+  bye.mutable_bye()->mutable_stats()->set_steps(2);
+  bye.mutable_bye()->mutable_stats()->set_commits(2);
+  ASSERT_TRUE(worker->Call(bye, {}, kTimeout).ok());
+  workers_.clear();
+  thread_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  const pb::SiteSummary& summary = server_->summary();
+  EXPECT_EQ(summary.commits(), 2u);
+  EXPECT_EQ(summary.model_version(), 2u);
+  EXPECT_NE(summary.stop_reason().find("operator"), std::string::npos);
+  ASSERT_EQ(summary.workers_size(), 1);
+  EXPECT_EQ(summary.workers(0).steps(), 2u);
+  EXPECT_GE(summary.timeline_size(), 1);
+  EXPECT_TRUE(std::filesystem::exists(out_dir_ + "/site-site-a.json"));
+}
+
+}  // namespace
+}  // namespace meridian

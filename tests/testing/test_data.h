@@ -1,0 +1,44 @@
+// Small generated data sets and jobs for tests and benchmarks: no Debian
+// package needed, seconds to train.
+#ifndef MERIDIAN_TESTS_TESTING_TEST_DATA_H_
+#define MERIDIAN_TESTS_TESTING_TEST_DATA_H_
+
+#include <cstdint>
+#include <string>
+
+#include "meridian/meridian.pb.h"
+#include "meridian/status.h"
+
+namespace meridian::testing {
+
+struct SyntheticDataOptions {
+  uint32_t train_samples = 6000;
+  uint32_t test_samples = 1000;
+  uint32_t rows = 28;
+  uint32_t cols = 28;
+  // Pixel noise around each class's prototype image; larger is harder.
+  double noise = 60.0;
+  uint64_t seed = 7;
+};
+
+// Writes Fashion-MNIST-shaped gzip IDX files (train-images-idx3-ubyte.gz,
+// train-labels-idx1-ubyte.gz, t10k-...) into `dir` (created if needed):
+// 10 classes, each a random prototype image plus noise, so that a linear
+// model can learn it but not in one step.
+Status WriteSyntheticIdx(const std::string& dir,
+                         const SyntheticDataOptions& options = {});
+
+// A fresh directory under the test temp dir, unique per call.
+std::string MakeTempDir(const std::string& prefix);
+
+// A one-site job over the data in `data_dir`: `workers` workers, an MLP
+// with one hidden layer of `hidden` units, asynchronous, short eval period.
+pb::JobConfig SmallJob(const std::string& data_dir, uint32_t workers,
+                       uint32_t hidden = 32);
+
+// Writes `job` as text format to `path`.
+Status WriteJobFile(const pb::JobConfig& job, const std::string& path);
+
+}  // namespace meridian::testing
+
+#endif  // MERIDIAN_TESTS_TESTING_TEST_DATA_H_
