@@ -167,13 +167,16 @@ MERIDIAN_AVX2_FN void DotProduct(int64_t m, int64_t n, int64_t k,
   }
 }
 
+// Rows of p per outer-product tile.
+constexpr int kOuterRows = 6;
+
 // One RR x (8 * IW lanes) tile of the outer-product form:
-//   g[r * ldg + i] = sum_s p[r * prs + s * pss] * q[i + s * ldq].
+//   g[r * ldg + i] = sum_s packed[s * kOuterRows + r] * q[i + s * ldq].
 // kMasked: IW == 1 and only the lanes of `mask` exist.
 template <int RR, int IW, bool kMasked>
-MERIDIAN_AVX2_FN void OuterTile(const float* p, int64_t prs, int64_t pss,
-                                const float* q, int64_t ldq, int64_t s_count,
-                                __m256i mask, float* g, int64_t ldg) {
+MERIDIAN_AVX2_FN void OuterTile(const float* packed, const float* q,
+                                int64_t ldq, int64_t s_count, __m256i mask,
+                                float* g, int64_t ldg) {
   __m256 acc[RR][IW];
 #pragma GCC unroll 8
   for (int r = 0; r < RR; ++r) {
@@ -189,7 +192,7 @@ MERIDIAN_AVX2_FN void OuterTile(const float* p, int64_t prs, int64_t pss,
     }
 #pragma GCC unroll 8
     for (int r = 0; r < RR; ++r) {
-      const __m256 pv = _mm256_broadcast_ss(p + r * prs + s * pss);
+      const __m256 pv = _mm256_broadcast_ss(packed + s * kOuterRows + r);
 #pragma GCC unroll 2
       for (int w = 0; w < IW; ++w) {
         acc[r][w] = _mm256_fmadd_ps(pv, qv[w], acc[r][w]);
@@ -211,59 +214,76 @@ MERIDIAN_AVX2_FN void OuterTile(const float* p, int64_t prs, int64_t pss,
 
 template <int IW, bool kMasked>
 MERIDIAN_AVX2_FN void OuterColumnBlock(int64_t r_count, int64_t s_count,
-                                       const float* p, int64_t prs, int64_t pss,
-                                       const float* q, int64_t ldq,
-                                       __m256i mask, float* g, int64_t ldg) {
-  constexpr int kRr = 6;
+                                       const float* packed, const float* q,
+                                       int64_t ldq, __m256i mask, float* g,
+                                       int64_t ldg) {
   int64_t r = 0;
-  for (; r + kRr <= r_count; r += kRr) {
-    OuterTile<kRr, IW, kMasked>(p + r * prs, prs, pss, q, ldq, s_count, mask,
-                                g + r * ldg, ldg);
+  for (; r + kOuterRows <= r_count; r += kOuterRows) {
+    OuterTile<kOuterRows, IW, kMasked>(packed, q, ldq, s_count, mask,
+                                       g + r * ldg, ldg);
+    packed += s_count * kOuterRows;
   }
-  const float* pr = p + r * prs;
   float* gr = g + r * ldg;
   switch (r_count - r) {
     case 5:
-      OuterTile<5, IW, kMasked>(pr, prs, pss, q, ldq, s_count, mask, gr, ldg);
+      OuterTile<5, IW, kMasked>(packed, q, ldq, s_count, mask, gr, ldg);
       break;
     case 4:
-      OuterTile<4, IW, kMasked>(pr, prs, pss, q, ldq, s_count, mask, gr, ldg);
+      OuterTile<4, IW, kMasked>(packed, q, ldq, s_count, mask, gr, ldg);
       break;
     case 3:
-      OuterTile<3, IW, kMasked>(pr, prs, pss, q, ldq, s_count, mask, gr, ldg);
+      OuterTile<3, IW, kMasked>(packed, q, ldq, s_count, mask, gr, ldg);
       break;
     case 2:
-      OuterTile<2, IW, kMasked>(pr, prs, pss, q, ldq, s_count, mask, gr, ldg);
+      OuterTile<2, IW, kMasked>(packed, q, ldq, s_count, mask, gr, ldg);
       break;
     case 1:
-      OuterTile<1, IW, kMasked>(pr, prs, pss, q, ldq, s_count, mask, gr, ldg);
+      OuterTile<1, IW, kMasked>(packed, q, ldq, s_count, mask, gr, ldg);
       break;
     default:
       break;
   }
 }
 
+// Floats of the `pack` buffer OuterProduct needs.
+int64_t OuterPackSize(int64_t r_count, int64_t s_count) {
+  return (r_count + kOuterRows - 1) / kOuterRows * kOuterRows * s_count;
+}
+
 // g[r * ldg + i] = sum_{s < s_count} p[r * prs + s * pss] * q[i + s * ldq]
-// for r < r_count, i < i_count (overwrites g).
+// for r < r_count, i < i_count (overwrites g). `pack` holds
+// OuterPackSize(r_count, s_count) floats of scratch.
 MERIDIAN_AVX2_FN void OuterProduct(int64_t r_count, int64_t i_count,
                                    int64_t s_count, const float* p, int64_t prs,
                                    int64_t pss, const float* q, int64_t ldq,
-                                   float* g, int64_t ldg) {
+                                   float* g, int64_t ldg, float* pack) {
+  // Pack p tile by tile ([tile][s][row]): the broadcasts of one step are
+  // then adjacent, and a tile's s_count steps read s_count * 24 contiguous
+  // bytes instead of touching s_count cache lines.
+  for (int64_t r0 = 0; r0 < r_count; r0 += kOuterRows) {
+    const int64_t rows = std::min<int64_t>(kOuterRows, r_count - r0);
+    float* tile = pack + r0 * s_count;
+    for (int64_t s = 0; s < s_count; ++s) {
+      for (int64_t r = 0; r < rows; ++r) {
+        tile[s * kOuterRows + r] = p[(r0 + r) * prs + s * pss];
+      }
+    }
+  }
   const __m256i all = TailMask(8);
   // Column blocks outermost: a block of q (16 x s_count) stays in L1 while
   // every row of g is computed from it.
   int64_t i = 0;
   for (; i + 16 <= i_count; i += 16) {
-    OuterColumnBlock<2, false>(r_count, s_count, p, prs, pss, q + i, ldq, all,
-                               g + i, ldg);
+    OuterColumnBlock<2, false>(r_count, s_count, pack, q + i, ldq, all, g + i,
+                               ldg);
   }
   if (i + 8 <= i_count) {
-    OuterColumnBlock<1, false>(r_count, s_count, p, prs, pss, q + i, ldq, all,
-                               g + i, ldg);
+    OuterColumnBlock<1, false>(r_count, s_count, pack, q + i, ldq, all, g + i,
+                               ldg);
     i += 8;
   }
   if (i < i_count) {
-    OuterColumnBlock<1, true>(r_count, s_count, p, prs, pss, q + i, ldq,
+    OuterColumnBlock<1, true>(r_count, s_count, pack, q + i, ldq,
                               TailMask(i_count - i), g + i, ldg);
   }
 }
@@ -310,6 +330,7 @@ struct Layer {
 struct Scratch {
   std::vector<Eigen::MatrixXf> acts;    // acts[l]: A_l (logits for the last)
   std::vector<Eigen::MatrixXf> deltas;  // deltas[l]: dLoss / dZ_l
+  std::vector<float> pack;              // operand packing (AVX2 backward)
   Eigen::Index capacity = 0;
 };
 
@@ -410,12 +431,12 @@ class Mlp final : public Model {
         // grad_w[o, i] = sum_b d(o, b) * input(i, b).
         avx2::OuterProduct(layer.out, layer.in, n, d.data(), 1, d.outerStride(),
                            input.data(), input.outerStride(), grad_w_data,
-                           layer.in);
+                           layer.in, train_.pack.data());
         if (l > 0) {
           // d_prev(i, b) = sum_o d(o, b) * weight[o, i].
           avx2::OuterProduct(n, layer.in, layer.out, d.data(), d.outerStride(),
                              1, weight_data, layer.in, d_prev.data(),
-                             d_prev.outerStride());
+                             d_prev.outerStride(), train_.pack.data());
         }
       } else  // NOLINT(readability/braces)
 #endif
@@ -496,10 +517,18 @@ class Mlp final : public Model {
     const Eigen::Index capacity = std::max(n, scratch.capacity);
     scratch.acts.resize(layers_.size());
     scratch.deltas.resize(layers_.size());
+    int64_t pack = 0;
     for (size_t l = 0; l < layers_.size(); ++l) {
       scratch.acts[l].resize(layers_[l].out, capacity);
       scratch.deltas[l].resize(layers_[l].out, capacity);
+#if MERIDIAN_HAVE_AVX2_KERNELS
+      // Weight gradient (rows = out, steps = samples) and delta propagation
+      // (rows = samples, steps = out).
+      pack = std::max({pack, avx2::OuterPackSize(layers_[l].out, capacity),
+                       avx2::OuterPackSize(capacity, layers_[l].out)});
+#endif
     }
+    if (use_avx2_) scratch.pack.resize(static_cast<size_t>(pack));
     scratch.capacity = capacity;
   }
 
