@@ -16,8 +16,10 @@
 // All benchmarks measure wall time (UseRealTime): round trips spend most of
 // their time waiting for other threads, so CPU time would flatter them.
 
+#include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -38,16 +40,13 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <Eigen/Core>
-#include <benchmark/benchmark.h>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
 #include "meridian/layout.h"
 #include "meridian/log.h"
-#include "meridian/message.h"
 #include "meridian/meridian.pb.h"
+#include "meridian/message.h"
 #include "meridian/model.h"
 #include "meridian/optimizer.h"
 #include "meridian/param_store.h"
@@ -276,9 +275,8 @@ class SiteHarness {
         Envelope reply, client_->Call(header, std::move(frames), kCallTimeout));
     if (reply.header.type() == pb::ERROR) {
       return FailedPreconditionError(
-          "COMMIT refused: " +
-          pb::ErrorCode_Name(reply.header.error().code()) + ": " +
-          reply.header.error().message());
+          "COMMIT refused: " + pb::ErrorCode_Name(reply.header.error().code()) +
+          ": " + reply.header.error().message());
     }
     if (reply.header.type() != pb::MODEL) {
       return DataLossError("expected MODEL, got " +
@@ -292,8 +290,7 @@ class SiteHarness {
     for (const zmq::message_t& frame : reply.payload) received += frame.size();
     if (received != model_bytes()) {
       return DataLossError("MODEL carries " + std::to_string(received) +
-                           " bytes, expected " +
-                           std::to_string(model_bytes()));
+                           " bytes, expected " + std::to_string(model_bytes()));
     }
     version_ = reply.header.model().version();
     ++commits_;
@@ -311,10 +308,9 @@ class SiteHarness {
     if (!run_status_.ok()) return run_status_.WithContext("SiteServer::Run");
     const pb::SiteSummary& summary = server_->summary();
     if (summary.commits() != commits_) {
-      return InternalError("server counted " +
-                           std::to_string(summary.commits()) +
-                           " commits, the worker sent " +
-                           std::to_string(commits_));
+      return InternalError(
+          "server counted " + std::to_string(summary.commits()) +
+          " commits, the worker sent " + std::to_string(commits_));
     }
     return Status::Ok();
   }
@@ -329,8 +325,8 @@ class SiteHarness {
     data.test_samples = 200;   // evaluated once at start and once at the end
     MERIDIAN_RETURN_IF_ERROR(testing::WriteSyntheticIdx(data_dir_, data));
 
-    pb::JobConfig job = testing::SmallJob(data_dir_, /*workers=*/1,
-                                          kRoundTripHidden);
+    pb::JobConfig job =
+        testing::SmallJob(data_dir_, /*workers=*/1, kRoundTripHidden);
     job.set_time_budget_s(24 * 3600);
     job.mutable_server()->set_eval_period_s(24 * 3600);
 
@@ -486,14 +482,12 @@ class RecordingReporter : public Base {
     for (const Run& run : runs) Record(run);
   }
 
-  const std::map<std::string, Measurement>& results() const {
-    return results_;
-  }
+  const std::map<std::string, Measurement>& results() const { return results_; }
 
  private:
   void Record(const Run& run) {
-    const bool median = run.run_type == Run::RT_Aggregate &&
-                        run.aggregate_name == "median";
+    const bool median =
+        run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
     if (run.run_type == Run::RT_Aggregate && !median) return;
     std::string key = run.run_name.function_name;
     if (!run.run_name.args.empty()) key += "/" + run.run_name.args;
@@ -578,7 +572,8 @@ class SummaryTable {
         << "|---|---|---|---|---|---|\n"
         << rows_;
     if (missed_ > 0) {
-      out << "\n" << missed_
+      out << "\n"
+          << missed_
           << " goal(s) missed (informational: the exit status ignores "
              "goals).\n";
     }
@@ -590,12 +585,9 @@ class SummaryTable {
     return it == results_.end() ? nullptr : &it->second;
   }
 
-  static bool Usable(const Measurement* m) {
-    return m != nullptr && !m->error;
-  }
+  static bool Usable(const Measurement* m) { return m != nullptr && !m->error; }
 
-  static std::string Throughput(const Measurement* m,
-                                const std::string& name) {
+  static std::string Throughput(const Measurement* m, const std::string& name) {
     if (m == nullptr) return name + " not run";
     if (m->error) return name + " failed: " + m->error_message;
     return HumanBytesPerSecond(m->bytes_per_second);

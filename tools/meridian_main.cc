@@ -2,11 +2,10 @@
 // a test needs lives here.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <ctime>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "meridian/config.h"
 #include "meridian/launcher.h"
@@ -79,8 +78,7 @@ int Run(const std::string& path, std::string out_dir) {
                 report->target_accuracy(), report->outcome().c_str());
   }
   std::printf("final accuracy %.4f, loss %.4f, wall time %.1f s\n",
-              report->final_accuracy(), report->final_loss(),
-              report->wall_s());
+              report->final_accuracy(), report->final_loss(), report->wall_s());
   std::printf("report: %s/report.json\ntimeline: %s/timeline.csv\n",
               out_dir.c_str(), out_dir.c_str());
   return stop->load() ? kExitInterrupted : 0;
@@ -115,8 +113,8 @@ int Site(const std::string& path, const std::string& site,
   return 0;
 }
 
-int WorkerRole(const std::string& path, const std::string& site,
-               uint32_t index, const std::string& connect) {
+int WorkerRole(const std::string& path, const std::string& site, uint32_t index,
+               const std::string& connect) {
   WorkerOptions options;
   if (!LoadJob(path, &options.job)) return kExitBadInput;
   options.site = site;
@@ -162,8 +160,7 @@ int Main(int argc, char** argv) {
   CLI::App* site_cmd =
       app.add_subcommand("site", "Run one site server of a job");
   site_cmd->add_option("--config", config, "job file")->required();
-  site_cmd->add_option("--site", site, "site name in the job file")
-      ->required();
+  site_cmd->add_option("--site", site, "site name in the job file")->required();
   site_cmd->add_option("--bind", endpoint,
                        "ZeroMQ endpoint to listen on (default: the site's "
                        "address)");

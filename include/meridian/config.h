@@ -32,9 +32,9 @@ std::string FormatConfigIssues(std::string_view source,
 // no issue; otherwise fills `issues` (when non-null) with every syntax and
 // semantic problem found and returns InvalidArgument whose message is
 // FormatConfigIssues(source, issues).
-Result<pb::JobConfig> ParseJobConfig(std::string_view text,
-                                     std::string_view source,
-                                     std::vector<ConfigIssue>* issues = nullptr);
+Result<pb::JobConfig> ParseJobConfig(
+    std::string_view text, std::string_view source,
+    std::vector<ConfigIssue>* issues = nullptr);
 
 // Reads `path` and calls ParseJobConfig. A missing or unreadable file is
 // NotFound / InvalidArgument naming the path.

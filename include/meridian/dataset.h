@@ -3,12 +3,11 @@
 #ifndef MERIDIAN_DATASET_H_
 #define MERIDIAN_DATASET_H_
 
+#include <Eigen/Core>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <Eigen/Core>
 
 #include "meridian/meridian.pb.h"
 #include "meridian/status.h"
@@ -36,8 +35,7 @@ Result<std::vector<uint8_t>> ReadIdxLabels(const std::string& path);
 
 // Writes gzip-compressed IDX files (tests and generated data sets).
 Status WriteIdxImages(const std::string& path, const IdxImages& images);
-Status WriteIdxLabels(const std::string& path,
-                      std::span<const uint8_t> labels);
+Status WriteIdxLabels(const std::string& path, std::span<const uint8_t> labels);
 
 // Global pixel statistics after scaling to [0, 1] (population stddev; 1 when
 // there are no pixels or they are all equal).

@@ -48,12 +48,12 @@ struct LogVoidify {
 #define MERIDIAN_LOG_LEVEL_INFO ::meridian::LogLevel::kInfo
 #define MERIDIAN_LOG_LEVEL_WARNING ::meridian::LogLevel::kWarning
 #define MERIDIAN_LOG_LEVEL_ERROR ::meridian::LogLevel::kError
-#define MLOG(severity)                                                    \
-  (MERIDIAN_LOG_LEVEL_##severity < ::meridian::GetLogLevel())             \
-      ? (void)0                                                           \
-      : ::meridian::internal::LogVoidify() &                              \
+#define MLOG(severity)                                                      \
+  (MERIDIAN_LOG_LEVEL_##severity < ::meridian::GetLogLevel())               \
+      ? (void)0                                                             \
+      : ::meridian::internal::LogVoidify() &                                \
             ::meridian::internal::LogMessage(MERIDIAN_LOG_LEVEL_##severity, \
-                                             __FILE__, __LINE__)          \
+                                             __FILE__, __LINE__)            \
                 .stream()
 
 #endif  // MERIDIAN_LOG_H_

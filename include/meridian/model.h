@@ -4,14 +4,13 @@
 #ifndef MERIDIAN_MODEL_H_
 #define MERIDIAN_MODEL_H_
 
+#include <Eigen/Core>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <Eigen/Core>
 
 #include "meridian/layout.h"
 #include "meridian/meridian.pb.h"

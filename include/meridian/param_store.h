@@ -48,8 +48,7 @@ struct ApplyRule {
   double momentum = 0.0;
   uint32_t workers = 1;
 
-  static ApplyRule FromConfig(const pb::ServerConfig& config,
-                              uint32_t workers);
+  static ApplyRule FromConfig(const pb::ServerConfig& config, uint32_t workers);
   // The factor applied to a raw update before momentum.
   float Scale() const;
 };

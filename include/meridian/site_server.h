@@ -16,8 +16,8 @@
 namespace meridian {
 
 struct SiteServerOptions {
-  pb::JobConfig job;   // validated
-  std::string site;    // name of this site in job.site()
+  pb::JobConfig job;  // validated
+  std::string site;   // name of this site in job.site()
   // ZeroMQ endpoint to bind; empty: the site's address from the job.
   std::string bind;
   // When set, the server writes <out_dir>/site-<name>.json (a SiteSummary)

@@ -15,15 +15,15 @@ namespace meridian {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,    // the caller's input is wrong (config, flags, message)
-  kNotFound,           // a named file, tensor, site... does not exist
-  kOutOfRange,         // an index or range outside its container
-  kFailedPrecondition, // valid request at the wrong time or state
-  kDataLoss,           // corrupt or truncated bytes
-  kUnavailable,        // a peer or resource cannot be reached (retryable)
-  kDeadlineExceeded,   // a timeout expired
-  kCancelled,          // stopped on request (signal, shutdown)
-  kInternal,           // a bug: an invariant did not hold
+  kInvalidArgument,     // the caller's input is wrong (config, flags, message)
+  kNotFound,            // a named file, tensor, site... does not exist
+  kOutOfRange,          // an index or range outside its container
+  kFailedPrecondition,  // valid request at the wrong time or state
+  kDataLoss,            // corrupt or truncated bytes
+  kUnavailable,         // a peer or resource cannot be reached (retryable)
+  kDeadlineExceeded,    // a timeout expired
+  kCancelled,           // stopped on request (signal, shutdown)
+  kInternal,            // a bug: an invariant did not hold
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -130,16 +130,16 @@ class [[nodiscard]] Result {
 
 // Evaluates `expr` (a Status); returns it from the enclosing function when
 // it is not OK.
-#define MERIDIAN_RETURN_IF_ERROR(expr)                   \
-  do {                                                   \
-    ::meridian::Status meridian_status_tmp_ = (expr);    \
+#define MERIDIAN_RETURN_IF_ERROR(expr)                           \
+  do {                                                           \
+    ::meridian::Status meridian_status_tmp_ = (expr);            \
     if (!meridian_status_tmp_.ok()) return meridian_status_tmp_; \
   } while (false)
 
 // Evaluates `rexpr` (a Result<T>); on error returns its Status, otherwise
 // moves the value into `lhs` (which may be a declaration: `auto x`).
-#define MERIDIAN_ASSIGN_OR_RETURN(lhs, rexpr)                                \
-  MERIDIAN_ASSIGN_OR_RETURN_IMPL_(                                           \
+#define MERIDIAN_ASSIGN_OR_RETURN(lhs, rexpr) \
+  MERIDIAN_ASSIGN_OR_RETURN_IMPL_(            \
       MERIDIAN_STATUS_CONCAT_(meridian_result_tmp_, __LINE__), lhs, rexpr)
 
 #define MERIDIAN_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \

@@ -10,11 +10,10 @@
 #include <span>
 #include <string>
 #include <vector>
-
 #include <zmq.hpp>
 
-#include "meridian/message.h"
 #include "meridian/meridian.pb.h"
+#include "meridian/message.h"
 #include "meridian/status.h"
 
 namespace meridian {
@@ -75,8 +74,7 @@ Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
 // Sends an ERROR reply for `rejection` to the sender of `request`.
 Status SendError(zmq::socket_t& socket, const pb::Endpoint& self,
                  uint64_t sequence, const Rejection& rejection,
-                 uint64_t rejected_sequence,
-                 std::string_view routing_id);
+                 uint64_t rejected_sequence, std::string_view routing_id);
 
 // A request/reply client over a DEALER socket: one outstanding request at a
 // time, replies matched by order. Not thread-safe; owns its socket.

@@ -14,9 +14,9 @@
 namespace meridian {
 
 struct WorkerOptions {
-  pb::JobConfig job;  // validated
-  std::string site;   // name of the worker's site
-  uint32_t index = 0; // worker index inside the site
+  pb::JobConfig job;   // validated
+  std::string site;    // name of the worker's site
+  uint32_t index = 0;  // worker index inside the site
   // Site server endpoint; empty: the site's address from the job.
   std::string connect;
   // When it becomes true the worker leaves (BYE) after its current step.

@@ -59,8 +59,8 @@ Result<ModelLayout> ModelLayout::FromSpecs(
   ModelLayout layout;
   for (const pb::TensorSpec& spec : specs) {
     MERIDIAN_RETURN_IF_ERROR(layout.Add(
-        spec.name(), std::vector<uint64_t>(spec.shape().begin(),
-                                           spec.shape().end())));
+        spec.name(),
+        std::vector<uint64_t>(spec.shape().begin(), spec.shape().end())));
   }
   return layout;
 }

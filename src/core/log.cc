@@ -81,11 +81,11 @@ LogMessage::LogMessage(LogLevel level, const char* /*file*/, int /*line*/)
 LogMessage::~LogMessage() {
   const auto now = std::chrono::system_clock::now();
   const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-  const int millis = static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(
-          now.time_since_epoch())
-          .count() %
-      1000);
+  const int millis =
+      static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                           now.time_since_epoch())
+                           .count() %
+                       1000);
   std::tm utc{};
   gmtime_r(&seconds, &utc);
   char stamp[32];

@@ -108,10 +108,10 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
     return Reject(pb::ERROR_MALFORMED, "empty header frame");
   }
   if (frame0.size() > kMaxHeaderBytes) {
-    return Reject(pb::ERROR_MALFORMED,
-                  "header frame of " + std::to_string(frame0.size()) +
-                      " bytes exceeds the limit of " +
-                      std::to_string(kMaxHeaderBytes));
+    return Reject(pb::ERROR_MALFORMED, "header frame of " +
+                                           std::to_string(frame0.size()) +
+                                           " bytes exceeds the limit of " +
+                                           std::to_string(kMaxHeaderBytes));
   }
   if (!header->ParseFromArray(frame0.data(), static_cast<int>(frame0.size()))) {
     header->Clear();
@@ -120,11 +120,10 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
                       std::to_string(frame0.size()) + " bytes)");
   }
   if (header->protocol_version() != kProtocolVersion) {
-    return Reject(pb::ERROR_VERSION,
-                  "protocol version " +
-                      std::to_string(header->protocol_version()) +
-                      ", this build speaks " +
-                      std::to_string(kProtocolVersion));
+    return Reject(
+        pb::ERROR_VERSION,
+        "protocol version " + std::to_string(header->protocol_version()) +
+            ", this build speaks " + std::to_string(kProtocolVersion));
   }
   const std::optional<TypeRule> rule = RuleFor(header->type());
   if (!rule) {
@@ -146,10 +145,9 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
                   type_name + " must not carry tensor slices");
   }
   if (header->slices_size() > kMaxSlices) {
-    return Reject(pb::ERROR_MALFORMED,
-                  std::to_string(header->slices_size()) +
-                      " slices exceed the limit of " +
-                      std::to_string(kMaxSlices));
+    return Reject(pb::ERROR_MALFORMED, std::to_string(header->slices_size()) +
+                                           " slices exceed the limit of " +
+                                           std::to_string(kMaxSlices));
   }
   if (static_cast<size_t>(header->slices_size()) != payload.size()) {
     return Reject(pb::ERROR_SIZE_MISMATCH,
@@ -172,11 +170,10 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
     }
     const uint64_t frame_bytes = payload[i].bytes.size();
     if (slice.payload_bytes() != frame_bytes) {
-      return Reject(pb::ERROR_SIZE_MISMATCH,
-                    where + ": header says " +
-                        std::to_string(slice.payload_bytes()) +
-                        " payload bytes, frame has " +
-                        std::to_string(frame_bytes));
+      return Reject(
+          pb::ERROR_SIZE_MISMATCH,
+          where + ": header says " + std::to_string(slice.payload_bytes()) +
+              " payload bytes, frame has " + std::to_string(frame_bytes));
     }
     if (slice.length() > std::numeric_limits<uint64_t>::max() / element ||
         slice.length() * element != frame_bytes) {
@@ -203,9 +200,9 @@ Verdict CheckSlicesAgainstLayout(const pb::Header& header,
     const pb::TensorSlice& slice = header.slices(i);
     const TensorInfo* tensor = layout.Find(slice.tensor());
     if (tensor == nullptr) {
-      return Reject(pb::ERROR_OUT_OF_RANGE,
-                    "slice " + std::to_string(i) + ": unknown tensor '" +
-                        slice.tensor() + "'");
+      return Reject(pb::ERROR_OUT_OF_RANGE, "slice " + std::to_string(i) +
+                                                ": unknown tensor '" +
+                                                slice.tensor() + "'");
     }
     // offset + length <= size, written so that it cannot overflow.
     if (slice.offset() > tensor->size ||
@@ -217,9 +214,8 @@ Verdict CheckSlicesAgainstLayout(const pb::Header& header,
                         tensor->name + "' of " + std::to_string(tensor->size) +
                         " elements");
     }
-    if (whole_model &&
-        (tensor != &layout.tensors()[i] || slice.offset() != 0 ||
-         slice.length() != tensor->size)) {
+    if (whole_model && (tensor != &layout.tensors()[i] || slice.offset() != 0 ||
+                        slice.length() != tensor->size)) {
       return Reject(pb::ERROR_OUT_OF_RANGE,
                     "slice " + std::to_string(i) +
                         " must cover the whole tensor '" +

@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <cstring>
 #include <iterator>
-
 #include <zmq_addon.hpp>
 
 namespace meridian {
@@ -100,10 +99,10 @@ Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
     first = 1;
   }
   if (frames.size() <= first) {
-    received.refused = Refused{std::move(routing_id),
-                               Rejection{pb::ERROR_MALFORMED,
-                                         "message has no header frame"},
-                               pb::Header()};
+    received.refused =
+        Refused{std::move(routing_id),
+                Rejection{pb::ERROR_MALFORMED, "message has no header frame"},
+                pb::Header()};
     return received;
   }
   std::vector<FrameView> views;
@@ -113,8 +112,8 @@ Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
   }
   pb::Header header;
   if (Verdict verdict = DecodeMessage(BytesOf(frames[first]), views, &header)) {
-    received.refused = Refused{std::move(routing_id), std::move(*verdict),
-                               std::move(header)};
+    received.refused =
+        Refused{std::move(routing_id), std::move(*verdict), std::move(header)};
     return received;
   }
   Envelope envelope;
@@ -130,8 +129,7 @@ Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
 
 Status SendError(zmq::socket_t& socket, const pb::Endpoint& self,
                  uint64_t sequence, const Rejection& rejection,
-                 uint64_t rejected_sequence,
-                 std::string_view routing_id) {
+                 uint64_t rejected_sequence, std::string_view routing_id) {
   pb::Header header = MakeHeader(pb::ERROR, self, sequence);
   pb::Error* error = header.mutable_error();
   error->set_code(rejection.code);
@@ -200,8 +198,7 @@ Result<Envelope> RpcClient::Call(pb::Header header,
     if (received.status().code() == StatusCode::kCancelled) {
       reply_outstanding_ = true;
     }
-    return received.status().WithContext("waiting for the reply to " +
-                                         request);
+    return received.status().WithContext("waiting for the reply to " + request);
   }
   if (received->timed_out()) {
     socket_.reset();  // drop the late reply, if any, with the socket

@@ -1,9 +1,8 @@
 #include "meridian/param_store.h"
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
-
-#include <Eigen/Core>
 
 namespace meridian {
 namespace {
@@ -82,16 +81,16 @@ void ParameterStore::CopyOut(const KeyRange& shard,
 
 Status ParameterStore::Assign(std::span<const float> values) {
   if (values.size() != values_.size()) {
-    return InvalidArgumentError(
-        "model has " + std::to_string(values_.size()) + " elements, got " +
-        std::to_string(values.size()));
+    return InvalidArgumentError("model has " + std::to_string(values_.size()) +
+                                " elements, got " +
+                                std::to_string(values.size()));
   }
   ForEachShardLocked([&](const KeyRange& shard) {
     std::memcpy(values_.data() + shard.begin, values.data() + shard.begin,
                 shard.size() * sizeof(float));
     if (!velocity_.empty()) {
-      std::fill(velocity_.begin() + shard.begin,
-                velocity_.begin() + shard.end, 0.0f);
+      std::fill(velocity_.begin() + shard.begin, velocity_.begin() + shard.end,
+                0.0f);
     }
   });
   return Status::Ok();

@@ -9,7 +9,6 @@
 #include <optional>
 #include <thread>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "meridian/clock.h"
@@ -69,8 +68,7 @@ std::string FormatProgress(const std::vector<SiteProgress>& sites,
       std::snprintf(buf, sizeof(buf),
                     " %s: train %.1f s  acc %.4f  loss %.4f  %.0f commits/s",
                     site.name.c_str(), site.status->elapsed_s(),
-                    eval.accuracy(), eval.loss(),
-                    site.status->commits_per_s());
+                    eval.accuracy(), eval.loss(), site.status->commits_per_s());
     }
     line += buf;
   }
@@ -96,7 +94,8 @@ class JobRun {
 
  private:
   bool StopRequested() const {
-    return options_.stop_requested != nullptr && options_.stop_requested->load();
+    return options_.stop_requested != nullptr &&
+           options_.stop_requested->load();
   }
 
   Status PrepareOutDir() {
@@ -138,12 +137,12 @@ class JobRun {
       Result<std::string> line = site.ReadReadyLine(kReadyTimeout);
       if (!line.ok() || line->rfind("ready ", 0) != 0) {
         site.Poll();
-        return UnavailableError(
-            site.name() + " did not start (" +
-            (line.ok() ? "unexpected '" + *line + "'"
-                       : line.status().message()) +
-            "; " + site.DescribeExit() + "); its log " + site.log_path() +
-            " ends with:\n" + site.LogTail(kLogTailLines));
+        return UnavailableError(site.name() + " did not start (" +
+                                (line.ok() ? "unexpected '" + *line + "'"
+                                           : line.status().message()) +
+                                "; " + site.DescribeExit() + "); its log " +
+                                site.log_path() + " ends with:\n" +
+                                site.LogTail(kLogTailLines));
       }
       endpoints.push_back(line->substr(6));
     }
@@ -220,8 +219,7 @@ class JobRun {
       for (ChildProcess* child : Children()) {
         const bool was_done = child->exited();
         all_done &= child->Poll();
-        if (!was_done && child->exited() && !child->succeeded() &&
-            !stopping_) {
+        if (!was_done && child->exited() && !child->succeeded() && !stopping_) {
           failure_ = child->name() + " " + child->DescribeExit() +
                      "; its log " + child->log_path() + " ends with:\n" +
                      child->LogTail(kLogTailLines);
@@ -274,8 +272,8 @@ class JobRun {
     for (SiteProgress& site : progress_) {
       pb::Header request;
       request.set_type(pb::STATUS_REQUEST);
-      Result<Envelope> reply = site.client->Call(
-          request, {}, std::chrono::milliseconds(300));
+      Result<Envelope> reply =
+          site.client->Call(request, {}, std::chrono::milliseconds(300));
       if (reply.ok() && reply->header.type() == pb::STATUS_REPLY) {
         site.status = reply->header.status();
       }
@@ -303,10 +301,10 @@ class JobRun {
       outcome = summaries.front().stop_reason();
     }
     if (summaries.empty()) {
-      return UnavailableError(
-          failure_.empty() ? "no site server wrote its summary (" + missing +
-                                 ")"
-                           : failure_);
+      return UnavailableError(failure_.empty()
+                                  ? "no site server wrote its summary (" +
+                                        missing + ")"
+                                  : failure_);
     }
     pb::RunReport report =
         BuildRunReport(job_, summaries, wall_.ElapsedSeconds(), outcome);

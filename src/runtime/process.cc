@@ -72,7 +72,9 @@ Result<ChildProcess> ChildProcess::Spawn(std::string name,
   return child;
 }
 
-ChildProcess::ChildProcess(ChildProcess&& other) noexcept { *this = std::move(other); }
+ChildProcess::ChildProcess(ChildProcess&& other) noexcept {
+  *this = std::move(other);
+}
 
 ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
   if (this != &other) {
@@ -155,8 +157,8 @@ std::string ChildProcess::DescribeExit() const {
   }
   if (WIFSIGNALED(status_)) {
     const int sig = WTERMSIG(status_);
-    return "killed by signal " + std::to_string(sig) + " (" +
-           ::strsignal(sig) + ")";
+    return "killed by signal " + std::to_string(sig) + " (" + ::strsignal(sig) +
+           ")";
   }
   return "ended with wait status " + std::to_string(status_);
 }

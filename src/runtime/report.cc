@@ -1,11 +1,11 @@
 #include "runtime/report.h"
 
+#include <google/protobuf/util/json_util.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
-
-#include <google/protobuf/util/json_util.h>
 
 namespace meridian {
 namespace {

@@ -3,10 +3,10 @@
 #ifndef MERIDIAN_RUNTIME_REPORT_H_
 #define MERIDIAN_RUNTIME_REPORT_H_
 
+#include <google/protobuf/message.h>
+
 #include <string>
 #include <vector>
-
-#include <google/protobuf/message.h>
 
 #include "meridian/meridian.pb.h"
 #include "meridian/status.h"
@@ -18,7 +18,8 @@ namespace meridian {
 Status WriteJsonFile(const google::protobuf::Message& message,
                      const std::string& path);
 // Parses a JSON file written by WriteJsonFile; unknown fields are errors.
-Status ReadJsonFile(const std::string& path, google::protobuf::Message* message);
+Status ReadJsonFile(const std::string& path,
+                    google::protobuf::Message* message);
 
 // The job-level report from the sites' summaries:
 //   reached_target: every site reached the target;

@@ -8,7 +8,6 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "meridian/config.h"
@@ -95,9 +94,8 @@ class SiteServer::Impl {
                << workers_.size() << " workers; model "
                << model_->layout().DebugString() << " ("
                << model_->layout().num_elements() << " parameters, "
-               << store_.num_shards() << " shards); policy "
-               << policy_->name() << "; test set " << test_set_.size()
-               << " samples";
+               << store_.num_shards() << " shards); policy " << policy_->name()
+               << "; test set " << test_set_.size() << " samples";
     return Status::Ok();
   }
 
@@ -160,9 +158,9 @@ class SiteServer::Impl {
   }
 
   uint32_t JoinedCount() const {
-    return static_cast<uint32_t>(std::count_if(
-        workers_.begin(), workers_.end(),
-        [](const WorkerSlot& w) { return w.joined; }));
+    return static_cast<uint32_t>(
+        std::count_if(workers_.begin(), workers_.end(),
+                      [](const WorkerSlot& w) { return w.joined; }));
   }
 
   void StartTraining() {
@@ -381,24 +379,24 @@ class SiteServer::Impl {
     if (sender.role() != pb::ROLE_WORKER ||
         sender.site() != site_config_.name() || index >= workers_.size() ||
         sender.id() != index) {
-      return Refuse(message.routing_id, message.header,
-                    {pb::ERROR_UNKNOWN_SENDER,
-                     "HELLO from '" + sender.site() + "' worker " +
-                         std::to_string(index) + ": site '" +
-                         site_config_.name() + "' has workers 0.." +
-                         std::to_string(workers_.size() - 1)});
+      return Refuse(
+          message.routing_id, message.header,
+          {pb::ERROR_UNKNOWN_SENDER,
+           "HELLO from '" + sender.site() + "' worker " +
+               std::to_string(index) + ": site '" + site_config_.name() +
+               "' has workers 0.." + std::to_string(workers_.size() - 1)});
     }
     Result<ModelLayout> layout =
         ModelLayout::FromSpecs(message.header.hello().layout());
     if (!layout.ok() || !(*layout == model_->layout())) {
-      return Refuse(message.routing_id, message.header,
-                    {pb::ERROR_LAYOUT_MISMATCH,
-                     "worker's model [" +
-                         (layout.ok() ? layout->DebugString()
-                                      : layout.status().message()) +
-                         "] differs from the site's [" +
-                         model_->layout().DebugString() +
-                         "]: are both started from the same job file?"});
+      return Refuse(
+          message.routing_id, message.header,
+          {pb::ERROR_LAYOUT_MISMATCH,
+           "worker's model [" +
+               (layout.ok() ? layout->DebugString()
+                            : layout.status().message()) +
+               "] differs from the site's [" + model_->layout().DebugString() +
+               "]: are both started from the same job file?"});
     }
     WorkerSlot& slot = workers_[index];
     if (slot.joined) {
@@ -439,12 +437,12 @@ class SiteServer::Impl {
     }
     const pb::Commit& commit = message.header.commit();
     if (commit.base_version() > store_.version()) {
-      return Refuse(message.routing_id, message.header,
-                    {pb::ERROR_STALE,
-                     "commit based on model version " +
-                         std::to_string(commit.base_version()) +
-                         ", newer than the site's " +
-                         std::to_string(store_.version())});
+      return Refuse(
+          message.routing_id, message.header,
+          {pb::ERROR_STALE, "commit based on model version " +
+                                std::to_string(commit.base_version()) +
+                                ", newer than the site's " +
+                                std::to_string(store_.version())});
     }
     slot->stats = commit.stats();
     slot->awaiting_reply = true;
@@ -465,8 +463,8 @@ class SiteServer::Impl {
     PolicyDecision decision = policy_->OnCommit(event);
     switch (decision.update) {
       case PolicyDecision::Update::kApply: {
-        auto released = std::find(decision.release.begin(),
-                                  decision.release.end(), worker);
+        auto released =
+            std::find(decision.release.begin(), decision.release.end(), worker);
         if (released != decision.release.end() && !decision.flush_aggregate) {
           // The common asynchronous case: apply and copy the result into
           // the reply in one pass over the model.
@@ -508,9 +506,8 @@ class SiteServer::Impl {
     const uint32_t worker = message.header.sender().id();
     if (message.header.has_bye()) slot->stats = message.header.bye().stats();
     slot->left = true;
-    MLOG(INFO) << "worker " << worker << " left after "
-               << slot->stats.steps() << " steps, " << slot->stats.commits()
-               << " commits";
+    MLOG(INFO) << "worker " << worker << " left after " << slot->stats.steps()
+               << " steps, " << slot->stats.commits() << " commits";
     pb::Header reply = MakeHeader(pb::BYE, self_, ++sequence_);
     if (Status status = SendMessage(socket_, reply, {}, slot->routing_id);
         !status.ok()) {
@@ -529,9 +526,9 @@ class SiteServer::Impl {
     for (size_t i = 0; i < message.payload.size(); ++i) {
       const pb::TensorSlice& slice = message.header.slices(static_cast<int>(i));
       const TensorInfo* tensor = model_->layout().Find(slice.tensor());
-      segments.push_back(UpdateSegment{
-          tensor->offset + slice.offset(),
-          FloatsOf(message.payload[i], &scratch_[i])});
+      segments.push_back(
+          UpdateSegment{tensor->offset + slice.offset(),
+                        FloatsOf(message.payload[i], &scratch_[i])});
     }
     return segments;
   }
@@ -787,12 +784,10 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
   const pb::JobConfig& job = options.job;
   // The training images are read for their normalisation statistics only.
   MERIDIAN_ASSIGN_OR_RETURN(RawData raw, LoadRawData(job.data(), true, true));
-  Dataset test_set =
-      MakeDataset(raw.test_images, raw.test_labels, {},
-                  job.data().normalization(), raw.stats);
+  Dataset test_set = MakeDataset(raw.test_images, raw.test_labels, {},
+                                 job.data().normalization(), raw.stats);
   const int input_dim = static_cast<int>(raw.test_images.dim());
-  MERIDIAN_ASSIGN_OR_RETURN(auto model,
-                            MakeModel(job.model(), input_dim, 10));
+  MERIDIAN_ASSIGN_OR_RETURN(auto model, MakeModel(job.model(), input_dim, 10));
   MERIDIAN_ASSIGN_OR_RETURN(auto eval_model,
                             MakeModel(job.model(), input_dim, 10));
   MERIDIAN_ASSIGN_OR_RETURN(auto policy, MakePolicy(job.policy()));

@@ -1,12 +1,11 @@
 #include "meridian/worker.h"
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
-
-#include <Eigen/Core>
 #include <zmq.hpp>
 
 #include "meridian/clock.h"
@@ -44,8 +43,7 @@ class Worker::Impl {
       : options_(std::move(options)),
         job_(options_.job),
         site_config_(job_.site(site_index)),
-        step_time_s_(
-            WorkerGroupOf(site_config_, options_.index).step_time_s()),
+        step_time_s_(WorkerGroupOf(site_config_, options_.index).step_time_s()),
         data_(std::move(data)),
         model_(std::move(model)),
         optimizer_(job_.optimizer(), model_->layout().num_elements()),
@@ -86,8 +84,7 @@ class Worker::Impl {
 
  private:
   std::string Endpoint() const {
-    return options_.connect.empty() ? site_config_.address()
-                                    : options_.connect;
+    return options_.connect.empty() ? site_config_.address() : options_.connect;
   }
 
   pb::Endpoint Self() const {
@@ -106,8 +103,8 @@ class Worker::Impl {
   std::chrono::milliseconds JoinTimeout() const {
     // Peers may start in any order; the server waits join_timeout_s for all
     // workers, so a worker waits at least that long for its WELCOME.
-    return std::chrono::milliseconds(static_cast<int64_t>(
-        (job_.server().join_timeout_s() + 30.0) * 1000));
+    return std::chrono::milliseconds(
+        static_cast<int64_t>((job_.server().join_timeout_s() + 30.0) * 1000));
   }
 
   Status Join() {
@@ -131,12 +128,13 @@ class Worker::Impl {
         ModelLayout layout,
         ModelLayout::FromSpecs(reply.header.welcome().layout()));
     if (!(layout == model_->layout())) {
-      return FailedPreconditionError(
-          "site server's model [" + layout.DebugString() +
-          "] differs from this worker's [" + model_->layout().DebugString() +
-          "]");
+      return FailedPreconditionError("site server's model [" +
+                                     layout.DebugString() +
+                                     "] differs from this worker's [" +
+                                     model_->layout().DebugString() + "]");
     }
-    MERIDIAN_RETURN_IF_ERROR(LoadModel(reply, reply.header.welcome().model_version()));
+    MERIDIAN_RETURN_IF_ERROR(
+        LoadModel(reply, reply.header.welcome().model_version()));
     trigger_.Reset(reply.header.welcome().plan(), clock_->Now());
     MLOG(INFO) << "joined; plan: commit every "
                << reply.header.welcome().plan().local_steps() << " steps";
@@ -222,9 +220,8 @@ class Worker::Impl {
     *commit->mutable_stats() = stats_;
 
     const Duration sent = clock_->Now();
-    MERIDIAN_ASSIGN_OR_RETURN(Envelope reply,
-                              client_.Call(header, std::move(frames),
-                                           kReplyTimeout));
+    MERIDIAN_ASSIGN_OR_RETURN(
+        Envelope reply, client_.Call(header, std::move(frames), kReplyTimeout));
     const double round_trip = ToSeconds(clock_->Now() - sent);
     stats_.set_blocked_s(stats_.blocked_s() + round_trip);
     stats_.set_commit_overhead_s(
@@ -338,8 +335,8 @@ Result<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
                           static_cast<int>(options.index)));
   if (indices.empty()) {
     return FailedPreconditionError(
-        "worker " + std::to_string(options.index) + " of site '" +
-        site.name() + "' has no training samples (partition too small)");
+        "worker " + std::to_string(options.index) + " of site '" + site.name() +
+        "' has no training samples (partition too small)");
   }
   Dataset data = MakeDataset(raw.train_images, raw.train_labels, indices,
                              job.data().normalization(), raw.stats);

@@ -1,39 +1,20 @@
 // The command line's answers to bad input: clear errors, no crash.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <fstream>
 #include <string>
 
 #include "meridian/meridian.pb.h"
+#include "testing/processes.h"
 #include "testing/test_data.h"
 
 namespace meridian {
 namespace {
 
-struct CommandResult {
-  int exit_code = -1;
-  bool crashed = false;
-  std::string output;
-};
+using testing::CommandResult;
 
 CommandResult Meridian(const std::string& args) {
-  CommandResult result;
-  const std::string command = std::string(MERIDIAN_BINARY) + " " + args +
-                              " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) {
-    result.output.append(buffer, n);
-  }
-  const int status = ::pclose(pipe);
-  result.crashed = !WIFEXITED(status);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return testing::RunCommand(std::string(MERIDIAN_BINARY) + " " + args);
 }
 
 std::string WriteText(const std::string& text) {
@@ -43,9 +24,9 @@ std::string WriteText(const std::string& text) {
 }
 
 TEST(CliTest, ValidateAcceptsTheShippedConfig) {
-  const CommandResult result = Meridian(
-      std::string("validate ") + MERIDIAN_SOURCE_DIR +
-      "/deploy/configs/single-site.pbtxt");
+  const CommandResult result =
+      Meridian(std::string("validate ") + MERIDIAN_SOURCE_DIR +
+               "/deploy/configs/single-site.pbtxt");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("OK"), std::string::npos) << result.output;
 }
@@ -73,7 +54,8 @@ TEST(CliTest, ValidateReportsEveryProblemWithLineAndColumn) {
 }
 
 TEST(CliTest, ValidateReportsSyntaxErrors) {
-  const std::string path = WriteText("site {\n  name: \"a\"\n  wrkers { }\n}\n");
+  const std::string path =
+      WriteText("site {\n  name: \"a\"\n  wrkers { }\n}\n");
   const CommandResult result = Meridian("validate " + path);
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find(path + ":3:"), std::string::npos)
@@ -99,8 +81,7 @@ TEST(CliTest, RunRefusesAnInvalidConfigBeforeStartingAnything) {
 TEST(CliTest, MissingDataFileIsNamedWithItsPackage) {
   pb::JobConfig job = testing::SmallJob("/usr/share/datasets/fashion-mnist", 1);
   job.mutable_data()->set_train_images("no-such-file-idx3-ubyte.gz");
-  const std::string path =
-      testing::MakeTempDir("cli-job") + "/job.pbtxt";
+  const std::string path = testing::MakeTempDir("cli-job") + "/job.pbtxt";
   ASSERT_TRUE(testing::WriteJobFile(job, path).ok());
   const std::string out = testing::MakeTempDir("cli-out");
   const CommandResult result = Meridian("run " + path + " --out " + out);

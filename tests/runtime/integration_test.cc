@@ -1,12 +1,10 @@
 // Whole jobs through the real binary: `meridian run` spawning a site server
 // and its workers as separate processes talking ZeroMQ over loopback.
+#include <fcntl.h>
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <fcntl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,63 +18,19 @@
 
 #include "meridian/meridian.pb.h"
 #include "runtime/report.h"
+#include "testing/processes.h"
 #include "testing/test_data.h"
 
 namespace meridian {
 namespace {
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-CommandResult RunCommand(const std::string& command) {
-  CommandResult result;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) {
-    result.output.append(buffer, n);
-  }
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
-// Live processes whose command line (arguments joined by spaces) contains
-// `needle`, this test process excluded. Zombies count as gone.
-std::vector<pid_t> FindProcesses(const std::string& needle) {
-  std::vector<pid_t> found;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = std::stoi(name);
-    if (pid == ::getpid()) continue;
-    std::ifstream cmdline(entry.path() / "cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmdline)),
-                     std::istreambuf_iterator<char>());
-    std::replace(args.begin(), args.end(), '\0', ' ');
-    if (args.find(needle) == std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string stat_line;
-    std::getline(stat, stat_line);
-    const size_t paren = stat_line.rfind(')');
-    if (paren != std::string::npos && paren + 2 < stat_line.size() &&
-        stat_line[paren + 2] == 'Z') {
-      continue;
-    }
-    found.push_back(pid);
-  }
-  return found;
-}
+using testing::CommandResult;
+using testing::FindProcesses;
+using testing::KillProcesses;
+using testing::RunCommand;
 
 int CountProcesses(const std::string& needle) {
   return static_cast<int>(FindProcesses(needle).size());
-}
-
-void KillProcesses(const std::string& needle) {
-  for (pid_t pid : FindProcesses(needle)) ::kill(pid, SIGKILL);
 }
 
 class IntegrationTest : public ::testing::Test {
@@ -122,10 +76,14 @@ void ExpectConverged(const pb::RunReport& report, double target,
   EXPECT_GT(site.commits(), 0u);
 }
 
-TEST_F(IntegrationTest, FourAsyncWorkersConverge) {
+class ConvergenceTest : public IntegrationTest,
+                        public ::testing::WithParamInterface<pb::PolicyKind> {};
+
+TEST_P(ConvergenceTest, FourWorkersConverge) {
   pb::JobConfig job = testing::SmallJob(*data_dir_, 4);
   job.set_target_accuracy(0.95);
   job.set_time_budget_s(120);
+  job.mutable_policy()->set_kind(GetParam());
   const std::string path = WriteJob(job);
   const std::string out = testing::MakeTempDir("integration-out");
   const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
@@ -135,37 +93,34 @@ TEST_F(IntegrationTest, FourAsyncWorkersConverge) {
   ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
   ExpectConverged(report, 0.95, 4);
   EXPECT_EQ(report.outcome(), "target accuracy reached");
-  // The timeline is there and has a row per evaluation.
+  EXPECT_EQ(report.policy(), pb::PolicyKind_Name(GetParam()));
+  if (GetParam() == pb::BSP) {
+    // Every worker commits once per clock: equal counts (the last clock may
+    // be cut by the stop, hence the slack of one).
+    const uint64_t commits = report.workers(0).commits();
+    for (const pb::WorkerSummary& worker : report.workers()) {
+      EXPECT_LE(std::max(worker.commits(), commits) -
+                    std::min(worker.commits(), commits),
+                1u);
+    }
+  }
+  // The timeline has a row per evaluation.
   std::ifstream timeline(out + "/timeline.csv");
   std::string header;
   std::getline(timeline, header);
   EXPECT_EQ(header, "site,t_s,accuracy,loss,model_version,commits");
+  int rows = 0;
+  for (std::string line; std::getline(timeline, line);) ++rows;
+  EXPECT_EQ(rows, report.sites(0).timeline_size());
   // Every child is gone.
   EXPECT_EQ(CountProcesses(path), 0);
 }
 
-TEST_F(IntegrationTest, FourBspWorkersConverge) {
-  pb::JobConfig job = testing::SmallJob(*data_dir_, 4);
-  job.set_target_accuracy(0.95);
-  job.set_time_budget_s(120);
-  job.mutable_policy()->set_kind(pb::BSP);
-  const std::string path = WriteJob(job);
-  const std::string out = testing::MakeTempDir("integration-out");
-  const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
-                                          " run " + path + " --out " + out);
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-  pb::RunReport report;
-  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
-  ExpectConverged(report, 0.95, 4);
-  // Under BSP every worker commits once per clock: equal counts (the last
-  // clock may be cut by the stop, hence the slack of one).
-  const uint64_t commits = report.workers(0).commits();
-  for (const pb::WorkerSummary& worker : report.workers()) {
-    EXPECT_LE(std::max(worker.commits(), commits) -
-                  std::min(worker.commits(), commits),
-              1u);
-  }
-}
+INSTANTIATE_TEST_SUITE_P(Policies, ConvergenceTest,
+                         ::testing::Values(pb::ASYNC, pb::BSP),
+                         [](const auto& info) {
+                           return pb::PolicyKind_Name(info.param);
+                         });
 
 TEST_F(IntegrationTest, AFailingWorkerStopsTheJobAndIsNamed) {
   pb::JobConfig job = testing::SmallJob(*data_dir_, 3);
@@ -174,7 +129,8 @@ TEST_F(IntegrationTest, AFailingWorkerStopsTheJobAndIsNamed) {
   job.mutable_site(0)->mutable_workers(0)->set_step_time_s(0.01);
   const std::string path = WriteJob(job);
   const std::string out = testing::MakeTempDir("integration-out");
-  const std::string needle = "worker --config " + path + " --site site-a --index 1";
+  const std::string needle =
+      "worker --config " + path + " --site site-a --index 1";
   std::thread killer([&] {
     // Wait for the worker to be up and training, then kill it.
     for (int i = 0; i < 300 && CountProcesses(needle) == 0; ++i) {
@@ -187,9 +143,9 @@ TEST_F(IntegrationTest, AFailingWorkerStopsTheJobAndIsNamed) {
   const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
                                           " run " + path + " --out " + out);
   killer.join();
-  const double took = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_NE(result.output.find("worker 1 of site 'site-a'"), std::string::npos)
       << result.output;

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <limits>
 #include <thread>
-
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -95,8 +94,8 @@ class SiteServerTest : public ::testing::Test {
   }
 
   RpcClient* NewWorkerClient(uint32_t index) {
-    workers_.push_back(
-        std::make_unique<RpcClient>(context_, endpoint_, WorkerEndpoint(index)));
+    workers_.push_back(std::make_unique<RpcClient>(context_, endpoint_,
+                                                   WorkerEndpoint(index)));
     return workers_.back().get();
   }
 
@@ -259,8 +258,8 @@ TEST_F(SiteServerTest, TruncatedMessageIsRejected) {
               pb::ERROR_SIZE_MISMATCH);
   // A payload frame cut short of what its slice announces.
   std::vector<zmq::message_t> short_frames = UpdateFrames(1.0f);
-  short_frames[0] = zmq::message_t(short_frames[0].data(),
-                                   short_frames[0].size() - 3);
+  short_frames[0] =
+      zmq::message_t(short_frames[0].data(), short_frames[0].size() - 3);
   ExpectError(worker->Call(CommitHeader(), std::move(short_frames), kTimeout),
               pb::ERROR_SIZE_MISMATCH);
   ExpectModelUntouched(worker);
@@ -321,8 +320,8 @@ TEST_F(SiteServerTest, NonFiniteUpdatesAreRejected) {
 TEST_F(SiteServerTest, CommitFromTheFutureIsRejected) {
   StartServer(1);
   RpcClient* worker = JoinOneWorker();
-  ExpectError(worker->Call(CommitHeader(/*base_version=*/7),
-                           UpdateFrames(1.0f), kTimeout),
+  ExpectError(worker->Call(CommitHeader(/*base_version=*/7), UpdateFrames(1.0f),
+                           kTimeout),
               pb::ERROR_STALE);
   ExpectModelUntouched(worker);
 }
@@ -390,9 +389,8 @@ TEST_F(SiteServerTest, BspHoldsRepliesUntilEveryWorkerCommitted) {
 
   // Worker 0 commits alone: no answer while worker 1 has not committed.
   Result<Envelope> reply0 = DeadlineExceededError("not answered");
-  std::thread commit0([&] {
-    reply0 = w0->Call(CommitHeader(), UpdateFrames(1.0f), kTimeout);
-  });
+  std::thread commit0(
+      [&] { reply0 = w0->Call(CommitHeader(), UpdateFrames(1.0f), kTimeout); });
   std::this_thread::sleep_for(milliseconds(300));
   RpcClient control(context_, endpoint_, ClientEndpoint());
   pb::Header status;
@@ -422,8 +420,7 @@ TEST_F(SiteServerTest, BspHoldsRepliesUntilEveryWorkerCommitted) {
 TEST_F(SiteServerTest, ShutdownStopsWorkersAndWritesTheSummary) {
   StartServer(1);
   RpcClient* worker = JoinOneWorker();
-  ASSERT_TRUE(
-      worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout).ok());
+  ASSERT_TRUE(worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout).ok());
   RpcClient control(context_, endpoint_, ClientEndpoint());
   pb::Header shutdown;
   shutdown.set_type(pb::SHUTDOWN);

@@ -1,5 +1,6 @@
 #include "testing/test_data.h"
 
+#include <google/protobuf/text_format.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -8,8 +9,6 @@
 #include <fstream>
 #include <random>
 #include <vector>
-
-#include <google/protobuf/text_format.h>
 
 #include "meridian/dataset.h"
 
@@ -49,8 +48,7 @@ Status WriteSyntheticIdx(const std::string& dir,
   std::mt19937_64 rng(options.seed);
   std::uniform_real_distribution<double> pixel(0.0, 255.0);
   const uint32_t dim = options.rows * options.cols;
-  std::vector<std::vector<float>> prototypes(kClasses,
-                                             std::vector<float>(dim));
+  std::vector<std::vector<float>> prototypes(kClasses, std::vector<float>(dim));
   for (auto& prototype : prototypes) {
     for (float& p : prototype) p = static_cast<float>(pixel(rng));
   }
