@@ -37,7 +37,9 @@ struct WorkerSlot {
   std::string routing_id;
   // The worker's COMMIT or PULL that has not been answered yet.
   bool awaiting_reply = false;
-  uint64_t awaiting_sequence = 0;
+  // Sequence number of the worker's last accepted request: a request must
+  // carry a larger one (a replayed or reordered message is refused).
+  uint64_t last_sequence = 0;
   pb::WorkerStats stats;
   double step_time_s = 0;
 };
@@ -363,6 +365,15 @@ class SiteServer::Impl {
               "worker " + std::to_string(sender.id()) + " already left"});
       return nullptr;
     }
+    if (message.header.sequence() <= slot.last_sequence) {
+      Refuse(message.routing_id, message.header,
+             {pb::ERROR_STALE, "sequence number " +
+                                   std::to_string(message.header.sequence()) +
+                                   " is not above the last accepted " +
+                                   std::to_string(slot.last_sequence) +
+                                   " (replayed or reordered request)"});
+      return nullptr;
+    }
     if (slot.awaiting_reply) {
       Refuse(message.routing_id, message.header,
              {pb::ERROR_UNEXPECTED,
@@ -370,6 +381,7 @@ class SiteServer::Impl {
                   " sent a request before its previous one was answered"});
       return nullptr;
     }
+    slot.last_sequence = message.header.sequence();
     return &slot;
   }
 
@@ -411,7 +423,7 @@ class SiteServer::Impl {
     slot.joined = true;
     slot.routing_id = message.routing_id;
     slot.awaiting_reply = true;
-    slot.awaiting_sequence = message.header.sequence();
+    slot.last_sequence = message.header.sequence();
     MLOG(INFO) << "worker " << index << " joined (" << JoinedCount() << "/"
                << workers_.size() << ")";
     if (training_) SendWelcome(index);
@@ -446,7 +458,7 @@ class SiteServer::Impl {
     }
     slot->stats = commit.stats();
     slot->awaiting_reply = true;
-    slot->awaiting_sequence = message.header.sequence();
+
     if (finished_) {
       // The job is over, but the worker's last update is real work: apply
       // it so that nothing accepted is lost, then tell it to stop.
@@ -495,7 +507,7 @@ class SiteServer::Impl {
     WorkerSlot* slot = Sender(message);
     if (slot == nullptr) return;
     slot->awaiting_reply = true;
-    slot->awaiting_sequence = message.header.sequence();
+
     if (finished_ || !training_) return SendModel(message.header.sender().id());
     Execute(policy_->OnPull(message.header.sender().id(), clock_->Now()));
   }

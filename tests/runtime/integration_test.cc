@@ -97,7 +97,7 @@ TEST_P(ConvergenceTest, FourWorkersConverge) {
   if (GetParam() == pb::BSP) {
     // Every worker commits once per clock: equal counts (the last clock may
     // be cut by the stop, hence the slack of one).
-    const uint64_t commits = report.workers(0).commits();
+    const uint32_t commits = report.workers(0).commits();
     for (const pb::WorkerSummary& worker : report.workers()) {
       EXPECT_LE(std::max(worker.commits(), commits) -
                     std::min(worker.commits(), commits),

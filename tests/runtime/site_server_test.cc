@@ -340,6 +340,47 @@ TEST_F(SiteServerTest, UnknownSendersAreRejected) {
   ExpectModelUntouched(worker);
 }
 
+TEST_F(SiteServerTest, ReplayedRequestsAreRejected) {
+  StartServer(1);
+  // A worker speaking the protocol by hand, so that it can pick its
+  // sequence numbers.
+  zmq::socket_t socket(context_, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.connect(endpoint_);
+  auto call = [&](pb::Header header, uint64_t sequence,
+                  std::vector<zmq::message_t> payload) {
+    header.set_protocol_version(kProtocolVersion);
+    *header.mutable_sender() = WorkerEndpoint(0);
+    header.set_sequence(sequence);
+    EXPECT_TRUE(SendMessage(socket, header, std::move(payload)).ok());
+    Result<Received> received = ReceiveMessage(socket, false, kTimeout);
+    EXPECT_TRUE(received.ok() && received->message.has_value());
+    return std::move(*received->message);
+  };
+  EXPECT_EQ(call(Hello(0), 1, {}).header.type(), pb::WELCOME);
+  Envelope first = call(CommitHeader(), 5, UpdateFrames(0.5f));
+  EXPECT_EQ(first.header.type(), pb::MODEL);
+  EXPECT_EQ(first.header.model().version(), 1u);
+  // The same request again, and an older one: refused, not applied twice.
+  for (uint64_t sequence : {5, 4}) {
+    Envelope replay = call(CommitHeader(1), sequence, UpdateFrames(0.5f));
+    ASSERT_EQ(replay.header.type(), pb::ERROR);
+    EXPECT_EQ(replay.header.error().code(), pb::ERROR_STALE);
+    EXPECT_EQ(replay.header.error().rejected_sequence(), sequence);
+  }
+  Envelope next = call(CommitHeader(1), 6, UpdateFrames(0.5f));
+  EXPECT_EQ(next.header.type(), pb::MODEL);
+  EXPECT_EQ(next.header.model().version(), 2u);
+  pb::Header bye;
+  bye.set_type(pb::BYE);
+  bye.mutable_bye();
+  EXPECT_EQ(call(bye, 7, {}).header.type(), pb::BYE);
+  // Its only worker left: the site finishes on its own.
+  thread_.join();
+  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_EQ(server_->summary().commits(), 2u);
+}
+
 TEST_F(SiteServerTest, LayoutMismatchIsRefusedAtJoin) {
   StartServer(1);
   RpcClient* worker = NewWorkerClient(0);
