@@ -53,6 +53,25 @@ Result<int> FindSite(const pb::JobConfig& config, std::string_view name);
 uint32_t SiteWorkerCount(const pb::SiteConfig& site);
 // Total workers over all sites.
 uint32_t TotalWorkerCount(const pb::JobConfig& config);
+// A worker of the job: its site (index into config.site()) and its index
+// inside that site.
+struct WorkerRef {
+  int site = 0;
+  uint32_t index = 0;
+  friend bool operator==(const WorkerRef&, const WorkerRef&) = default;
+};
+
+// Whether the site runs a site server (server_site unset).
+bool HasServer(const pb::SiteConfig& site);
+// The site whose server the workers of `site_index` use: itself, or the site
+// its server_site names. Precondition: a validated config.
+int ServingSite(const pb::JobConfig& config, int site_index);
+// The workers the server of `site_index` serves, in config order: its own
+// and those of every site whose server_site names it. Empty when the site
+// has no server.
+std::vector<WorkerRef> ServedWorkers(const pb::JobConfig& config,
+                                     int site_index);
+
 // The group a worker index belongs to (workers are numbered group by group).
 // Precondition: index < SiteWorkerCount(site).
 const pb::WorkerGroup& WorkerGroupOf(const pb::SiteConfig& site,

@@ -203,6 +203,30 @@ void ValidateSiteName(const std::string& name, int index,
               std::to_string(it->second) + "]); site names must be unique");
 }
 
+// server_site names another site that runs its own server (no chains).
+void ValidateServerSites(const pb::JobConfig& config,
+                         const IssueReporter& root) {
+  for (int i = 0; i < config.site_size(); ++i) {
+    const pb::SiteConfig& site = config.site(i);
+    if (site.server_site().empty()) continue;
+    const IssueReporter r = root.Nested("site", i);
+    Result<int> target = FindSite(config, site.server_site());
+    if (!target.ok()) {
+      r.Report("server_site", target.status().message());
+    } else if (*target == i) {
+      r.Report("server_site",
+               "names the site itself; leave it empty for a site with its "
+               "own server");
+    } else {
+      r.Check(config.site(*target).server_site().empty(), "server_site",
+              "site '" + site.server_site() +
+                  "' has no server of its own (its server_site is '" +
+                  config.site(*target).server_site() +
+                  "'); name a site that runs one");
+    }
+  }
+}
+
 void ValidateSites(const pb::JobConfig& config, const IssueReporter& root) {
   root.Check(config.site_size() > 0, "site",
              "at least one site is required, e.g. site { name: \"a\" "
@@ -226,6 +250,7 @@ void ValidateSites(const pb::JobConfig& config, const IssueReporter& root) {
       w.Real("step_time_s", site.workers(g).step_time_s(), kNonNegative);
     }
   }
+  ValidateServerSites(config, root);
 }
 
 void ValidateModel(const pb::ModelConfig& model, const IssueReporter& r) {
@@ -566,6 +591,29 @@ uint32_t TotalWorkerCount(const pb::JobConfig& config) {
     count += SiteWorkerCount(site);
   }
   return count;
+}
+
+bool HasServer(const pb::SiteConfig& site) {
+  return site.server_site().empty();
+}
+
+int ServingSite(const pb::JobConfig& config, int site_index) {
+  const pb::SiteConfig& site = config.site(site_index);
+  if (HasServer(site)) return site_index;
+  Result<int> target = FindSite(config, site.server_site());
+  return target.ok() ? *target : site_index;
+}
+
+std::vector<WorkerRef> ServedWorkers(const pb::JobConfig& config,
+                                     int site_index) {
+  std::vector<WorkerRef> served;
+  if (!HasServer(config.site(site_index))) return served;
+  for (int s = 0; s < config.site_size(); ++s) {
+    if (ServingSite(config, s) != site_index) continue;
+    const uint32_t count = SiteWorkerCount(config.site(s));
+    for (uint32_t w = 0; w < count; ++w) served.push_back(WorkerRef{s, w});
+  }
+  return served;
 }
 
 const pb::WorkerGroup& WorkerGroupOf(const pb::SiteConfig& site,

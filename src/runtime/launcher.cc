@@ -118,51 +118,21 @@ class JobRun {
   }
 
   Status StartChildren() {
-    const std::string binary =
-        options_.binary.empty() ? SelfExecutable() : options_.binary;
+    binary_ = options_.binary.empty() ? SelfExecutable() : options_.binary;
     const std::string logs = options_.out_dir + "/logs/";
-    for (const pb::SiteConfig& site : job_.site()) {
-      MERIDIAN_ASSIGN_OR_RETURN(
-          ChildProcess child,
-          ChildProcess::Spawn(
-              "site server '" + site.name() + "'",
-              {binary, "site", "--config", options_.config_path, "--site",
-               site.name(), "--bind", "tcp://127.0.0.1:*", "--out",
-               options_.out_dir, "--ready-fd", std::to_string(kReadyFd)},
-              logs + "site-" + site.name() + ".log"));
-      sites_.push_back(std::move(child));
-    }
-    std::vector<std::string> endpoints;
-    for (ChildProcess& site : sites_) {
-      Result<std::string> line = site.ReadReadyLine(kReadyTimeout);
-      if (!line.ok() || line->rfind("ready ", 0) != 0) {
-        site.Poll();
-        return UnavailableError(site.name() + " did not start (" +
-                                (line.ok() ? "unexpected '" + *line + "'"
-                                           : line.status().message()) +
-                                "; " + site.DescribeExit() + "); its log " +
-                                site.log_path() + " ends with:\n" +
-                                site.LogTail(kLogTailLines));
-      }
-      endpoints.push_back(line->substr(6));
-    }
+    MERIDIAN_RETURN_IF_ERROR(StartSiteServers());
     for (int s = 0; s < job_.site_size(); ++s) {
       const pb::SiteConfig& site = job_.site(s);
-      progress_.push_back(SiteProgress{site.name(), nullptr, std::nullopt});
-      pb::Endpoint self;
-      self.set_site(site.name());
-      self.set_role(pb::ROLE_LAUNCHER);
-      progress_.back().client =
-          std::make_unique<RpcClient>(context_, endpoints[s], self);
+      MERIDIAN_ASSIGN_OR_RETURN(const std::string endpoint, WorkerEndpoint(s));
       for (uint32_t w = 0; w < SiteWorkerCount(site); ++w) {
         MERIDIAN_ASSIGN_OR_RETURN(
             ChildProcess child,
             ChildProcess::Spawn(
                 "worker " + std::to_string(w) + " of site '" + site.name() +
                     "'",
-                {binary, "worker", "--config", options_.config_path, "--site",
+                {binary_, "worker", "--config", options_.config_path, "--site",
                  site.name(), "--index", std::to_string(w), "--connect",
-                 endpoints[s]},
+                 endpoint},
                 logs + "worker-" + site.name() + "-" + std::to_string(w) +
                     ".log"));
         workers_.push_back(std::move(child));
@@ -171,6 +141,55 @@ class JobRun {
     MLOG(INFO) << "started " << sites_.size() << " site servers and "
                << workers_.size() << " workers; logs in " << logs;
     return Status::Ok();
+  }
+
+  // Starts a server for every site that runs one and waits until each
+  // listens; records their endpoints.
+  Status StartSiteServers() {
+    const std::string logs = options_.out_dir + "/logs/";
+    for (int s = 0; s < job_.site_size(); ++s) {
+      const pb::SiteConfig& site = job_.site(s);
+      if (!HasServer(site)) continue;
+      MERIDIAN_ASSIGN_OR_RETURN(
+          ChildProcess child,
+          ChildProcess::Spawn(
+              "site server '" + site.name() + "'",
+              {binary_, "site", "--config", options_.config_path, "--site",
+               site.name(), "--bind", "tcp://127.0.0.1:*", "--out",
+               options_.out_dir, "--ready-fd", std::to_string(kReadyFd)},
+              logs + "site-" + site.name() + ".log"));
+      sites_.push_back(std::move(child));
+      server_site_index_.push_back(s);
+    }
+    server_endpoints_.assign(job_.site_size(), "");
+    for (size_t i = 0; i < sites_.size(); ++i) {
+      ChildProcess& server = sites_[i];
+      Result<std::string> line = server.ReadReadyLine(kReadyTimeout);
+      if (!line.ok() || line->rfind("ready ", 0) != 0) {
+        server.Poll();
+        return UnavailableError(server.name() + " did not start (" +
+                                (line.ok() ? "unexpected '" + *line + "'"
+                                           : line.status().message()) +
+                                "; " + server.DescribeExit() + "); its log " +
+                                server.log_path() + " ends with:\n" +
+                                server.LogTail(kLogTailLines));
+      }
+      const int s = server_site_index_[i];
+      server_endpoints_[s] = line->substr(6);
+      progress_.push_back(
+          SiteProgress{job_.site(s).name(), nullptr, std::nullopt});
+      pb::Endpoint self;
+      self.set_site(job_.site(s).name());
+      self.set_role(pb::ROLE_LAUNCHER);
+      progress_.back().client =
+          std::make_unique<RpcClient>(context_, server_endpoints_[s], self);
+    }
+    return Status::Ok();
+  }
+
+  // Where the workers of site `s` connect: their serving site's server.
+  Result<std::string> WorkerEndpoint(int s) {
+    return server_endpoints_[ServingSite(job_, s)];
   }
 
   std::vector<ChildProcess*> Children() {
@@ -284,6 +303,7 @@ class JobRun {
     std::vector<pb::SiteSummary> summaries;
     std::string missing;
     for (const pb::SiteConfig& site : job_.site()) {
+      if (!HasServer(site)) continue;
       pb::SiteSummary summary;
       Status read = ReadJsonFile(SummaryPath(site.name()), &summary);
       if (read.ok()) {
@@ -323,7 +343,10 @@ class JobRun {
   const RunOptions& options_;
   Stopwatch wall_;
   zmq::context_t context_;
-  std::vector<ChildProcess> sites_;
+  std::string binary_;
+  std::vector<ChildProcess> sites_;            // site servers
+  std::vector<int> server_site_index_;         // site index of each sites_[i]
+  std::vector<std::string> server_endpoints_;  // by site index; "" if none
   std::vector<ChildProcess> workers_;
   std::vector<SiteProgress> progress_;
   bool stopping_ = false;

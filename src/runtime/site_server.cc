@@ -5,6 +5,7 @@
 #include <deque>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -42,6 +43,9 @@ struct WorkerSlot {
   uint64_t last_sequence = 0;
   pb::WorkerStats stats;
   double step_time_s = 0;
+  std::string site;    // the worker's own site (may differ from the server's)
+  uint32_t index = 0;  // inside that site
+  std::string Name() const { return site + "/" + std::to_string(index); }
 };
 
 }  // namespace
@@ -60,13 +64,20 @@ class SiteServer::Impl {
         test_set_(std::move(test_set)),
         policy_(std::move(policy)),
         store_(model_->layout(), job_.server().num_shards(),
-               ApplyRule::FromConfig(job_.server(),
-                                     SiteWorkerCount(site_config_))),
+               ApplyRule::FromConfig(
+                   job_.server(), static_cast<uint32_t>(
+                                      ServedWorkers(job_, site_index).size()))),
         aggregate_(model_->layout().num_elements()),
-        workers_(SiteWorkerCount(site_config_)),
         socket_(context_, zmq::socket_type::router) {
-    for (uint32_t i = 0; i < workers_.size(); ++i) {
-      workers_[i].step_time_s = WorkerGroupOf(site_config_, i).step_time_s();
+    // Slots in config order: this site's workers, then those of the sites
+    // whose server_site names this one. Policies see slot numbers.
+    for (const WorkerRef& ref : ServedWorkers(job_, site_index)) {
+      const pb::SiteConfig& site = job_.site(ref.site);
+      WorkerSlot slot;
+      slot.site = site.name();
+      slot.index = ref.index;
+      slot.step_time_s = WorkerGroupOf(site, ref.index).step_time_s();
+      workers_.push_back(std::move(slot));
     }
     summary_.set_name(site_config_.name());
   }
@@ -145,11 +156,11 @@ class SiteServer::Impl {
         std::string missing;
         for (uint32_t i = 0; i < workers_.size(); ++i) {
           if (!workers_[i].joined) {
-            missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+            missing += (missing.empty() ? "" : ", ") + workers_[i].Name();
           }
         }
         return DeadlineExceededError(
-            "workers [" + missing + "] of site '" + site_config_.name() +
+            "workers [" + missing + "] of site server '" + site_config_.name() +
             "' did not join within " +
             std::to_string(job_.server().join_timeout_s()) + " s");
       }
@@ -266,8 +277,8 @@ class SiteServer::Impl {
     summary_.clear_workers();
     for (uint32_t i = 0; i < workers_.size(); ++i) {
       pb::WorkerSummary* w = summary_.add_workers();
-      w->set_site(site_config_.name());
-      w->set_index(i);
+      w->set_site(workers_[i].site);
+      w->set_index(workers_[i].index);
       const pb::WorkerStats& s = workers_[i].stats;
       w->set_steps(s.steps());
       w->set_commits(s.commits());
@@ -338,32 +349,49 @@ class SiteServer::Impl {
     }
   }
 
-  // The worker slot behind a request, or null after refusing it.
-  WorkerSlot* Sender(const Envelope& message) {
-    const pb::Endpoint& sender = message.header.sender();
-    if (sender.role() != pb::ROLE_WORKER ||
-        sender.site() != site_config_.name() ||
-        sender.id() >= workers_.size()) {
-      Refuse(message.routing_id, message.header,
-             {pb::ERROR_UNKNOWN_SENDER,
-              "sender is not a worker of site '" + site_config_.name() +
-                  "' (which has workers 0.." +
-                  std::to_string(workers_.size() - 1) + ")"});
-      return nullptr;
+  // The slot of the worker (site, index), if this server serves it.
+  std::optional<uint32_t> FindSlot(const std::string& site,
+                                   uint32_t index) const {
+    for (uint32_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i].site == site && workers_[i].index == index) return i;
     }
-    WorkerSlot& slot = workers_[sender.id()];
-    if (!slot.joined || slot.routing_id != message.routing_id) {
+    return std::nullopt;
+  }
+
+  std::string ServedDescription() const {
+    std::string out;
+    for (const WorkerSlot& slot : workers_) {
+      out += (out.empty() ? "" : ", ") + slot.Name();
+    }
+    return out;
+  }
+
+  // The slot behind a request from a joined worker, or nullopt after
+  // refusing it.
+  std::optional<uint32_t> Sender(const Envelope& message) {
+    const pb::Endpoint& sender = message.header.sender();
+    const std::optional<uint32_t> found =
+        sender.role() == pb::ROLE_WORKER ? FindSlot(sender.site(), sender.id())
+                                         : std::nullopt;
+    if (!found) {
       Refuse(message.routing_id, message.header,
              {pb::ERROR_UNKNOWN_SENDER,
-              "worker " + std::to_string(sender.id()) +
-                  " has not joined from this connection"});
-      return nullptr;
+              "sender is not a worker of site server '" + site_config_.name() +
+                  "' (it serves " + ServedDescription() + ")"});
+      return std::nullopt;
+    }
+    WorkerSlot& slot = workers_[*found];
+    if (!slot.joined || slot.routing_id != message.routing_id) {
+      Refuse(
+          message.routing_id, message.header,
+          {pb::ERROR_UNKNOWN_SENDER,
+           "worker " + slot.Name() + " has not joined from this connection"});
+      return std::nullopt;
     }
     if (slot.left) {
       Refuse(message.routing_id, message.header,
-             {pb::ERROR_UNEXPECTED,
-              "worker " + std::to_string(sender.id()) + " already left"});
-      return nullptr;
+             {pb::ERROR_UNEXPECTED, "worker " + slot.Name() + " already left"});
+      return std::nullopt;
     }
     if (message.header.sequence() <= slot.last_sequence) {
       Refuse(message.routing_id, message.header,
@@ -372,31 +400,33 @@ class SiteServer::Impl {
                                    " is not above the last accepted " +
                                    std::to_string(slot.last_sequence) +
                                    " (replayed or reordered request)"});
-      return nullptr;
+      return std::nullopt;
     }
     if (slot.awaiting_reply) {
       Refuse(message.routing_id, message.header,
              {pb::ERROR_UNEXPECTED,
-              "worker " + std::to_string(sender.id()) +
+              "worker " + slot.Name() +
                   " sent a request before its previous one was answered"});
-      return nullptr;
+      return std::nullopt;
     }
     slot.last_sequence = message.header.sequence();
-    return &slot;
+    return found;
   }
 
   void HandleHello(Envelope& message) {
     const pb::Endpoint& sender = message.header.sender();
     const uint32_t index = message.header.hello().worker_index();
-    if (sender.role() != pb::ROLE_WORKER ||
-        sender.site() != site_config_.name() || index >= workers_.size() ||
-        sender.id() != index) {
+    const std::optional<uint32_t> found =
+        sender.role() == pb::ROLE_WORKER && sender.id() == index
+            ? FindSlot(sender.site(), index)
+            : std::nullopt;
+    if (!found) {
       return Refuse(
           message.routing_id, message.header,
           {pb::ERROR_UNKNOWN_SENDER,
-           "HELLO from '" + sender.site() + "' worker " +
-               std::to_string(index) + ": site '" + site_config_.name() +
-               "' has workers 0.." + std::to_string(workers_.size() - 1)});
+           "HELLO from worker " + sender.site() + "/" + std::to_string(index) +
+               ": site server '" + site_config_.name() + "' serves " +
+               ServedDescription()});
     }
     Result<ModelLayout> layout =
         ModelLayout::FromSpecs(message.header.hello().layout());
@@ -410,11 +440,11 @@ class SiteServer::Impl {
                "] differs from the site's [" + model_->layout().DebugString() +
                "]: are both started from the same job file?"});
     }
-    WorkerSlot& slot = workers_[index];
+    WorkerSlot& slot = workers_[*found];
     if (slot.joined) {
-      return Refuse(message.routing_id, message.header,
-                    {pb::ERROR_UNEXPECTED,
-                     "worker " + std::to_string(index) + " already joined"});
+      return Refuse(
+          message.routing_id, message.header,
+          {pb::ERROR_UNEXPECTED, "worker " + slot.Name() + " already joined"});
     }
     if (finished_) {
       return Refuse(message.routing_id, message.header,
@@ -424,15 +454,16 @@ class SiteServer::Impl {
     slot.routing_id = message.routing_id;
     slot.awaiting_reply = true;
     slot.last_sequence = message.header.sequence();
-    MLOG(INFO) << "worker " << index << " joined (" << JoinedCount() << "/"
-               << workers_.size() << ")";
-    if (training_) SendWelcome(index);
+    MLOG(INFO) << "worker " << slot.Name() << " joined (" << JoinedCount()
+               << "/" << workers_.size() << ")";
+    if (training_) SendWelcome(*found);
   }
 
   void HandleCommit(Envelope& message) {
-    WorkerSlot* slot = Sender(message);
-    if (slot == nullptr) return;
-    const uint32_t worker = message.header.sender().id();
+    const std::optional<uint32_t> found = Sender(message);
+    if (!found) return;
+    const uint32_t worker = *found;
+    WorkerSlot* slot = &workers_[worker];
     if (!training_) {
       return Refuse(message.routing_id, message.header,
                     {pb::ERROR_UNEXPECTED, "training has not started"});
@@ -504,30 +535,30 @@ class SiteServer::Impl {
   }
 
   void HandlePull(Envelope& message) {
-    WorkerSlot* slot = Sender(message);
-    if (slot == nullptr) return;
-    slot->awaiting_reply = true;
-
-    if (finished_ || !training_) return SendModel(message.header.sender().id());
-    Execute(policy_->OnPull(message.header.sender().id(), clock_->Now()));
+    const std::optional<uint32_t> worker = Sender(message);
+    if (!worker) return;
+    workers_[*worker].awaiting_reply = true;
+    if (finished_ || !training_) return SendModel(*worker);
+    Execute(policy_->OnPull(*worker, clock_->Now()));
   }
 
   void HandleBye(Envelope& message) {
-    WorkerSlot* slot = Sender(message);
-    if (slot == nullptr) return;
-    const uint32_t worker = message.header.sender().id();
-    if (message.header.has_bye()) slot->stats = message.header.bye().stats();
-    slot->left = true;
-    MLOG(INFO) << "worker " << worker << " left after " << slot->stats.steps()
-               << " steps, " << slot->stats.commits() << " commits";
+    const std::optional<uint32_t> worker = Sender(message);
+    if (!worker) return;
+    WorkerSlot& slot = workers_[*worker];
+    if (message.header.has_bye()) slot.stats = message.header.bye().stats();
+    slot.left = true;
+    MLOG(INFO) << "worker " << slot.Name() << " left after "
+               << slot.stats.steps() << " steps, " << slot.stats.commits()
+               << " commits";
     pb::Header reply = MakeHeader(pb::BYE, self_, ++sequence_);
-    if (Status status = SendMessage(socket_, reply, {}, slot->routing_id);
+    if (Status status = SendMessage(socket_, reply, {}, slot.routing_id);
         !status.ok()) {
-      MLOG(WARNING) << "cannot acknowledge BYE of worker " << worker << ": "
-                    << status;
+      MLOG(WARNING) << "cannot acknowledge BYE of worker " << slot.Name()
+                    << ": " << status;
     }
     if (training_ && !finished_) {
-      Execute(policy_->OnLeave(worker, clock_->Now()));
+      Execute(policy_->OnLeave(*worker, clock_->Now()));
     }
   }
 
@@ -638,7 +669,8 @@ class SiteServer::Impl {
     if (Status status =
             SendMessage(socket_, header, std::move(frames), slot.routing_id);
         !status.ok()) {
-      MLOG(WARNING) << "cannot reply to worker " << worker << ": " << status;
+      MLOG(WARNING) << "cannot reply to worker " << slot.Name() << ": "
+                    << status;
     }
   }
 
@@ -792,6 +824,13 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
     SiteServerOptions options) {
   MERIDIAN_ASSIGN_OR_RETURN(const int site_index,
                             FindSite(options.job, options.site));
+  if (!HasServer(options.job.site(site_index))) {
+    return FailedPreconditionError("site '" + options.site +
+                                   "' runs no site server: its workers use "
+                                   "site '" +
+                                   options.job.site(site_index).server_site() +
+                                   "''s");
+  }
   SetLogRole(options.site + "/server");
   const pb::JobConfig& job = options.job;
   // The training images are read for their normalisation statistics only.

@@ -42,6 +42,7 @@ class Worker::Impl {
        std::unique_ptr<Model> model)
       : options_(std::move(options)),
         job_(options_.job),
+        site_index_(site_index),
         site_config_(job_.site(site_index)),
         step_time_s_(WorkerGroupOf(site_config_, options_.index).step_time_s()),
         data_(std::move(data)),
@@ -83,8 +84,11 @@ class Worker::Impl {
   }
 
  private:
+  // The server this worker commits to: its site's own, or the one its
+  // server_site names.
   std::string Endpoint() const {
-    return options_.connect.empty() ? site_config_.address() : options_.connect;
+    if (!options_.connect.empty()) return options_.connect;
+    return job_.site(ServingSite(job_, site_index_)).address();
   }
 
   pb::Endpoint Self() const {
@@ -112,8 +116,8 @@ class Worker::Impl {
     hello.set_type(pb::HELLO);
     hello.mutable_hello()->set_worker_index(options_.index);
     model_->layout().ToSpecs(hello.mutable_hello()->mutable_layout());
-    MLOG(INFO) << "joining site '" << site_config_.name() << "' at "
-               << Endpoint() << " with " << data_.size() << " samples";
+    MLOG(INFO) << "joining the site server at " << Endpoint() << " with "
+               << data_.size() << " samples";
     MERIDIAN_ASSIGN_OR_RETURN(Envelope reply,
                               client_.Call(hello, {}, JoinTimeout()));
     if (reply.header.type() == pb::ERROR) {
@@ -290,6 +294,7 @@ class Worker::Impl {
 
   WorkerOptions options_;
   const pb::JobConfig& job_;
+  const int site_index_;
   const pb::SiteConfig& site_config_;
   const double step_time_s_;
   Clock* clock_ = SystemClock();

@@ -808,3 +808,50 @@ TEST(SiteWorkersTest, CountsAndGroupsAcrossMultipleGroups) {
 
 }  // namespace
 }  // namespace meridian
+
+namespace meridian {
+namespace {
+
+constexpr char kThreeSites[] = R"(
+site { name: "a" workers { count: 2 } }
+site { name: "b" server_site: "a" workers { count: 1 } workers { count: 2 } }
+site { name: "c" workers { count: 1 } }
+)";
+
+TEST(ServerSiteTest, ServedWorkersFollowServerSite) {
+  Result<pb::JobConfig> config = ParseJobConfig(kThreeSites, "three.job");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(HasServer(config->site(0)));
+  EXPECT_FALSE(HasServer(config->site(1)));
+  EXPECT_EQ(ServingSite(*config, 0), 0);
+  EXPECT_EQ(ServingSite(*config, 1), 0);
+  EXPECT_EQ(ServingSite(*config, 2), 2);
+  const std::vector<WorkerRef> a = ServedWorkers(*config, 0);
+  const std::vector<WorkerRef> expected = {
+      {0, 0}, {0, 1}, {1, 0}, {1, 1}, {1, 2}};
+  EXPECT_EQ(a, expected);
+  EXPECT_TRUE(ServedWorkers(*config, 1).empty());
+  EXPECT_EQ(ServedWorkers(*config, 2), (std::vector<WorkerRef>{{2, 0}}));
+}
+
+TEST(ServerSiteTest, BadServerSitesAreReportedAtTheField) {
+  std::vector<ConfigIssue> issues;
+  Result<pb::JobConfig> config = ParseJobConfig(
+      "site { name: \"a\" workers { count: 1 } }\n"
+      "site { name: \"b\" server_site: \"nowhere\" workers { count: 1 } }\n"
+      "site { name: \"c\" server_site: \"c\" workers { count: 1 } }\n"
+      "site { name: \"d\" server_site: \"b\" workers { count: 1 } }\n",
+      "bad.job", &issues);
+  EXPECT_FALSE(config.ok());
+  ASSERT_EQ(issues.size(), 3u) << FormatConfigIssues("bad.job", issues);
+  EXPECT_EQ(issues[0].field, "site[1].server_site");
+  EXPECT_EQ(issues[0].line, 2);
+  EXPECT_NE(issues[0].message.find("nowhere"), std::string::npos);
+  EXPECT_EQ(issues[1].field, "site[2].server_site");
+  EXPECT_NE(issues[1].message.find("itself"), std::string::npos);
+  EXPECT_EQ(issues[2].field, "site[3].server_site");
+  EXPECT_NE(issues[2].message.find("no server of its own"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace meridian

@@ -1,0 +1,105 @@
+// The WAN emulator: a TCP proxy whose links shape bandwidth, latency,
+// jitter and partitions, and count every byte and ZeroMQ message that
+// crosses them.
+//
+// A link ("a-b") has two direction shapers (a->b, b->a). A ROUTE is a TCP
+// listener attached to a link for connections initiated from one side
+// (`from_site`) to an address on the other side (`forward`): bytes read from
+// the client go through the from->to shaper, bytes coming back through
+// to->from. All routes and connections of a link share its two shapers
+// (the link's bandwidth is shared, FIFO in arrival order); each
+// connection's byte order is preserved. Nothing is ever dropped: when a
+// direction holds its queue limit, the emulator stops reading the sockets
+// that feed it (TCP backpressure). A partition holds bytes and keeps
+// connections open; heal resumes delivery in order.
+//
+// Per connection direction, a reader thread feeds the link's shaper and a
+// writer thread writes released chunks; one shaper thread per link
+// direction releases them on time. A passthrough direction (unlimited
+// bandwidth, no latency or jitter, not partitioned) skips the shaper: the
+// reader writes what it read itself.
+//
+// Accounting happens where bytes cross: `bytes` counts what was written to
+// the far side's socket, `messages` the ZeroMQ messages (ZMTP 3.x framing,
+// see wan_zmtp.h) completed among those bytes. All methods are thread-safe.
+#ifndef MERIDIAN_WAN_EMULATOR_H_
+#define MERIDIAN_WAN_EMULATOR_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meridian/clock.h"
+#include "meridian/meridian.pb.h"
+#include "meridian/status.h"
+#include "meridian/wan_model.h"
+
+namespace meridian::wan {
+
+struct RouteSpec {
+  std::string link;       // "a-b"
+  std::string from_site;  // a or b: the side whose processes connect
+  std::string listen;     // host:port to listen on; port 0 picks a free one
+  std::string forward;    // host:port on the other side
+};
+
+struct EmulatorOptions {
+  std::vector<LinkModel> links;  // fixed for the emulator's life
+  // Time of the shapers. Sleeps are real (condition variables), so tests
+  // of the emulator use the system clock; the Shaper itself is unit-tested
+  // on virtual time.
+  const Clock* clock = SystemClock();
+  // Largest single read from a socket.
+  size_t read_bytes = 256 * 1024;
+  // How long a new connection may take to reach its forward address.
+  Duration connect_timeout = std::chrono::seconds(3);
+};
+
+class Emulator {
+ public:
+  // Checks the links (unique names, distinct sites, no site pair twice);
+  // starts no thread until a route is added.
+  static Result<std::unique_ptr<Emulator>> Create(EmulatorOptions options);
+  ~Emulator();  // Stop()
+  Emulator(const Emulator&) = delete;
+  Emulator& operator=(const Emulator&) = delete;
+
+  // Opens a listener for `route`; returns the bound address ("host:port").
+  // The forward address must parse and resolve; whether something listens
+  // there is found out per connection (a client whose forward connection
+  // fails is closed, and the route keeps serving).
+  Result<std::string> AddRoute(const RouteSpec& route);
+
+  // Applies `change` (unit strings) to one or both directions of `link`,
+  // atomically: on error nothing changes. Fields not set keep their value.
+  Status SetLink(std::string_view link, pb::LinkDirection direction,
+                 const pb::LinkDirectionConfig& change);
+  // Replaces the model of one or both directions.
+  Status SetLinkModel(std::string_view link, pb::LinkDirection direction,
+                      const DirectionModel& model);
+  Status Partition(std::string_view link);
+  Status Heal(std::string_view link);
+
+  // State and counters of one link / of every link (in creation order).
+  Result<pb::WanLinkState> LinkState(std::string_view link) const;
+  std::vector<pb::WanLinkState> LinkStates() const;
+  std::vector<std::string> LinkNames() const;
+  double UptimeSeconds() const;
+  const Clock* clock() const;
+
+  // Closes every listener and connection and joins every thread.
+  // Idempotent.
+  void Stop();
+
+  class Impl;
+
+ private:
+  explicit Emulator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meridian::wan
+
+#endif  // MERIDIAN_WAN_EMULATOR_H_

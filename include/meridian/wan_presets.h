@@ -1,0 +1,53 @@
+// Measured inter-region latency and bandwidth, and the resolution of every
+// link of a job (default link -> region preset -> per-link overrides).
+#ifndef MERIDIAN_WAN_PRESETS_H_
+#define MERIDIAN_WAN_PRESETS_H_
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meridian/meridian.pb.h"
+#include "meridian/status.h"
+#include "meridian/wan_model.h"
+
+namespace meridian::wan {
+
+// One measured pair of AWS regions. `rtt_ms` is a ROUND-TRIP time: the
+// emulated link gets rtt_ms / 2 of one-way latency in each direction.
+// `gbps` is the measured bandwidth, applied to each direction.
+struct RegionPreset {
+  std::string_view region_a;  // AWS region codes, e.g. "us-east-1"
+  std::string_view region_b;
+  double rtt_ms;
+  double gbps;
+};
+
+// The whole table (19 pairs over 10 regions); see presets.cc for sources.
+std::span<const RegionPreset> RegionPresets();
+
+// Region codes the table knows, sorted.
+std::vector<std::string> KnownRegions();
+bool IsKnownRegion(std::string_view region);
+
+// The preset of an unordered pair of regions; nullopt when the table has
+// no entry (including a region paired with itself).
+std::optional<RegionPreset> FindRegionPreset(std::string_view region_a,
+                                             std::string_view region_b);
+
+// Every link of a job: one per unordered pair of sites, in site order
+// (a = the site listed first). Each direction starts from
+// DefaultDirectionModel() overridden by wan.default_link, then takes the
+// regions' preset (bandwidth and RTT/2 latency) when both sites have a
+// region and the pair is in the table, then wan.link[i].both, then
+// wan.link[i].a_to_b / b_to_a. Jitter seeds derive from job.seed() and the
+// link name. Errors name the field: "wan.link[1].a_to_b.latency: ...",
+// "site[2].region: unknown region ...", "wan.link[0].b: no site ...".
+// wan.emulate is not looked at (the caller decides whether to shape).
+Result<std::vector<LinkModel>> ResolveJobLinks(const pb::JobConfig& job);
+
+}  // namespace meridian::wan
+
+#endif  // MERIDIAN_WAN_PRESETS_H_
