@@ -320,6 +320,35 @@ void ValidateServer(const pb::ServerConfig& server, const IssueReporter& r) {
   r.Real("join_timeout_s", server.join_timeout_s(), kPositive);
 }
 
+void ValidateWan(const pb::JobConfig& config, const IssueReporter& r) {
+  const pb::WanConfig& wan = config.wan();
+  r.Real("sample_period_s", wan.sample_period_s(), kPositive);
+  r.Check(IsEndpoint(wan.control_address()), "control_address",
+          "must be a ZeroMQ endpoint starting with tcp://, ipc:// or "
+          "inproc://, got '" +
+              wan.control_address() + "'");
+  std::map<std::pair<int, int>, int> first_use;
+  for (int i = 0; i < wan.link_size(); ++i) {
+    const pb::LinkConfig& link = wan.link(i);
+    const IssueReporter l = r.Nested("link", i);
+    Result<int> a = FindSite(config, link.a());
+    Result<int> b = FindSite(config, link.b());
+    if (!a.ok()) l.Report("a", a.status().message());
+    if (!b.ok()) l.Report("b", b.status().message());
+    if (!a.ok() || !b.ok()) continue;
+    if (*a == *b) {
+      l.Report("b", "a link joins two different sites; both ends are '" +
+                        link.a() + "'");
+      continue;
+    }
+    const auto [it, inserted] = first_use.emplace(std::minmax(*a, *b), i);
+    l.Check(inserted, "b",
+            "the link " + link.a() + "-" + link.b() +
+                " is already configured by wan.link[" +
+                std::to_string(it->second) + "]");
+  }
+}
+
 void ValidatePolicy(const pb::PolicyConfig& policy, const IssueReporter& r) {
   r.Specified("kind", policy.kind());
   r.Count("local_steps", policy.local_steps(), kAtLeastOne);
@@ -500,6 +529,7 @@ std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config) {
   ValidateOptimizer(config.optimizer(), root.Nested("optimizer"));
   ValidateServer(config.server(), root.Nested("server"));
   ValidatePolicy(config.policy(), root.Nested("policy"));
+  ValidateWan(config, root.Nested("wan"));
   root.Real("target_accuracy", config.target_accuracy(), kUnitInterval);
   root.Real("time_budget_s", config.time_budget_s(), kPositive);
   return issues;

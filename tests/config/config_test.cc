@@ -680,8 +680,9 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
         reflection->SetDouble(message, field, saved);
         EXPECT_TRUE(ValidateJobConfig(config).empty()) << path;
       });
-  // step_time_s, skew, 4 optimizer/server pairs..., target, budget.
-  EXPECT_EQ(visited, 12);
+  // step_time_s, skew, 4 optimizer/server pairs..., target, budget,
+  // wan.sample_period_s.
+  EXPECT_EQ(visited, 13);
 }
 
 // ---------------------------------------------------------------------------
