@@ -57,8 +57,9 @@ struct FrameView {
 // Parses frame 0 into `header` and checks everything that does not need
 // the model: the protocol version, a known message type with the body it
 // requires, one payload frame per slice, each frame's size equal to its
-// slice's payload_bytes and to length * dtype size for RAW slices, known
-// dtype/codec. `payload` are frames 1..N.
+// slice's payload_bytes (and, for RAW slices, to length * dtype size),
+// known dtype/codec. `payload` are frames 1..N. CODEC_PIPELINE payloads are
+// validated by their decoder (compression.h).
 Verdict DecodeMessage(std::span<const std::byte> frame0,
                       std::span<const FrameView> payload, pb::Header* header);
 
@@ -68,6 +69,9 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
 // layout order (what a worker commit carries).
 Verdict CheckSlicesAgainstLayout(const pb::Header& header,
                                  const ModelLayout& layout, bool whole_model);
+
+// Every slice of `header` uses `codec` (worker commits and models are RAW).
+Verdict CheckCodec(const pb::Header& header, pb::Codec codec);
 
 // Rejects NaN or +-Inf in a FLOAT32 payload; names the slice and index.
 Verdict CheckFinite(const pb::TensorSlice& slice,

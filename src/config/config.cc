@@ -79,12 +79,14 @@ constexpr RealRange kNonNegative{0, false, kInf, true};  // >= 0
 constexpr RealRange kUnitInterval{0, false, 1, false};   // [0, 1]
 constexpr RealRange kMomentum{0, false, 1, true};        // [0, 1)
 constexpr RealRange kDecayFactor{0, true, 1, false};     // (0, 1]
+constexpr RealRange kFraction{0, true, 1, false};        // (0, 1]
 
 constexpr CountRange kAtLeastOne{1, kUnbounded};
 constexpr CountRange kWorkersPerGroup{1, 1024};
 constexpr CountRange kHiddenUnits{1, 65536};
 constexpr CountRange kBatchSize{1, 65536};
 constexpr CountRange kNumShards{1, 256};
+constexpr CountRange kBlockSize{1, 1 << 20};
 constexpr CountRange kClassLabel{0, kNumClasses - 1};
 
 constexpr std::string_view kEndpointSchemes[] = {"tcp://", "ipc://",
@@ -349,6 +351,89 @@ void ValidateWan(const pb::JobConfig& config, const IssueReporter& r) {
   }
 }
 
+void ValidateCompression(const pb::CompressionConfig& compression,
+                         const IssueReporter& r) {
+  r.Specified("selection", compression.selection());
+  r.Real("top_k_fraction", compression.top_k_fraction(), kFraction);
+  r.Specified("index_coding", compression.index_coding());
+  r.Specified("value_coding", compression.value_coding());
+  r.Count("block_size", compression.block_size(), kBlockSize);
+  r.Specified("rounding", compression.rounding());
+  r.Check(compression.zstd_level() >= 0 && compression.zstd_level() <= 22,
+          "zstd_level",
+          "must be in [0, 22] (0: no zstd stage), got " +
+              std::to_string(compression.zstd_level()));
+}
+
+// A site name used by the sync topology: it must name a site with a server.
+void CheckTopologySite(const pb::JobConfig& config, const std::string& name,
+                       std::string_view field, const IssueReporter& r) {
+  Result<int> site = FindSite(config, name);
+  if (!site.ok()) {
+    r.Report(field, site.status().message());
+  } else {
+    r.Check(HasServer(config.site(*site)), field,
+            "site '" + name +
+                "' runs no site server (server_site is set), so it takes no "
+                "part in the sync");
+  }
+}
+
+void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
+  const pb::SyncConfig& sync = config.sync();
+  r.Specified("kind", sync.kind());
+  r.Real("threshold", sync.threshold(), kNonNegative);
+  r.Specified("threshold_mode", sync.threshold_mode());
+  r.Specified("threshold_schedule", sync.threshold_schedule());
+  r.Real("adaptive_step", sync.adaptive_step(), kPositive);
+  r.Real("adaptive_max", sync.adaptive_max(), kNonNegative);
+  if (sync.adaptive_threshold() && std::isfinite(sync.adaptive_max()) &&
+      std::isfinite(sync.threshold())) {
+    r.Check(sync.adaptive_max() >= sync.threshold(), "adaptive_max",
+            "must be at least threshold (" + FormatReal(sync.threshold()) +
+                "), got " + FormatReal(sync.adaptive_max()));
+  }
+  r.Real("selective_barrier_fraction", sync.selective_barrier_fraction(),
+         kUnitInterval);
+  r.Count("averaging_period", sync.averaging_period(), kAtLeastOne);
+  ValidateCompression(sync.compression(), r.Nested("compression"));
+  r.Specified("topology", sync.topology());
+  if (sync.topology() == pb::STAR) {
+    CheckTopologySite(config, sync.hub(), "hub", r);
+  }
+  if (sync.topology() != pb::GROUPS) {
+    r.Check(sync.group_size() == 0, "group",
+            "groups are only used by topology: GROUPS");
+    return;
+  }
+  r.Check(sync.group_size() > 0, "group",
+          "topology GROUPS needs at least one group { hub: ... site: ... }");
+  std::map<std::string, std::string> placed;  // site -> where it was placed
+  auto place = [&](const std::string& site, const std::string& where,
+                   std::string_view field, const IssueReporter& g) {
+    const auto [it, inserted] = placed.emplace(site, where);
+    g.Check(inserted, field,
+            "site '" + site + "' is already in " + it->second +
+                "; every site belongs to exactly one group");
+  };
+  for (int i = 0; i < sync.group_size(); ++i) {
+    const pb::SiteGroup& group = sync.group(i);
+    const IssueReporter g = r.Nested("group", i);
+    const std::string where = Indexed("group", i);
+    CheckTopologySite(config, group.hub(), "hub", g);
+    place(group.hub(), where, "hub", g);
+    for (int j = 0; j < group.site_size(); ++j) {
+      CheckTopologySite(config, group.site(j), Indexed("site", j), g);
+      place(group.site(j), where, Indexed("site", j), g);
+    }
+  }
+  for (const pb::SiteConfig& site : config.site()) {
+    if (HasServer(site) && !placed.contains(site.name())) {
+      r.Report("group", "site '" + site.name() + "' is in no group");
+    }
+  }
+}
+
 void ValidatePolicy(const pb::PolicyConfig& policy, const IssueReporter& r) {
   r.Specified("kind", policy.kind());
   r.Count("local_steps", policy.local_steps(), kAtLeastOne);
@@ -530,6 +615,7 @@ std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config) {
   ValidateServer(config.server(), root.Nested("server"));
   ValidatePolicy(config.policy(), root.Nested("policy"));
   ValidateWan(config, root.Nested("wan"));
+  ValidateSync(config, root.Nested("sync"));
   root.Real("target_accuracy", config.target_accuracy(), kUnitInterval);
   root.Real("time_budget_s", config.time_budget_s(), kPositive);
   return issues;

@@ -41,6 +41,15 @@ std::optional<TypeRule> RuleFor(pb::MessageType type) {
       return TypeRule{H::kStatus, false, false};
     case pb::SHUTDOWN:
       return TypeRule{H::kShutdown, true, false};
+    case pb::MIRROR_HELLO:
+      return TypeRule{H::kMirrorHello, false, false};
+    case pb::MIRROR_UPDATE:
+    case pb::MIRROR_INDICES:
+      return TypeRule{H::kMirrorUpdate, false, true};
+    case pb::MIRROR_CLOCK:
+      return TypeRule{H::kMirrorClock, false, false};
+    case pb::SET_PEERS:
+      return TypeRule{H::kPeers, false, false};
     case pb::MESSAGE_TYPE_UNSPECIFIED:
       break;
   }
@@ -164,7 +173,8 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
         HasUnknownValue(slice, pb::TensorSlice::kDtypeFieldNumber)) {
       return Reject(pb::ERROR_MALFORMED, where + ": unknown dtype");
     }
-    if (slice.codec() != pb::CODEC_RAW ||
+    const bool raw = slice.codec() == pb::CODEC_RAW;
+    if ((!raw && slice.codec() != pb::CODEC_PIPELINE) ||
         HasUnknownValue(slice, pb::TensorSlice::kCodecFieldNumber)) {
       return Reject(pb::ERROR_MALFORMED, where + ": unknown codec");
     }
@@ -175,8 +185,11 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
           where + ": header says " + std::to_string(slice.payload_bytes()) +
               " payload bytes, frame has " + std::to_string(frame_bytes));
     }
-    if (slice.length() > std::numeric_limits<uint64_t>::max() / element ||
-        slice.length() * element != frame_bytes) {
+    // A pipeline buffer describes its own size (checked by its decoder);
+    // raw values must fill the frame exactly.
+    if (raw &&
+        (slice.length() > std::numeric_limits<uint64_t>::max() / element ||
+         slice.length() * element != frame_bytes)) {
       return Reject(pb::ERROR_SIZE_MISMATCH,
                     where + ": " + std::to_string(slice.length()) +
                         " elements of " + std::to_string(element) +
@@ -220,6 +233,19 @@ Verdict CheckSlicesAgainstLayout(const pb::Header& header,
                     "slice " + std::to_string(i) +
                         " must cover the whole tensor '" +
                         layout.tensors()[i].name + "'");
+    }
+  }
+  return std::nullopt;
+}
+
+Verdict CheckCodec(const pb::Header& header, pb::Codec codec) {
+  for (int i = 0; i < header.slices_size(); ++i) {
+    if (header.slices(i).codec() != codec) {
+      return Reject(pb::ERROR_MALFORMED,
+                    "slice " + std::to_string(i) + " ('" +
+                        header.slices(i).tensor() + "') must be encoded as " +
+                        pb::Codec_Name(codec) + " in " +
+                        pb::MessageType_Name(header.type()));
     }
   }
   return std::nullopt;

@@ -472,6 +472,9 @@ class SiteServer::Impl {
             message.header, model_->layout(), /*whole_model=*/true)) {
       return Refuse(message.routing_id, message.header, *verdict);
     }
+    if (Verdict verdict = CheckCodec(message.header, pb::CODEC_RAW)) {
+      return Refuse(message.routing_id, message.header, *verdict);
+    }
     for (int i = 0; i < message.header.slices_size(); ++i) {
       if (Verdict verdict = CheckFinite(message.header.slices(i),
                                         BytesOf(message.payload[i]))) {

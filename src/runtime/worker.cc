@@ -151,6 +151,9 @@ class Worker::Impl {
             reply.header, model_->layout(), /*whole_model=*/true)) {
       return verdict->ToStatus().WithContext("model from the site server");
     }
+    if (Verdict verdict = CheckCodec(reply.header, pb::CODEC_RAW)) {
+      return verdict->ToStatus().WithContext("model from the site server");
+    }
     for (size_t i = 0; i < reply.payload.size(); ++i) {
       const pb::TensorSlice& slice = reply.header.slices(static_cast<int>(i));
       if (Verdict verdict = CheckFinite(slice, BytesOf(reply.payload[i]))) {

@@ -681,8 +681,9 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
         EXPECT_TRUE(ValidateJobConfig(config).empty()) << path;
       });
   // step_time_s, skew, 4 optimizer/server pairs..., target, budget,
-  // wan.sample_period_s.
-  EXPECT_EQ(visited, 13);
+  // wan.sample_period_s, sync: threshold, adaptive_step, adaptive_max,
+  // selective_barrier_fraction, compression.top_k_fraction.
+  EXPECT_EQ(visited, 18);
 }
 
 // ---------------------------------------------------------------------------

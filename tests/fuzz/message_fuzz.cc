@@ -117,11 +117,15 @@ void CheckAccepted(const pb::Header& header, std::span<const FrameView> payload,
     const pb::TensorSlice& slice = header.slices(i);
     const size_t frame = payload[i].bytes.size();
     Require(slice.dtype() == pb::DTYPE_FLOAT32, "accepted an unknown dtype");
-    Require(slice.codec() == pb::CODEC_RAW, "accepted an unknown codec");
+    Require(
+        slice.codec() == pb::CODEC_RAW || slice.codec() == pb::CODEC_PIPELINE,
+        "accepted an unknown codec");
     Require(slice.payload_bytes() == frame, "accepted payload_bytes != frame");
-    Require(slice.length() <= frame / sizeof(float) &&
-                slice.length() * sizeof(float) == frame,
-            "accepted length * 4 != frame size");
+    if (slice.codec() == pb::CODEC_RAW) {
+      Require(slice.length() <= frame / sizeof(float) &&
+                  slice.length() * sizeof(float) == frame,
+              "accepted length * 4 != frame size");
+    }
   }
 
   // Layout checks, both modes.

@@ -299,7 +299,7 @@ TEST(DecodeMessageTest, RejectsDtypeOrCodecNumbersFromTheFuture) {
     } else {
       slice->clear_codec();
     }
-    slice->mutable_unknown_fields()->AddVarint(field, 2);
+    slice->mutable_unknown_fields()->AddVarint(field, 9);
     EXPECT_EQ(DecodeCode(wire), pb::ERROR_MALFORMED) << "field " << field;
   }
   // Unknown fields other than dtype/codec stay compatible.
