@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -93,10 +94,44 @@ class ParameterStore {
   uint64_t Apply(std::span<const UpdateSegment> segments,
                  std::span<const ReadSegment> read_back = {});
 
+  // ---- Unsent-change accumulators (inter-site sync) ----------------------
+  // Adds a zero-initialised accumulator and returns its id: from now on
+  // every Apply also adds the change it made to each element (after the
+  // apply rule and momentum) into it. Not thread-safe with Apply: call
+  // before training starts.
+  size_t AddAccumulator();
+  size_t num_accumulators() const { return accumulators_.size(); }
+
+  // Adds `segments` to the model as they are (a peer site's change, already
+  // scaled; no apply rule, no momentum), and into every accumulator listed
+  // in `accumulate` (a hub forwarding its group's changes). Returns the new
+  // version.
+  uint64_t ApplyExternal(std::span<const UpdateSegment> segments,
+                         std::span<const size_t> accumulate = {});
+
+  // Model averaging: w = (w + others_sum) / (1 + others), element-wise.
+  // `others_sum` has num_elements() values. Returns the new version.
+  uint64_t AverageWith(std::span<const float> others_sum, uint32_t others);
+
+  // Calls fn(range, w, acc) for every shard with that shard locked: w and
+  // acc are the shard's slices of the model and of accumulator `id`. fn may
+  // change acc (the significance filter takes what it sends out of it).
+  void VisitAccumulator(
+      size_t id,
+      const std::function<void(const KeyRange&, std::span<const float>,
+                               std::span<float>)>& fn);
+
+  // acc[indices[i]] += values[i] for accumulator `id` (the residual of a
+  // lossy encoding goes back: nothing is lost, only delayed).
+  // Precondition: indices < num_elements().
+  void AddToAccumulator(size_t id, std::span<const uint64_t> indices,
+                        std::span<const float> values);
+
  private:
   struct Shard {
     KeyRange range;
-    mutable std::mutex mu;  // guards values_[range] and velocity_[range]
+    // Guards values_[range], velocity_[range] and every accumulator's range.
+    mutable std::mutex mu;
   };
 
   // Calls fn(shard range) for every shard, with that shard locked.
@@ -110,6 +145,7 @@ class ParameterStore {
   std::vector<std::unique_ptr<Shard>> shards_;
   std::vector<float> values_;
   std::vector<float> velocity_;  // empty unless rule_.momentum > 0
+  std::vector<std::vector<float>> accumulators_;
   std::atomic<uint64_t> version_{0};
 };
 

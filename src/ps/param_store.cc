@@ -130,15 +130,80 @@ uint64_t ParameterStore::Apply(std::span<const UpdateSegment> segments,
       Vec w(values_.data() + part.begin, len);
       if (velocity_.empty()) {
         w += scale * u;
+        for (std::vector<float>& acc : accumulators_) {
+          Vec(acc.data() + part.begin, len) += scale * u;
+        }
       } else {
         Vec v(velocity_.data() + part.begin, len);
         v = momentum * v + scale * u;
         w += v;
+        for (std::vector<float>& acc : accumulators_) {
+          Vec(acc.data() + part.begin, len) += v;
+        }
       }
     }
     CopyOut(shard, read_back);
   });
   return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+
+size_t ParameterStore::AddAccumulator() {
+  accumulators_.emplace_back(values_.size(), 0.0f);
+  return accumulators_.size() - 1;
+}
+
+uint64_t ParameterStore::ApplyExternal(std::span<const UpdateSegment> segments,
+                                       std::span<const size_t> accumulate) {
+  ForEachShardLocked([&](const KeyRange& shard) {
+    for (const UpdateSegment& segment : segments) {
+      const KeyRange part =
+          Overlap(segment.offset, segment.values.size(), shard);
+      if (part.size() == 0) continue;
+      const auto len = static_cast<Eigen::Index>(part.size());
+      ConstVec u(segment.values.data() + (part.begin - segment.offset), len);
+      Vec(values_.data() + part.begin, len) += u;
+      for (size_t id : accumulate) {
+        Vec(accumulators_[id].data() + part.begin, len) += u;
+      }
+    }
+  });
+  return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+
+uint64_t ParameterStore::AverageWith(std::span<const float> others_sum,
+                                     uint32_t others) {
+  const float inverse = 1.0f / static_cast<float>(others + 1);
+  ForEachShardLocked([&](const KeyRange& shard) {
+    const auto len = static_cast<Eigen::Index>(shard.size());
+    Vec w(values_.data() + shard.begin, len);
+    w = (w + ConstVec(others_sum.data() + shard.begin, len)) * inverse;
+  });
+  return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+
+void ParameterStore::VisitAccumulator(
+    size_t id, const std::function<void(const KeyRange&, std::span<const float>,
+                                        std::span<float>)>& fn) {
+  std::vector<float>& acc = accumulators_[id];
+  ForEachShardLocked([&](const KeyRange& shard) {
+    fn(shard,
+       std::span<const float>(values_.data() + shard.begin, shard.size()),
+       std::span<float>(acc.data() + shard.begin, shard.size()));
+  });
+}
+
+void ParameterStore::AddToAccumulator(size_t id,
+                                      std::span<const uint64_t> indices,
+                                      std::span<const float> values) {
+  std::vector<float>& acc = accumulators_[id];
+  // Indices arrive sorted from the filter; one pass over the shards.
+  ForEachShardLocked([&](const KeyRange& shard) {
+    for (size_t i = 0; i < indices.size(); ++i) {
+      if (indices[i] >= shard.begin && indices[i] < shard.end) {
+        acc[indices[i]] += values[i];
+      }
+    }
+  });
 }
 
 UpdateAccumulator::UpdateAccumulator(uint64_t num_elements)
