@@ -109,6 +109,13 @@ class ParameterStore {
   uint64_t ApplyExternal(std::span<const UpdateSegment> segments,
                          std::span<const size_t> accumulate = {});
 
+  // The same for a sparse change: w[indices[i]] += values[i] (and into
+  // every accumulator in `accumulate`). Indices are flat, ascending, and
+  // < num_elements(). Returns the new version.
+  uint64_t ApplyExternalSparse(std::span<const uint64_t> indices,
+                               std::span<const float> values,
+                               std::span<const size_t> accumulate = {});
+
   // Model averaging: w = (w + others_sum) / (1 + others), element-wise.
   // `others_sum` has num_elements() values. Returns the new version.
   uint64_t AverageWith(std::span<const float> others_sum, uint32_t others);
@@ -123,7 +130,7 @@ class ParameterStore {
 
   // acc[indices[i]] += values[i] for accumulator `id` (the residual of a
   // lossy encoding goes back: nothing is lost, only delayed).
-  // Precondition: indices < num_elements().
+  // Precondition: indices ascending and < num_elements().
   void AddToAccumulator(size_t id, std::span<const uint64_t> indices,
                         std::span<const float> values);
 

@@ -20,6 +20,9 @@ struct SiteServerOptions {
   std::string site;   // name of this site in job.site()
   // ZeroMQ endpoint to bind; empty: the site's address from the job.
   std::string bind;
+  // Endpoint of the socket peer sites send their updates to; empty: the
+  // site's mirror_address from the job.
+  std::string mirror_bind;
   // When set, the server writes <out_dir>/site-<name>.json (a SiteSummary)
   // on exit.
   std::string out_dir;
@@ -40,6 +43,8 @@ class SiteServer {
 
   // The endpoint workers connect to (port resolved when bound to "*").
   const std::string& endpoint() const;
+  // The endpoint peer sites send to; empty when the site syncs with nobody.
+  std::string mirror_endpoint() const;
 
   // Serves until the job ends: the target accuracy is reached, the time
   // budget runs out, a SHUTDOWN arrives or stop_requested is set. Then it

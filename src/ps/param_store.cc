@@ -170,6 +170,21 @@ uint64_t ParameterStore::ApplyExternal(std::span<const UpdateSegment> segments,
   return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
 }
 
+uint64_t ParameterStore::ApplyExternalSparse(
+    std::span<const uint64_t> indices, std::span<const float> values,
+    std::span<const size_t> accumulate) {
+  size_t next = 0;  // indices ascend: each shard takes the next run
+  ForEachShardLocked([&](const KeyRange& shard) {
+    while (next < indices.size() && indices[next] < shard.end) {
+      const uint64_t key = indices[next];
+      values_[key] += values[next];
+      for (size_t id : accumulate) accumulators_[id][key] += values[next];
+      ++next;
+    }
+  });
+  return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+
 uint64_t ParameterStore::AverageWith(std::span<const float> others_sum,
                                      uint32_t others) {
   const float inverse = 1.0f / static_cast<float>(others + 1);
@@ -196,12 +211,12 @@ void ParameterStore::AddToAccumulator(size_t id,
                                       std::span<const uint64_t> indices,
                                       std::span<const float> values) {
   std::vector<float>& acc = accumulators_[id];
-  // Indices arrive sorted from the filter; one pass over the shards.
+  // Indices arrive sorted from the filter: each shard takes the next run.
+  size_t next = 0;
   ForEachShardLocked([&](const KeyRange& shard) {
-    for (size_t i = 0; i < indices.size(); ++i) {
-      if (indices[i] >= shard.begin && indices[i] < shard.end) {
-        acc[indices[i]] += values[i];
-      }
+    while (next < indices.size() && indices[next] < shard.end) {
+      acc[indices[next]] += values[next];
+      ++next;
     }
   });
 }

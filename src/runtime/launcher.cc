@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
@@ -14,6 +15,7 @@
 #include "meridian/clock.h"
 #include "meridian/config.h"
 #include "meridian/log.h"
+#include "meridian/sync.h"
 #include "meridian/transport.h"
 #include "runtime/process.h"
 #include "runtime/report.h"
@@ -121,6 +123,7 @@ class JobRun {
     binary_ = options_.binary.empty() ? SelfExecutable() : options_.binary;
     const std::string logs = options_.out_dir + "/logs/";
     MERIDIAN_RETURN_IF_ERROR(StartSiteServers());
+    MERIDIAN_RETURN_IF_ERROR(IntroducePeers());
     for (int s = 0; s < job_.site_size(); ++s) {
       const pb::SiteConfig& site = job_.site(s);
       MERIDIAN_ASSIGN_OR_RETURN(const std::string endpoint, WorkerEndpoint(s));
@@ -155,13 +158,15 @@ class JobRun {
           ChildProcess::Spawn(
               "site server '" + site.name() + "'",
               {binary_, "site", "--config", options_.config_path, "--site",
-               site.name(), "--bind", "tcp://127.0.0.1:*", "--out",
-               options_.out_dir, "--ready-fd", std::to_string(kReadyFd)},
+               site.name(), "--bind", "tcp://127.0.0.1:*", "--mirror-bind",
+               "tcp://127.0.0.1:*", "--out", options_.out_dir, "--ready-fd",
+               std::to_string(kReadyFd)},
               logs + "site-" + site.name() + ".log"));
       sites_.push_back(std::move(child));
       server_site_index_.push_back(s);
     }
     server_endpoints_.assign(job_.site_size(), "");
+    mirror_endpoints_.assign(job_.site_size(), "");
     for (size_t i = 0; i < sites_.size(); ++i) {
       ChildProcess& server = sites_[i];
       Result<std::string> line = server.ReadReadyLine(kReadyTimeout);
@@ -174,8 +179,10 @@ class JobRun {
                                 server.log_path() + " ends with:\n" +
                                 server.LogTail(kLogTailLines));
       }
+      // "ready <worker endpoint> [<mirror endpoint>]"
       const int s = server_site_index_[i];
-      server_endpoints_[s] = line->substr(6);
+      std::istringstream fields(line->substr(6));
+      fields >> server_endpoints_[s] >> mirror_endpoints_[s];
       progress_.push_back(
           SiteProgress{job_.site(s).name(), nullptr, std::nullopt});
       pb::Endpoint self;
@@ -185,6 +192,39 @@ class JobRun {
           std::make_unique<RpcClient>(context_, server_endpoints_[s], self);
     }
     return Status::Ok();
+  }
+
+  // Tells every site server where its sync peers listen.
+  Status IntroducePeers() {
+    for (size_t i = 0; i < server_site_index_.size(); ++i) {
+      const int s = server_site_index_[i];
+      if (mirror_endpoints_[s].empty()) continue;  // syncs with nobody
+      pb::Header request;
+      request.set_type(pb::SET_PEERS);
+      pb::Peers* peers = request.mutable_peers();
+      for (int peer : RoleOf(job_, s).Peers()) {
+        pb::Peer* entry = peers->add_peer();
+        entry->set_site(job_.site(peer).name());
+        MERIDIAN_ASSIGN_OR_RETURN(std::string endpoint,
+                                  MirrorEndpoint(s, peer));
+        entry->set_endpoint(std::move(endpoint));
+      }
+      Result<Envelope> reply =
+          progress_[i].client->Call(request, {}, std::chrono::seconds(10));
+      if (!reply.ok()) return reply.status().WithContext("introducing peers");
+      if (reply->header.type() == pb::ERROR) {
+        return FailedPreconditionError(
+            "site '" + job_.site(s).name() +
+            "' refused its peers: " + reply->header.error().message());
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Where site `from`'s server sends its updates for site `to`.
+  Result<std::string> MirrorEndpoint(int from, int to) {
+    (void)from;
+    return mirror_endpoints_[to];
   }
 
   // Where the workers of site `s` connect: their serving site's server.
@@ -318,7 +358,14 @@ class JobRun {
     } else if (interrupted_) {
       outcome = "interrupted";
     } else if (!summaries.empty()) {
+      // The reason of a site that stopped on its own account.
       outcome = summaries.front().stop_reason();
+      for (const pb::SiteSummary& summary : summaries) {
+        if (!summary.stopped_by_peer()) {
+          outcome = summary.stop_reason();
+          break;
+        }
+      }
     }
     if (summaries.empty()) {
       return UnavailableError(failure_.empty()
@@ -347,6 +394,7 @@ class JobRun {
   std::vector<ChildProcess> sites_;            // site servers
   std::vector<int> server_site_index_;         // site index of each sites_[i]
   std::vector<std::string> server_endpoints_;  // by site index; "" if none
+  std::vector<std::string> mirror_endpoints_;  // by site index; "" if none
   std::vector<ChildProcess> workers_;
   std::vector<SiteProgress> progress_;
   bool stopping_ = false;

@@ -18,8 +18,10 @@
 #include "meridian/model.h"
 #include "meridian/param_store.h"
 #include "meridian/policy.h"
+#include "meridian/sync.h"
 #include "meridian/transport.h"
 #include "runtime/report.h"
+#include "runtime/sync_engine.h"
 
 namespace meridian {
 namespace {
@@ -29,6 +31,8 @@ constexpr auto kPollInterval = std::chrono::milliseconds(20);
 // BYE before the server exits anyway (a worker mid-step needs at most one
 // step; one that died never says BYE).
 constexpr double kDrainTimeoutS = 5.0;
+// How long a finishing site waits for its peers' final flushes.
+constexpr double kSyncFinishTimeoutS = 60.0;
 // Window of the commits-per-second figure in status replies.
 constexpr double kRateWindowS = 5.0;
 
@@ -41,6 +45,9 @@ struct WorkerSlot {
   // Sequence number of the worker's last accepted request: a request must
   // carry a larger one (a replayed or reordered message is refused).
   uint64_t last_sequence = 0;
+  // Its answer is ready but held by the sync (DS bound etc.) since then.
+  bool held = false;
+  double held_since_s = 0;
   pb::WorkerStats stats;
   double step_time_s = 0;
   std::string site;    // the worker's own site (may differ from the server's)
@@ -57,6 +64,7 @@ class SiteServer::Impl {
        std::unique_ptr<IntraSitePolicy> policy)
       : options_(std::move(options)),
         job_(options_.job),
+        site_index_(site_index),
         site_config_(job_.site(site_index)),
         self_(MakeSelf(site_config_.name())),
         model_(std::move(model)),
@@ -103,6 +111,16 @@ class SiteServer::Impl {
                               "': " + error.what());
     }
     MERIDIAN_ASSIGN_OR_RETURN(endpoint_, BoundEndpoint(socket_));
+    if (SyncsWithPeers()) {
+      SyncEngineOptions sync;
+      sync.job = &job_;
+      sync.site_index = site_index_;
+      sync.store = &store_;
+      sync.context = &context_;
+      sync.mirror_bind = options_.mirror_bind;
+      sync.clock = clock_;
+      MERIDIAN_ASSIGN_OR_RETURN(sync_, SyncEngine::Create(std::move(sync)));
+    }
     MLOG(INFO) << "site server listening on " << endpoint_ << " for "
                << workers_.size() << " workers; model "
                << model_->layout().DebugString() << " ("
@@ -113,6 +131,9 @@ class SiteServer::Impl {
   }
 
   const std::string& endpoint() const { return endpoint_; }
+  std::string mirror_endpoint() const {
+    return sync_ ? sync_->mirror_endpoint() : std::string();
+  }
   const pb::SiteSummary& summary() const { return summary_; }
 
   Status Run() {
@@ -124,6 +145,9 @@ class SiteServer::Impl {
     StartTraining();
     MERIDIAN_RETURN_IF_ERROR(Serve());
     MERIDIAN_RETURN_IF_ERROR(Drain());
+    // Every accepted commit is in; what the peers have not got yet goes out
+    // losslessly, and theirs comes in, before the final evaluation.
+    if (sync_) sync_->Finish(kSyncFinishTimeoutS);
     Finish();
     return Status::Ok();
   }
@@ -138,6 +162,12 @@ class SiteServer::Impl {
   }
 
   double Now() const { return clock_->NowSeconds(); }
+
+  // Whether this site exchanges updates with other sites.
+  bool SyncsWithPeers() const {
+    if (job_.sync().kind() == pb::SYNC_NONE) return false;
+    return !RoleOf(job_, site_index_).Peers().empty();
+  }
   double Elapsed() const { return Now() - start_s_; }
   bool StopRequested() const {
     return options_.stop_requested != nullptr &&
@@ -177,6 +207,11 @@ class SiteServer::Impl {
   }
 
   void StartTraining() {
+    if (sync_) {
+      if (Status status = sync_->Connect(); !status.ok()) {
+        MLOG(ERROR) << "cannot reach the peer sites: " << status;
+      }
+    }
     start_s_ = Now();
     training_ = true;
     policy_->Start(static_cast<uint32_t>(workers_.size()), clock_->Now());
@@ -204,6 +239,9 @@ class SiteServer::Impl {
                 " s used");
     } else if (StopRequested()) {
       FinishJob("stopped on request (signal)");
+    } else if (sync_ && sync_->peer_finished()) {
+      summary_.set_stopped_by_peer(true);
+      FinishJob("site '" + sync_->finished_peer() + "' finished the job");
     } else if (std::all_of(workers_.begin(), workers_.end(),
                            [](const WorkerSlot& w) { return w.left; })) {
       FinishJob("every worker left");
@@ -225,6 +263,7 @@ class SiteServer::Impl {
       FlushAggregate();
     }
     for (uint32_t i = 0; i < workers_.size(); ++i) {
+      workers_[i].held = false;
       if (workers_[i].awaiting_reply) SendModel(i);
     }
   }
@@ -258,6 +297,7 @@ class SiteServer::Impl {
     summary_.set_rejected(rejected_);
     summary_.set_training_s(training_s_);
     summary_.set_stop_reason(stop_reason_);
+    if (sync_) *summary_.mutable_sync() = sync_->Summary();
     summary_.set_reached_target(time_to_target_s_ >= 0);
     summary_.set_time_to_target_s(time_to_target_s_);
     MLOG(INFO) << "final accuracy " << last.accuracy() << " loss "
@@ -297,15 +337,32 @@ class SiteServer::Impl {
   }
 
   // ---- the event loop ------------------------------------------------------
+  // Waits up to kPollInterval for the worker socket and the sync sockets,
+  // then handles what arrived.
   Status PollOnce() {
-    Result<Received> received = ReceiveMessage(socket_, true, kPollInterval);
-    if (!received.ok()) return received.status();
-    if (received->refused) {
-      Refuse(received->refused->routing_id, received->refused->header,
-             received->refused->rejection);
-      return Status::Ok();
+    std::vector<zmq::pollitem_t> items = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
+    if (sync_) sync_->AddPollItems(&items);
+    try {
+      zmq::poll(items.data(), items.size(), kPollInterval);
+    } catch (const zmq::error_t& error) {
+      if (error.num() == EINTR) return Status::Ok();  // a signal: look again
+      return UnavailableError(std::string("polling: ") + error.what());
     }
-    if (received->message) Dispatch(*received->message);
+    if (items[0].revents & ZMQ_POLLIN) {
+      Result<Received> received =
+          ReceiveMessage(socket_, true, std::chrono::milliseconds(0));
+      if (!received.ok()) return received.status();
+      if (received->refused) {
+        Refuse(received->refused->routing_id, received->refused->header,
+               received->refused->rejection);
+      } else if (received->message) {
+        Dispatch(*received->message);
+      }
+    }
+    if (sync_) {
+      sync_->HandleReadable(std::span<const zmq::pollitem_t>(items).subspan(1));
+      ReleaseHeld();
+    }
     SampleRate();
     return Status::Ok();
   }
@@ -335,6 +392,8 @@ class SiteServer::Impl {
         return HandleBye(message);
       case pb::STATUS_REQUEST:
         return SendStatus(message);
+      case pb::SET_PEERS:
+        return HandleSetPeers(message);
       case pb::SHUTDOWN:
         FinishJob("shutdown requested: " +
                   (message.header.shutdown().reason().empty()
@@ -347,6 +406,29 @@ class SiteServer::Impl {
                        pb::MessageType_Name(message.header.type()) +
                            " is not a request a site server serves"});
     }
+  }
+
+  void HandleSetPeers(const Envelope& message) {
+    if (!sync_) {
+      return Refuse(
+          message.routing_id, message.header,
+          {pb::ERROR_UNEXPECTED, "site '" + site_config_.name() +
+                                     "' does not sync with other sites"});
+    }
+    if (training_) {
+      return Refuse(
+          message.routing_id, message.header,
+          {pb::ERROR_UNEXPECTED, "peers are set before training starts"});
+    }
+    std::map<std::string, std::string> endpoints;
+    for (const pb::Peer& peer : message.header.peers().peer()) {
+      endpoints[peer.site()] = peer.endpoint();
+    }
+    if (Status status = sync_->SetPeerEndpoints(endpoints); !status.ok()) {
+      return Refuse(message.routing_id, message.header,
+                    {pb::ERROR_UNKNOWN_SENDER, status.message()});
+    }
+    SendStatus(message);
   }
 
   // The slot of the worker (site, index), if this server serves it.
@@ -511,7 +593,8 @@ class SiteServer::Impl {
       case PolicyDecision::Update::kApply: {
         auto released =
             std::find(decision.release.begin(), decision.release.end(), worker);
-        if (released != decision.release.end() && !decision.flush_aggregate) {
+        if (released != decision.release.end() && !decision.flush_aggregate &&
+            ReadsAllowed()) {
           // The common asynchronous case: apply and copy the result into
           // the reply in one pass over the model.
           ModelReply reply = NewModelReply(pb::MODEL);
@@ -591,11 +674,48 @@ class SiteServer::Impl {
 
   void Execute(const PolicyDecision& decision) {
     if (decision.flush_aggregate && aggregate_.count() > 0) FlushAggregate();
+    AdvanceClock();
     for (uint32_t worker : decision.release) {
       if (worker < workers_.size() && workers_[worker].awaiting_reply &&
           !workers_[worker].left) {
-        SendModel(worker);
+        Answer(worker);
       }
+    }
+  }
+
+  // Tells the sync about every clock the policy has completed, in order.
+  void AdvanceClock() {
+    const auto clock = static_cast<int64_t>(policy_->clock());
+    while (last_clock_ < clock) {
+      ++last_clock_;
+      if (sync_) sync_->OnLocalClock(last_clock_);
+    }
+  }
+
+  // Whether a worker may get the model now (the sync's DS bound, averaging
+  // round and selective barrier).
+  bool ReadsAllowed() const {
+    return !sync_ || finished_ || sync_->ReadsAllowed(last_clock_);
+  }
+
+  // Answers a released worker, or holds the answer until the sync allows.
+  void Answer(uint32_t worker) {
+    if (ReadsAllowed()) return SendModel(worker);
+    if (!workers_[worker].held) {
+      workers_[worker].held = true;
+      workers_[worker].held_since_s = Now();
+    }
+  }
+
+  // Answers every held worker once the sync allows it.
+  void ReleaseHeld() {
+    if (!ReadsAllowed()) return;
+    for (uint32_t i = 0; i < workers_.size(); ++i) {
+      WorkerSlot& slot = workers_[i];
+      if (!slot.held) continue;
+      slot.held = false;
+      sync_->NoteHeld(Now() - slot.held_since_s);
+      if (slot.awaiting_reply && !slot.left) SendModel(i);
     }
   }
 
@@ -691,6 +811,11 @@ class SiteServer::Impl {
     status->set_workers_expected(static_cast<uint32_t>(workers_.size()));
     status->set_finished(finished_);
     status->set_rejected(rejected_);
+    if (sync_) {
+      status->set_theta(sync_->theta());
+      status->set_wan_bytes_sent(sync_->bytes_sent());
+      status->set_slowest_peer_clock(sync_->slowest_peer_clock());
+    }
     {
       std::lock_guard<std::mutex> lock(eval_mu_);
       if (!timeline_.empty()) *status->mutable_last_eval() = timeline_.back();
@@ -782,6 +907,7 @@ class SiteServer::Impl {
 
   SiteServerOptions options_;
   const pb::JobConfig& job_;
+  const int site_index_;
   const pb::SiteConfig& site_config_;
   const pb::Endpoint self_;
   Clock* clock_ = SystemClock();
@@ -799,10 +925,12 @@ class SiteServer::Impl {
   zmq::socket_t socket_;
   std::string endpoint_;
   uint64_t sequence_ = 0;
+  std::unique_ptr<SyncEngine> sync_;  // null for a site that syncs with nobody
 
   // Event-loop state.
   bool training_ = false;
   bool finished_ = false;
+  int64_t last_clock_ = 0;  // the clock the sync was last told about
   // Read by the evaluator thread too, hence atomic.
   std::atomic<double> start_s_{0};
   std::atomic<double> training_s_{0};
@@ -856,6 +984,9 @@ SiteServer::SiteServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 SiteServer::~SiteServer() = default;
 
 const std::string& SiteServer::endpoint() const { return impl_->endpoint(); }
+std::string SiteServer::mirror_endpoint() const {
+  return impl_->mirror_endpoint();
+}
 Status SiteServer::Run() { return impl_->Run(); }
 const pb::SiteSummary& SiteServer::summary() const { return impl_->summary(); }
 

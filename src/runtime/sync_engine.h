@@ -1,0 +1,95 @@
+// The inter-site side of a site server: its mirror socket, the channels to
+// its peer sites, and Gaia's approximate synchronous parallel on top of
+// them (significance filter, mirror clocks with the DS bound, selective
+// barrier, hub relays), plus the DENSE and MODEL_AVERAGING baselines.
+#ifndef MERIDIAN_RUNTIME_SYNC_ENGINE_H_
+#define MERIDIAN_RUNTIME_SYNC_ENGINE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "meridian/clock.h"
+#include "meridian/meridian.pb.h"
+#include "meridian/param_store.h"
+#include "meridian/status.h"
+
+namespace meridian {
+
+struct SyncEngineOptions {
+  const pb::JobConfig* job = nullptr;  // validated; outlives the engine
+  int site_index = 0;                  // a site that runs a server
+  ParameterStore* store = nullptr;     // the site's model; not owned
+  zmq::context_t* context = nullptr;   // not owned
+  // Endpoint of the mirror socket; empty: the site's mirror_address.
+  std::string mirror_bind;
+  Clock* clock = SystemClock();
+};
+
+// Driven by the site server's event-loop thread only: not thread-safe.
+class SyncEngine {
+ public:
+  // Binds the mirror socket and adds the store's accumulators. Call before
+  // training starts.
+  static Result<std::unique_ptr<SyncEngine>> Create(SyncEngineOptions options);
+  ~SyncEngine();
+  SyncEngine(const SyncEngine&) = delete;
+  SyncEngine& operator=(const SyncEngine&) = delete;
+
+  // The endpoint peers connect to (port resolved).
+  const std::string& mirror_endpoint() const;
+  // Sites this one exchanges messages with (by name).
+  std::vector<std::string> peers() const;
+
+  // Overrides where to reach peers' mirror sockets (default: their
+  // mirror_address in the job file). Unknown sites are an error.
+  Status SetPeerEndpoints(const std::map<std::string, std::string>& endpoints);
+
+  // Connects to every peer and introduces this site. Call when training
+  // starts.
+  Status Connect();
+
+  // Event-loop integration: appends this engine's sockets (always the same
+  // number, in the same order) to `items`, and after zmq::poll handles the
+  // readable ones (given the same items, starting at this engine's first).
+  void AddPollItems(std::vector<zmq::pollitem_t>* items);
+  void HandleReadable(std::span<const zmq::pollitem_t> items);
+
+  // The site's clock advanced to `clock` (called once per clock, in
+  // order): runs the filter, sends updates and the clock.
+  void OnLocalClock(int64_t clock);
+
+  // Whether the site's workers may get the model now: the DS bound holds,
+  // no averaging round is open, and no announced parameter is pending.
+  bool ReadsAllowed(int64_t local_clock) const;
+  // Time accounting of held replies (reported as blocked_s).
+  void NoteHeld(double seconds);
+
+  // A peer said its job is over (its final flush arrived): the site
+  // should finish too.
+  bool peer_finished() const;
+  const std::string& finished_peer() const;
+
+  // End of the job: sends everything still unsent (losslessly) in the order
+  // the topology needs and waits, up to `timeout_s`, for every peer's final
+  // flush, applying what arrives. Returns whether every final arrived.
+  bool Finish(double timeout_s);
+
+  double theta() const;
+  uint64_t bytes_sent() const;
+  int64_t slowest_peer_clock() const;
+  pb::SyncSummary Summary() const;
+
+ private:
+  class Impl;
+  explicit SyncEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_RUNTIME_SYNC_ENGINE_H_
