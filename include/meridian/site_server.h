@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "meridian/clock.h"
 #include "meridian/meridian.pb.h"
@@ -55,6 +56,10 @@ class SiteServer {
 
   // Valid after Run() returned.
   const pb::SiteSummary& summary() const;
+
+  // A copy of the site's current model (thread-safe; after Run() returned,
+  // the final model).
+  std::vector<float> Snapshot() const;
 
  private:
   class Impl;

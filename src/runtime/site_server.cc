@@ -131,6 +131,11 @@ class SiteServer::Impl {
   }
 
   const std::string& endpoint() const { return endpoint_; }
+  std::vector<float> Snapshot() const {
+    std::vector<float> model(store_.num_elements());
+    store_.Snapshot(model);
+    return model;
+  }
   std::string mirror_endpoint() const {
     return sync_ ? sync_->mirror_endpoint() : std::string();
   }
@@ -984,6 +989,7 @@ SiteServer::SiteServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 SiteServer::~SiteServer() = default;
 
 const std::string& SiteServer::endpoint() const { return impl_->endpoint(); }
+std::vector<float> SiteServer::Snapshot() const { return impl_->Snapshot(); }
 std::string SiteServer::mirror_endpoint() const {
   return impl_->mirror_endpoint();
 }
