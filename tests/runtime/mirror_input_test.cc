@@ -1,0 +1,228 @@
+// A live site server's mirror socket fed bad messages by a hand-written
+// peer: an unknown site, skipped and backwards clocks, a model of another
+// shape, undecodable payloads. Each is refused with an ERROR naming the
+// problem, and the model stays untouched.
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <zmq.hpp>
+
+#include "meridian/compression.h"
+#include "meridian/config.h"
+#include "meridian/message.h"
+#include "meridian/model.h"
+#include "meridian/site_server.h"
+#include "meridian/transport.h"
+#include "testing/test_data.h"
+
+namespace meridian {
+namespace {
+
+using std::chrono::milliseconds;
+constexpr milliseconds kTimeout(10000);
+
+class MirrorInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_dir_ = testing::MakeTempDir("mirror-data");
+    testing::SyntheticDataOptions options;
+    options.train_samples = 100;
+    options.test_samples = 20;
+    ASSERT_TRUE(testing::WriteSyntheticIdx(data_dir_, options).ok());
+    job_ = testing::SmallJob(data_dir_, 1, /*hidden=*/4);
+    pb::SiteConfig* b = job_.add_site();
+    b->set_name("b");
+    b->add_workers()->set_count(1);
+    job_.mutable_server()->set_eval_period_s(30);
+    job_.set_time_budget_s(60);
+    ASSERT_TRUE(ValidateJobConfig(job_).empty());
+    SiteServerOptions options_a;
+    options_a.job = job_;
+    options_a.site = "site-a";
+    options_a.bind = "tcp://127.0.0.1:*";
+    options_a.mirror_bind = "tcp://127.0.0.1:*";
+    Result<std::unique_ptr<SiteServer>> server =
+        SiteServer::Create(std::move(options_a));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    thread_ = std::thread([this] { run_status_ = server_->Run(); });
+    Result<std::unique_ptr<Model>> model = MakeModel(job_.model(), 784, 10);
+    ASSERT_TRUE(model.ok());
+    layout_ = (*model)->layout();
+    initial_ = server_->Snapshot();
+    peer_ = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+    peer_->set(zmq::sockopt::linger, 0);
+    peer_->connect(server_->mirror_endpoint());
+  }
+
+  void TearDown() override {
+    pb::Header shutdown;
+    shutdown.set_type(pb::SHUTDOWN);
+    pb::Endpoint client;
+    client.set_role(pb::ROLE_CLIENT);
+    RpcClient control(context_, server_->endpoint(), client);
+    EXPECT_TRUE(control.Call(shutdown, {}, kTimeout).ok());
+    thread_.join();
+    EXPECT_TRUE(run_status_.ok()) << run_status_;
+  }
+
+  pb::Header From(pb::MessageType type, const std::string& site) {
+    pb::Endpoint sender;
+    sender.set_site(site);
+    sender.set_role(pb::ROLE_SITE_SERVER);
+    return MakeHeader(type, sender, ++sequence_);
+  }
+
+  void Send(const pb::Header& header, std::vector<zmq::message_t> frames = {}) {
+    ASSERT_TRUE(SendMessage(*peer_, header, std::move(frames)).ok());
+  }
+
+  // Sends and expects an ERROR with `code` back.
+  void ExpectRefused(const pb::Header& header, pb::ErrorCode code,
+                     const std::string& mention,
+                     std::vector<zmq::message_t> frames = {}) {
+    Send(header, std::move(frames));
+    Result<Received> reply = ReceiveMessage(*peer_, false, kTimeout);
+    ASSERT_TRUE(reply.ok() && reply->message) << "no reply";
+    ASSERT_EQ(reply->message->header.type(), pb::ERROR);
+    EXPECT_EQ(reply->message->header.error().code(), code)
+        << reply->message->header.error().message();
+    EXPECT_NE(reply->message->header.error().message().find(mention),
+              std::string::npos)
+        << reply->message->header.error().message();
+  }
+
+  void Hello(const std::string& site, const ModelLayout& layout) {
+    pb::Header hello = From(pb::MIRROR_HELLO, site);
+    layout.ToSpecs(hello.mutable_mirror_hello()->mutable_layout());
+    Send(hello);
+  }
+
+  pb::Header Clock(const std::string& site, int64_t clock) {
+    pb::Header header = From(pb::MIRROR_CLOCK, site);
+    header.set_clock(clock);
+    header.mutable_mirror_clock()->set_clock(clock);
+    return header;
+  }
+
+  // A MIRROR_UPDATE adding `value` to the first 3 elements of fc0.bias.
+  pb::Header Update(const std::string& site, int64_t clock, float value,
+                    std::vector<zmq::message_t>* frames) {
+    pb::Header header = From(pb::MIRROR_UPDATE, site);
+    header.set_clock(clock);
+    header.mutable_mirror_update()->set_origin_site(site);
+    const TensorInfo* bias = layout_.Find("fc0.bias");
+    pb::CompressionConfig config;
+    config.set_value_coding(pb::VALUE_FP32);
+    Result<UpdateEncoder> encoder = UpdateEncoder::Create(config);
+    EXPECT_TRUE(encoder.ok());
+    const std::vector<uint32_t> indices = {0, 1, 2};
+    const std::vector<float> values(3, value);
+    Result<EncodedUpdate> encoded =
+        encoder->EncodeSparse(bias->size, indices, values, {});
+    EXPECT_TRUE(encoded.ok());
+    pb::TensorSlice* slice = header.add_slices();
+    slice->set_tensor("fc0.bias");
+    slice->set_offset(0);
+    slice->set_length(bias->size);
+    slice->set_codec(pb::CODEC_PIPELINE);
+    slice->set_payload_bytes(encoded->bytes.size());
+    frames->emplace_back(encoded->bytes.data(), encoded->bytes.size());
+    header.mutable_mirror_update()->set_entries(3);
+    return header;
+  }
+
+  void ExpectModelUntouched() { EXPECT_EQ(server_->Snapshot(), initial_); }
+
+  std::string data_dir_;
+  pb::JobConfig job_;
+  std::unique_ptr<SiteServer> server_;
+  std::thread thread_;
+  Status run_status_;
+  ModelLayout layout_;
+  std::vector<float> initial_;
+  zmq::context_t context_;
+  std::unique_ptr<zmq::socket_t> peer_;
+  uint64_t sequence_ = 0;
+};
+
+TEST_F(MirrorInputTest, UpdateFromAnUnknownSiteIsRefused) {
+  Hello("site-z", layout_);  // refused: answered with an error
+  Result<Received> hello_reply = ReceiveMessage(*peer_, false, kTimeout);
+  ASSERT_TRUE(hello_reply.ok() && hello_reply->message);
+  EXPECT_EQ(hello_reply->message->header.error().code(),
+            pb::ERROR_UNKNOWN_SENDER);
+  std::vector<zmq::message_t> frames;
+  const pb::Header update = Update("site-z", 1, 1.0f, &frames);
+  ExpectRefused(update, pb::ERROR_UNKNOWN_SENDER, "site-z", std::move(frames));
+  ExpectModelUntouched();
+}
+
+TEST_F(MirrorInputTest, UpdateBeforeHelloIsRefused) {
+  std::vector<zmq::message_t> frames;
+  const pb::Header update = Update("b", 1, 1.0f, &frames);
+  ExpectRefused(update, pb::ERROR_UNKNOWN_SENDER, "MIRROR_HELLO",
+                std::move(frames));
+  ExpectModelUntouched();
+}
+
+TEST_F(MirrorInputTest, ShapeMismatchBetweenSitesIsRefused) {
+  ModelLayout other;
+  ASSERT_TRUE(other.Add("fc0.weight", {5, 784}).ok());
+  pb::Header hello = From(pb::MIRROR_HELLO, "b");
+  other.ToSpecs(hello.mutable_mirror_hello()->mutable_layout());
+  ExpectRefused(hello, pb::ERROR_LAYOUT_MISMATCH, "fc0.weight[5,784]");
+  // Not introduced, so its updates are refused too.
+  std::vector<zmq::message_t> frames;
+  const pb::Header update = Update("b", 1, 1.0f, &frames);
+  ExpectRefused(update, pb::ERROR_UNKNOWN_SENDER, "MIRROR_HELLO",
+                std::move(frames));
+  ExpectModelUntouched();
+}
+
+TEST_F(MirrorInputTest, SkippedAndBackwardsClocksAreRefused) {
+  Hello("b", layout_);
+  ExpectRefused(Clock("b", 2), pb::ERROR_STALE, "skips");
+  Send(Clock("b", 1));
+  ExpectRefused(Clock("b", 1), pb::ERROR_STALE, "backwards");
+  // An update tagged for a clock that is not the next one.
+  std::vector<zmq::message_t> frames;
+  const pb::Header late = Update("b", 1, 1.0f, &frames);
+  ExpectRefused(late, pb::ERROR_STALE, "expected 2", std::move(frames));
+  ExpectModelUntouched();
+}
+
+TEST_F(MirrorInputTest, CorruptPayloadLeavesTheModelUntouched) {
+  Hello("b", layout_);
+  std::vector<zmq::message_t> frames;
+  const pb::Header update = Update("b", 1, 1.0f, &frames);
+  // Flip a byte in the middle of the encoded buffer.
+  static_cast<char*>(frames[0].data())[frames[0].size() / 2] ^= 0x5a;
+  ExpectRefused(update, pb::ERROR_MALFORMED, "fc0.bias", std::move(frames));
+  // A slice that says it is longer than the encoded one.
+  std::vector<zmq::message_t> frames2;
+  pb::Header wrong_length = Update("b", 1, 1.0f, &frames2);
+  wrong_length.mutable_slices(0)->set_offset(1);
+  wrong_length.mutable_slices(0)->set_length(3);
+  ExpectRefused(wrong_length, pb::ERROR_MALFORMED, "fc0.bias",
+                std::move(frames2));
+  ExpectModelUntouched();
+}
+
+TEST_F(MirrorInputTest, AValidUpdateIsApplied) {
+  Hello("b", layout_);
+  std::vector<zmq::message_t> frames;
+  const pb::Header update = Update("b", 1, 0.25f, &frames);
+  Send(update, std::move(frames));
+  const TensorInfo* bias = layout_.Find("fc0.bias");
+  std::vector<float> expected = initial_;
+  for (int i = 0; i < 3; ++i) expected[bias->offset + i] += 0.25f;
+  for (int attempt = 0; attempt < 200 && server_->Snapshot() != expected;
+       ++attempt) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(server_->Snapshot(), expected);
+}
+
+}  // namespace
+}  // namespace meridian
