@@ -48,6 +48,8 @@ struct WorkerSlot {
   // Its answer is ready but held by the sync (DS bound etc.) since then.
   bool held = false;
   double held_since_s = 0;
+  // What its pending request reads (a PULL's ranges); empty: everything.
+  std::vector<pb::TensorSlice> read_ranges;
   pb::WorkerStats stats;
   double step_time_s = 0;
   std::string site;    // the worker's own site (may differ from the server's)
@@ -579,6 +581,7 @@ class SiteServer::Impl {
     }
     slot->stats = commit.stats();
     slot->awaiting_reply = true;
+    slot->read_ranges.clear();  // a commit is answered with the whole model
 
     if (finished_) {
       // The job is over, but the worker's last update is real work: apply
@@ -628,6 +631,17 @@ class SiteServer::Impl {
   void HandlePull(Envelope& message) {
     const std::optional<uint32_t> worker = Sender(message);
     if (!worker) return;
+    const pb::Pull& pull = message.header.pull();
+    if (pull.ranges_size() > 0) {
+      pb::Header wanted;
+      *wanted.mutable_slices() = pull.ranges();
+      if (Verdict verdict = CheckSlicesAgainstLayout(wanted, model_->layout(),
+                                                     /*whole_model=*/false)) {
+        return Refuse(message.routing_id, message.header, *verdict);
+      }
+    }
+    workers_[*worker].read_ranges.assign(pull.ranges().begin(),
+                                         pull.ranges().end());
     workers_[*worker].awaiting_reply = true;
     if (finished_ || !training_) return SendModel(*worker);
     Execute(policy_->OnPull(*worker, clock_->Now()));
@@ -697,27 +711,38 @@ class SiteServer::Impl {
     }
   }
 
-  // Whether a worker may get the model now (the sync's DS bound, averaging
-  // round and selective barrier).
+  // Whether a worker may get the whole model now (the sync's DS bound,
+  // averaging round and selective barrier).
   bool ReadsAllowed() const {
     return !sync_ || finished_ || sync_->ReadsAllowed(last_clock_);
   }
 
+  // The same for what `worker`'s pending request reads.
+  bool ReadsAllowed(uint32_t worker) const {
+    if (!sync_ || finished_) return true;
+    std::vector<KeyRange> ranges;
+    for (const pb::TensorSlice& slice : workers_[worker].read_ranges) {
+      const TensorInfo* tensor = model_->layout().Find(slice.tensor());
+      const uint64_t begin = tensor->offset + slice.offset();
+      ranges.push_back(KeyRange{begin, begin + slice.length()});
+    }
+    return sync_->ReadsAllowed(last_clock_, ranges);
+  }
+
   // Answers a released worker, or holds the answer until the sync allows.
   void Answer(uint32_t worker) {
-    if (ReadsAllowed()) return SendModel(worker);
+    if (ReadsAllowed(worker)) return SendModel(worker);
     if (!workers_[worker].held) {
       workers_[worker].held = true;
       workers_[worker].held_since_s = Now();
     }
   }
 
-  // Answers every held worker once the sync allows it.
+  // Answers every held worker the sync now allows.
   void ReleaseHeld() {
-    if (!ReadsAllowed()) return;
     for (uint32_t i = 0; i < workers_.size(); ++i) {
       WorkerSlot& slot = workers_[i];
-      if (!slot.held) continue;
+      if (!slot.held || !ReadsAllowed(i)) continue;
       slot.held = false;
       sync_->NoteHeld(Now() - slot.held_since_s);
       if (slot.awaiting_reply && !slot.left) SendModel(i);
@@ -733,22 +758,35 @@ class SiteServer::Impl {
     std::vector<ReadSegment> reads;
   };
 
-  ModelReply NewModelReply(pb::MessageType type) {
+  // `ranges`: the slices wanted (validated); empty: every tensor whole.
+  ModelReply NewModelReply(pb::MessageType type,
+                           std::span<const pb::TensorSlice> ranges = {}) {
     ModelReply reply;
     reply.header = MakeHeader(type, self_, ++sequence_);
     reply.header.set_clock(static_cast<int64_t>(policy_->clock()));
-    const std::vector<TensorInfo>& tensors = model_->layout().tensors();
-    for (const TensorInfo& tensor : tensors) {
-      reply.frames.push_back(MakeFloatFrame(tensor.size));
-      AddTensorSlice(tensor, &reply.header);
+    if (ranges.empty()) {
+      AddLayoutSlices(model_->layout(), &reply.header);
+    } else {
+      for (const pb::TensorSlice& range : ranges) {
+        pb::TensorSlice* slice = reply.header.add_slices();
+        slice->set_tensor(range.tensor());
+        slice->set_offset(range.offset());
+        slice->set_length(range.length());
+        slice->set_payload_bytes(range.length() * sizeof(float));
+      }
+    }
+    for (const pb::TensorSlice& slice : reply.header.slices()) {
+      reply.frames.push_back(MakeFloatFrame(slice.length()));
     }
     // Only now point into the frames: a small ZeroMQ message keeps its
     // bytes inside the message object, which moved while the vector grew.
-    for (size_t i = 0; i < tensors.size(); ++i) {
+    for (int i = 0; i < reply.header.slices_size(); ++i) {
+      const pb::TensorSlice& slice = reply.header.slices(i);
+      const TensorInfo* tensor = model_->layout().Find(slice.tensor());
       reply.reads.push_back(ReadSegment{
-          tensors[i].offset,
+          tensor->offset + slice.offset(),
           std::span<float>(static_cast<float*>(reply.frames[i].data()),
-                           tensors[i].size)});
+                           slice.length())});
     }
     return reply;
   }
@@ -775,7 +813,7 @@ class SiteServer::Impl {
       Deliver(worker, header, {});
       return;
     }
-    ModelReply reply = NewModelReply(pb::MODEL);
+    ModelReply reply = NewModelReply(pb::MODEL, workers_[worker].read_ranges);
     const uint64_t version = store_.version();  // only this thread applies
     store_.Read(reply.reads);
     SendModelReply(worker, version, std::move(reply));

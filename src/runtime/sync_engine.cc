@@ -213,8 +213,15 @@ class SyncEngine::Impl {
     MaybeAverage();
   }
 
-  bool ReadsAllowed(int64_t local_clock) const {
-    if (!blocked_.empty()) return false;
+  bool ReadsAllowed(int64_t local_clock,
+                    std::span<const KeyRange> ranges) const {
+    if (ranges.empty()) {
+      if (!blocked_.empty()) return false;
+    } else {
+      for (const KeyRange& range : ranges) {
+        if (blocked_.Intersects(range.begin, range.end)) return false;
+      }
+    }
     if (sync_.kind() == pb::MODEL_AVERAGING) {
       return !averaging_round_open_;
     }
@@ -991,8 +998,9 @@ void SyncEngine::HandleReadable(std::span<const zmq::pollitem_t> items) {
   impl_->HandleReadable(items);
 }
 void SyncEngine::OnLocalClock(int64_t clock) { impl_->OnLocalClock(clock); }
-bool SyncEngine::ReadsAllowed(int64_t local_clock) const {
-  return impl_->ReadsAllowed(local_clock);
+bool SyncEngine::ReadsAllowed(int64_t local_clock,
+                              std::span<const KeyRange> ranges) const {
+  return impl_->ReadsAllowed(local_clock, ranges);
 }
 void SyncEngine::NoteHeld(double seconds) { impl_->NoteHeld(seconds); }
 bool SyncEngine::peer_finished() const { return impl_->peer_finished(); }

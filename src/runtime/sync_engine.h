@@ -63,9 +63,12 @@ class SyncEngine {
   // order): runs the filter, sends updates and the clock.
   void OnLocalClock(int64_t clock);
 
-  // Whether the site's workers may get the model now: the DS bound holds,
-  // no averaging round is open, and no announced parameter is pending.
-  bool ReadsAllowed(int64_t local_clock) const;
+  // Whether a worker may read `ranges` of the model now (empty: all of
+  // it): the DS bound holds, no averaging round is open, and no parameter
+  // in the ranges was announced by a peer whose values are still on the
+  // way (the selective barrier: reads of other parameters go on).
+  bool ReadsAllowed(int64_t local_clock,
+                    std::span<const KeyRange> ranges = {}) const;
   // Time accounting of held replies (reported as blocked_s).
   void NoteHeld(double seconds);
 

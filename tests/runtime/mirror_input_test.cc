@@ -56,6 +56,7 @@ class MirrorInputTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    if (!thread_.joinable()) return;  // the test already stopped it
     pb::Header shutdown;
     shutdown.set_type(pb::SHUTDOWN);
     pb::Endpoint client;
@@ -222,6 +223,133 @@ TEST_F(MirrorInputTest, AValidUpdateIsApplied) {
     std::this_thread::sleep_for(milliseconds(10));
   }
   EXPECT_EQ(server_->Snapshot(), expected);
+}
+
+}  // namespace
+}  // namespace meridian
+
+namespace meridian {
+namespace {
+
+pb::Endpoint WorkerOf(uint32_t index) {
+  pb::Endpoint self;
+  self.set_site("site-a");
+  self.set_role(pb::ROLE_WORKER);
+  self.set_id(index);
+  return self;
+}
+
+// The selective barrier: after a peer announces the indices of a large
+// update, reads of those parameters wait for its values; reads of anything
+// else go on.
+TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
+  // This fixture's site serves one worker; restart it with two.
+  TearDown();
+  job_.mutable_site(0)->mutable_workers(0)->set_count(2);
+  SiteServerOptions options;
+  options.job = job_;
+  options.site = "site-a";
+  options.bind = "tcp://127.0.0.1:*";
+  options.mirror_bind = "tcp://127.0.0.1:*";
+  Result<std::unique_ptr<SiteServer>> server =
+      SiteServer::Create(std::move(options));
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = std::move(*server);
+  thread_ = std::thread([this] { run_status_ = server_->Run(); });
+  peer_ = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+  peer_->set(zmq::sockopt::linger, 0);
+  peer_->connect(server_->mirror_endpoint());
+  Hello("b", layout_);
+
+  // Peer b announces a change to fc0.bias[0..2].
+  std::vector<zmq::message_t> frames;
+  pb::Header indices = Update("b", 1, 0.0f, &frames);
+  indices.set_type(pb::MIRROR_INDICES);
+  Send(indices, std::move(frames));
+
+  RpcClient w0(context_, server_->endpoint(), WorkerOf(0));
+  RpcClient w1(context_, server_->endpoint(), WorkerOf(1));
+  auto hello = [&](uint32_t index) {
+    pb::Header header;
+    header.set_type(pb::HELLO);
+    header.mutable_hello()->set_worker_index(index);
+    layout_.ToSpecs(header.mutable_hello()->mutable_layout());
+    return header;
+  };
+  Result<Envelope> welcome1 = DeadlineExceededError("not answered");
+  std::thread join1([&] { welcome1 = w1.Call(hello(1), {}, kTimeout); });
+  Result<Envelope> welcome0 = w0.Call(hello(0), {}, kTimeout);
+  join1.join();
+  ASSERT_TRUE(welcome0.ok() && welcome1.ok());
+
+  // Worker 0 commits: its reply is the whole model, which includes the
+  // announced parameters, so it waits.
+  Result<Envelope> commit_reply = DeadlineExceededError("not answered");
+  std::thread committer([&] {
+    pb::Header commit;
+    commit.set_type(pb::COMMIT);
+    AddLayoutSlices(layout_, &commit);
+    commit.mutable_commit()->set_base_version(0);
+    std::vector<zmq::message_t> update;
+    for (const TensorInfo& tensor : layout_.tensors()) {
+      update.push_back(CopyFloatFrame(std::vector<float>(tensor.size, 0.0f)));
+    }
+    commit_reply = w0.Call(commit, std::move(update), kTimeout);
+  });
+  auto pull = [&](const std::string& tensor, uint64_t length) {
+    pb::Header request;
+    request.set_type(pb::PULL);
+    pb::TensorSlice* range = request.mutable_pull()->add_ranges();
+    range->set_tensor(tensor);
+    range->set_offset(0);
+    range->set_length(length);
+    return request;
+  };
+  // Worker 1 reads another tensor: answered at once.
+  const auto start = std::chrono::steady_clock::now();
+  Result<Envelope> other = w1.Call(
+      pull("fc1.weight", layout_.Find("fc1.weight")->size), {}, kTimeout);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_EQ(other->header.type(), pb::MODEL);
+  ASSERT_EQ(other->header.slices_size(), 1);
+  EXPECT_EQ(other->header.slices(0).tensor(), "fc1.weight");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  // ... but a read of the announced bias waits too.
+  Result<Envelope> bias = DeadlineExceededError("not answered");
+  std::thread reader(
+      [&] { bias = w1.Call(pull("fc0.bias", 4), {}, kTimeout); });
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_FALSE(commit_reply.ok()) << "the commit reply was not held";
+  EXPECT_FALSE(bias.ok()) << "the bias read was not held";
+
+  // The values arrive: both reads go on and see them.
+  std::vector<zmq::message_t> values;
+  const pb::Header update = Update("b", 1, 0.5f, &values);
+  Send(update, std::move(values));
+  committer.join();
+  reader.join();
+  ASSERT_TRUE(commit_reply.ok()) << commit_reply.status();
+  EXPECT_EQ(commit_reply->header.type(), pb::MODEL);
+  ASSERT_TRUE(bias.ok()) << bias.status();
+  ASSERT_EQ(bias->header.type(), pb::MODEL);
+  const float* got = static_cast<const float*>(bias->payload[0].data());
+  const TensorInfo* b = layout_.Find("fc0.bias");
+  EXPECT_FLOAT_EQ(got[0], initial_[b->offset] + 0.5f);
+  EXPECT_FLOAT_EQ(got[3], initial_[b->offset + 3]);
+  // Peer b ends its job (final flush, nothing more): the site finishes too.
+  pb::Header final_clock = Clock("b", 1);
+  final_clock.mutable_mirror_clock()->set_final(true);
+  Send(final_clock);
+  for (RpcClient* client : {&w0, &w1}) {
+    pb::Header bye;
+    bye.set_type(pb::BYE);
+    bye.mutable_bye();
+    (void)client->Call(bye, {}, kTimeout);
+  }
+  thread_.join();
+  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_TRUE(server_->summary().stopped_by_peer());
+  EXPECT_TRUE(server_->summary().sync().flushed());
 }
 
 }  // namespace
