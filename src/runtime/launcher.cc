@@ -17,6 +17,7 @@
 #include "meridian/log.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
+#include "meridian/wan_control.h"
 #include "runtime/process.h"
 #include "runtime/report.h"
 
@@ -49,6 +50,7 @@ struct SiteProgress {
   std::string name;
   std::unique_ptr<RpcClient> client;
   std::optional<pb::SiteStatus> status;
+  int64_t clock = 0;  // from the status reply's header
 };
 
 std::string FormatProgress(const std::vector<SiteProgress>& sites,
@@ -71,6 +73,13 @@ std::string FormatProgress(const std::vector<SiteProgress>& sites,
                     " %s: train %.1f s  acc %.4f  loss %.4f  %.0f commits/s",
                     site.name.c_str(), site.status->elapsed_s(),
                     eval.accuracy(), eval.loss(), site.status->commits_per_s());
+      if (site.status->has_theta()) {
+        line += buf;
+        std::snprintf(buf, sizeof(buf),
+                      "  clock %lld  theta %.3g  WAN %.1f MB  |",
+                      static_cast<long long>(site.clock), site.status->theta(),
+                      site.status->wan_bytes_sent() / 1e6);
+      }
     }
     line += buf;
   }
@@ -123,6 +132,7 @@ class JobRun {
     binary_ = options_.binary.empty() ? SelfExecutable() : options_.binary;
     const std::string logs = options_.out_dir + "/logs/";
     MERIDIAN_RETURN_IF_ERROR(StartSiteServers());
+    MERIDIAN_RETURN_IF_ERROR(StartWanem());
     MERIDIAN_RETURN_IF_ERROR(IntroducePeers());
     for (int s = 0; s < job_.site_size(); ++s) {
       const pb::SiteConfig& site = job_.site(s);
@@ -221,21 +231,87 @@ class JobRun {
     return Status::Ok();
   }
 
-  // Where site `from`'s server sends its updates for site `to`.
+  // Where site `from`'s server sends its updates for site `to`: through a
+  // wanem route when the WAN is emulated.
   Result<std::string> MirrorEndpoint(int from, int to) {
-    (void)from;
-    return mirror_endpoints_[to];
+    return Route(from, to, mirror_endpoints_[to]);
   }
 
-  // Where the workers of site `s` connect: their serving site's server.
+  // Where the workers of site `s` connect: their serving site's server,
+  // across the WAN when it is another site's.
   Result<std::string> WorkerEndpoint(int s) {
-    return server_endpoints_[ServingSite(job_, s)];
+    const int serving = ServingSite(job_, s);
+    if (serving == s) return server_endpoints_[s];
+    return Route(s, serving, server_endpoints_[serving]);
+  }
+
+  // Whether any two sites exchange traffic (a site using another's server,
+  // or sites that sync).
+  bool HasCrossSiteTraffic() const {
+    for (int s = 0; s < job_.site_size(); ++s) {
+      if (ServingSite(job_, s) != s) return true;
+      if (HasServer(job_.site(s)) && job_.sync().kind() != pb::SYNC_NONE &&
+          !RoleOf(job_, s).Peers().empty()) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Starts `meridian wanem` with every link of the job; routes are added
+  // as the pairs of sites that talk are known. Every cross-site byte then
+  // crosses it and is counted (shaped unless wan.emulate is false).
+  Status StartWanem() {
+    if (!HasCrossSiteTraffic()) return Status::Ok();
+    MERIDIAN_ASSIGN_OR_RETURN(
+        ChildProcess child,
+        ChildProcess::Spawn("wanem",
+                            {binary_, "wanem", "--config", options_.config_path,
+                             "--control", "tcp://127.0.0.1:0", "--traffic-csv",
+                             options_.out_dir + "/traffic.csv", "--ready-fd",
+                             std::to_string(kReadyFd)},
+                            options_.out_dir + "/logs/wanem.log"));
+    wanem_.emplace(std::move(child));
+    Result<std::string> line = wanem_->ReadReadyLine(kReadyTimeout);
+    if (!line.ok() || line->rfind("ready ", 0) != 0) {
+      wanem_->Poll();
+      return UnavailableError(
+          "wanem did not start (" +
+          (line.ok() ? "unexpected '" + *line + "'" : line.status().message()) +
+          "; " + wanem_->DescribeExit() + "); its log " + wanem_->log_path() +
+          " ends with:\n" + wanem_->LogTail(kLogTailLines));
+    }
+    wan_control_ = std::make_unique<wan::ControlClient>(line->substr(6));
+    MLOG(INFO) << "wanem shapes every link between sites; control at "
+               << wan_control_->endpoint();
+    return Status::Ok();
+  }
+
+  // The endpoint site `from` uses to reach `target` (a ZeroMQ tcp endpoint
+  // of site `to`): a wanem listener forwarding to it, or `target` itself
+  // without wanem.
+  Result<std::string> Route(int from, int to, const std::string& target) {
+    if (!wan_control_) return target;
+    const std::string prefix = "tcp://";
+    if (target.rfind(prefix, 0) != 0) {
+      return InvalidArgumentError("cannot route '" + target +
+                                  "' through wanem: only tcp:// endpoints");
+    }
+    const int a = std::min(from, to);
+    const int b = std::max(from, to);
+    const std::string link = job_.site(a).name() + "-" + job_.site(b).name();
+    MERIDIAN_ASSIGN_OR_RETURN(
+        std::string listen,
+        wan_control_->AddRoute(link, job_.site(from).name(), "127.0.0.1:0",
+                               target.substr(prefix.size())));
+    return prefix + listen;
   }
 
   std::vector<ChildProcess*> Children() {
     std::vector<ChildProcess*> all;
     for (ChildProcess& c : sites_) all.push_back(&c);
     for (ChildProcess& c : workers_) all.push_back(&c);
+    if (wanem_) all.push_back(&*wanem_);
     return all;
   }
 
@@ -292,6 +368,8 @@ class JobRun {
                       [](const ChildProcess& c) { return c.exited(); });
       if (sites_done && !sites_done_seen) {
         sites_done_seen = true;
+        // Every site has flushed: the emulator's counters are final.
+        StopWanem();
         // Workers leave on their own once told to stop; give them time.
         BeginStop(0, kWorkerGraceS);
       }
@@ -335,8 +413,21 @@ class JobRun {
           site.client->Call(request, {}, std::chrono::milliseconds(300));
       if (reply.ok() && reply->header.type() == pb::STATUS_REPLY) {
         site.status = reply->header.status();
+        site.clock = reply->header.clock();
       }
     }
+  }
+
+  // Reads wanem's final counters, then stops it.
+  void StopWanem() {
+    if (!wanem_ || wanem_->exited()) return;
+    Result<pb::WanControlReply> status = wan_control_->GetStatus();
+    if (status.ok()) {
+      final_traffic_ = std::move(*status);
+    } else {
+      MLOG(ERROR) << "cannot read wanem's counters: " << status.status();
+    }
+    wanem_->Signal(SIGTERM);
   }
 
   Result<pb::RunReport> Report() {
@@ -375,6 +466,17 @@ class JobRun {
     }
     pb::RunReport report =
         BuildRunReport(job_, summaries, wall_.ElapsedSeconds(), outcome);
+    if (final_traffic_) {
+      double total = 0;
+      for (pb::LinkTraffic& link : wan::LinkTrafficFromReply(*final_traffic_)) {
+        total += link.bytes();
+        *report.add_links() = std::move(link);
+      }
+      report.set_wan_bytes_total(total);
+      if (total > 0) {
+        report.set_wan_reduction(report.dense_equivalent_bytes() / total);
+      }
+    }
     MERIDIAN_RETURN_IF_ERROR(
         WriteJsonFile(report, options_.out_dir + "/report.json"));
     MERIDIAN_RETURN_IF_ERROR(
@@ -395,6 +497,9 @@ class JobRun {
   std::vector<int> server_site_index_;         // site index of each sites_[i]
   std::vector<std::string> server_endpoints_;  // by site index; "" if none
   std::vector<std::string> mirror_endpoints_;  // by site index; "" if none
+  std::optional<ChildProcess> wanem_;          // when sites exchange traffic
+  std::unique_ptr<wan::ControlClient> wan_control_;
+  std::optional<pb::WanControlReply> final_traffic_;
   std::vector<ChildProcess> workers_;
   std::vector<SiteProgress> progress_;
   bool stopping_ = false;

@@ -81,6 +81,20 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
     accuracy += site.final_accuracy();
     loss += site.final_loss();
   }
+  // Dense per-step equivalent: workers outside the first site, whose steps
+  // would each cross the WAN twice with the whole model.
+  double dense_equivalent = 0;
+  const std::string first_site = job.site_size() > 0 ? job.site(0).name() : "";
+  for (const pb::SiteSummary& site : sites) {
+    const double model_bytes =
+        static_cast<double>(site.model_parameters()) * sizeof(float);
+    for (const pb::WorkerSummary& worker : site.workers()) {
+      if (worker.site() != first_site) {
+        dense_equivalent += 2.0 * model_bytes * worker.steps();
+      }
+    }
+  }
+  report.set_dense_equivalent_bytes(dense_equivalent);
   report.set_reached_target(all_reached);
   report.set_time_to_target_s(all_reached ? last_target_time : -1);
   if (!sites.empty()) {
@@ -88,6 +102,70 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
     report.set_final_loss(loss / sites.size());
   }
   return report;
+}
+
+namespace {
+
+std::string FormatBytes(double bytes) {
+  char buf[32];
+  if (bytes >= 1e9) {
+    std::snprintf(buf, sizeof(buf), "%.2f GB", bytes / 1e9);
+  } else if (bytes >= 1e6) {
+    std::snprintf(buf, sizeof(buf), "%.2f MB", bytes / 1e6);
+  } else if (bytes >= 1e3) {
+    std::snprintf(buf, sizeof(buf), "%.1f kB", bytes / 1e3);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.0f B", bytes);
+  }
+  return buf;
+}
+
+// "x.xx×" of value against base; "—" when either is missing.
+std::string Ratio(double value, double base) {
+  if (value <= 0 || base <= 0) return "—";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f×", value / base);
+  return buf;
+}
+
+}  // namespace
+
+Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
+  if (dirs.empty()) return InvalidArgumentError("no run directories given");
+  std::vector<pb::RunReport> reports;
+  for (const std::string& dir : dirs) {
+    pb::RunReport report;
+    MERIDIAN_RETURN_IF_ERROR(ReadJsonFile(dir + "/report.json", &report));
+    reports.push_back(std::move(report));
+  }
+  std::ostringstream out;
+  out << "| run | job | time to target (s) | final accuracy | WAN bytes | "
+         "wall (s) | time vs first | WAN bytes vs first |\n"
+      << "|---|---|---|---|---|---|---|---|\n";
+  const pb::RunReport& first = reports.front();
+  char buf[64];
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const pb::RunReport& r = reports[i];
+    out << "| " << dirs[i] << " | " << r.job() << " | ";
+    if (r.reached_target()) {
+      std::snprintf(buf, sizeof(buf), "%.1f", r.time_to_target_s());
+      out << buf;
+    } else {
+      out << "not reached";
+    }
+    std::snprintf(buf, sizeof(buf), "%.4f", r.final_accuracy());
+    out << " | " << buf << " | " << FormatBytes(r.wan_bytes_total()) << " | ";
+    std::snprintf(buf, sizeof(buf), "%.1f", r.wall_s());
+    out << buf << " | "
+        << Ratio(r.reached_target() ? r.time_to_target_s() : 0,
+                 first.reached_target() ? first.time_to_target_s() : 0)
+        << " | " << Ratio(r.wan_bytes_total(), first.wan_bytes_total())
+        << " |\n";
+  }
+  out << "\nRatios are each run's value divided by the first run's (target "
+         "accuracy "
+      << first.target_accuracy() << ").\n";
+  return out.str();
 }
 
 Status WriteTimelineCsv(const std::vector<pb::SiteSummary>& sites,

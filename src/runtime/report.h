@@ -30,6 +30,12 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
                              const std::vector<pb::SiteSummary>& sites,
                              double wall_s, const std::string& outcome);
 
+// A markdown table comparing the runs in `dirs` (each holding a
+// report.json): time to target, final accuracy, WAN bytes, wall time, and
+// each ratio against the first run. Errors name the directory that has no
+// readable report.
+Result<std::string> CompareRuns(const std::vector<std::string>& dirs);
+
 // "site,t_s,accuracy,loss,model_version,commits" and one row per
 // evaluation of every site.
 Status WriteTimelineCsv(const std::vector<pb::SiteSummary>& sites,

@@ -304,6 +304,8 @@ class SiteServer::Impl {
     summary_.set_rejected(rejected_);
     summary_.set_training_s(training_s_);
     summary_.set_stop_reason(stop_reason_);
+    summary_.set_model_parameters(
+        static_cast<uint32_t>(model_->layout().num_elements()));
     if (sync_) *summary_.mutable_sync() = sync_->Summary();
     summary_.set_reached_target(time_to_target_s_ >= 0);
     summary_.set_time_to_target_s(time_to_target_s_);
