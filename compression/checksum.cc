@@ -1,4 +1,4 @@
-#include "compression/checksum.h"
+#include "checksum.h"
 
 #include <bit>
 #include <cstring>

@@ -68,7 +68,7 @@ inline uint16_t FloatToHalfStochastic(float f, uint32_t random) {
     // Subnormal range: spacing 2^-24; scaling by 2^24 is exact.
     const float scaled = std::bit_cast<float>(x) * 0x1p24f;  // < 1024
     const float u = static_cast<float>(random >> 8) * 0x1p-24f;
-    h = static_cast<uint32_t>(scaled + u);  // 1024 is the smallest normal
+    h = static_cast<uint32_t>(scaled + u);        // 1024 is the smallest normal
     if (static_cast<float>(h) > scaled + u) --h;  // float sum rounded up
   } else {
     // Normal range: the fp16 value is the float's bits truncated to 10
@@ -91,7 +91,8 @@ inline uint16_t FloatToBf16Nearest(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);
   const uint32_t rounded = x + 0x7fff + ((x >> 16) & 1);
   uint16_t b = static_cast<uint16_t>(rounded >> 16);
-  if (!IsFiniteBf16(b)) b = static_cast<uint16_t>((x >> 16 & 0x8000) | kBf16MaxFinite);
+  if (!IsFiniteBf16(b))
+    b = static_cast<uint16_t>((x >> 16 & 0x8000) | kBf16MaxFinite);
   return b;
 }
 

@@ -31,11 +31,12 @@
 //   FP16  nearest: |err| <= 2^-11 |v| for 2^-14 <= |v| <= 65504, <= 2^-25
 //         below (subnormal spacing); stochastic: < one spacing (2^-10 |v|,
 //         2^-24 below 2^-14). |v| > 65504 saturates to +-65504.
-//   BF16  nearest: |err| <= 2^-8 |v|; stochastic: < 2^-7 |v|. Values that
-//         would round past the largest finite bf16 saturate to it.
+//   BF16  nearest: |err| <= 2^-8 |v|; stochastic: < 2^-7 |v| (normal
+//         floats). Values that would round past the largest finite bf16
+//         saturate to it.
 //   INT8  s = max|v| of the block / 127 (rounded up), q = round(v / s) in
-//         [-127, 127], decoded q * s. Nearest: |err| <= s/2 (plus one float
-//         rounding of q * s); stochastic (unbiased): |err| < s.
+//         [-127, 127], decoded q * s. Nearest: |err| <= s/2; stochastic
+//         (unbiased): |err| < s; both plus float rounding (< 2^-15 s).
 //   INT4  the same with 7 instead of 127, two values per byte.
 // Saturated and out-of-range parts always go to the residual.
 //
@@ -134,6 +135,8 @@ class UpdateEncoder {
   // Fails when ValidateCompressionConfig fails or zstd cannot allocate.
   static Result<UpdateEncoder> Create(const pb::CompressionConfig& config);
 
+  // A moved-from encoder may only be assigned to or destroyed.
+
   UpdateEncoder(UpdateEncoder&&) noexcept;
   UpdateEncoder& operator=(UpdateEncoder&&) noexcept;
   ~UpdateEncoder();
@@ -204,28 +207,29 @@ Result<EncodedInfo> InspectEncoded(std::span<const std::byte> encoded,
 class UpdateDecoder {
  public:
   explicit UpdateDecoder(DecodeOptions options = {});
+  // A moved-from decoder may only be assigned to or destroyed.
   UpdateDecoder(UpdateDecoder&&) noexcept;
   UpdateDecoder& operator=(UpdateDecoder&&) noexcept;
   ~UpdateDecoder();
 
   // Decodes into `out`, which the caller sizes to the slice it expects
-  // (the encoded size must equal out.size(): the caller's buffer is the
-  // size limit). Elements not carried become 0. On error `out` is
-  // unspecified.
+  // (the encoded size must equal out.size(), else InvalidArgument: the
+  // caller's buffer is the size limit, and scratch stays under about 18
+  // bytes per element of it). Elements not carried become 0. On error
+  // `out` is unspecified.
   Status DecodeDense(std::span<const std::byte> encoded, std::span<float> out);
 
   // Adds the decoded update into `target` (target[i] += decoded[i] for
   // every carried entry); the encoded size must equal target.size(). On
   // error `target` is unchanged.
-  Status DecodeAdd(std::span<const std::byte> encoded,
-                   std::span<float> target);
+  Status DecodeAdd(std::span<const std::byte> encoded, std::span<float> target);
 
   // Decodes the carried entries (all `size` of them for INDEX_DENSE,
   // zeros included) into `out`, reusing its vectors' capacity. Buffers
   // whose slice has more than `max_elements` elements are refused
-  // (OutOfRange) before anything is allocated; memory used is at most
-  // about 9 bytes per element of max_elements. On error `out` is
-  // unspecified.
+  // (OutOfRange) before anything is allocated; a buffer that passes makes
+  // the decoder and `out` hold at most about 18 bytes per element of its
+  // slice. On error `out` is unspecified.
   Status DecodeSparse(std::span<const std::byte> encoded, uint64_t max_elements,
                       SparseUpdate* out);
 
