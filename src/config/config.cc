@@ -20,6 +20,9 @@
 #include <system_error>
 #include <utility>
 
+#include "meridian/wan_presets.h"
+#include "meridian/wan_units.h"
+
 namespace meridian {
 namespace {
 
@@ -238,6 +241,14 @@ void ValidateSites(const pb::JobConfig& config, const IssueReporter& root) {
     const pb::SiteConfig& site = config.site(i);
     const IssueReporter r = root.Nested("site", i);
     ValidateSiteName(site.name(), i, &first_use, r);
+    if (site.has_region() && !wan::IsKnownRegion(site.region())) {
+      std::string known;
+      for (const std::string& region : wan::KnownRegions()) {
+        known += (known.empty() ? "" : ", ") + region;
+      }
+      r.Report("region", "unknown region '" + site.region() +
+                             "'; the presets know " + known);
+    }
     r.Check(IsEndpoint(site.address()), "address",
             "must be a ZeroMQ endpoint starting with tcp://, ipc:// or "
             "inproc://, got '" +
@@ -322,7 +333,19 @@ void ValidateServer(const pb::ServerConfig& server, const IssueReporter& r) {
   r.Real("join_timeout_s", server.join_timeout_s(), kPositive);
 }
 
-void ValidateWan(const pb::JobConfig& config, const IssueReporter& r) {
+// Reports an error of the form "field.path: message" at that field.
+void ReportAtPath(const Status& status, const IssueReporter& root) {
+  const std::string& text = status.message();
+  const size_t colon = text.find(": ");
+  if (colon == std::string::npos || text.find(' ') < colon) {
+    root.Report("", text);
+  } else {
+    root.Report(text.substr(0, colon), text.substr(colon + 2));
+  }
+}
+
+void ValidateWan(const pb::JobConfig& config, const IssueReporter& r,
+                 const IssueReporter& root) {
   const pb::WanConfig& wan = config.wan();
   r.Real("sample_period_s", wan.sample_period_s(), kPositive);
   r.Check(IsEndpoint(wan.control_address()), "control_address",
@@ -348,6 +371,30 @@ void ValidateWan(const pb::JobConfig& config, const IssueReporter& r) {
             "the link " + link.a() + "-" + link.b() +
                 " is already configured by wan.link[" +
                 std::to_string(it->second) + "]");
+  }
+  // Unit strings: each direction config applied to a default model.
+  auto check_direction = [&](const pb::LinkDirectionConfig& direction,
+                             const std::string& path) {
+    wan::DirectionModel model = wan::DefaultDirectionModel();
+    if (Status status = wan::ApplyDirectionConfig(direction, path, &model);
+        !status.ok()) {
+      ReportAtPath(status, root);
+    }
+  };
+  if (wan.has_default_link()) {
+    check_direction(wan.default_link(), "wan.default_link");
+  }
+  for (int i = 0; i < wan.link_size(); ++i) {
+    const std::string path = "wan." + Indexed("link", i);
+    if (wan.link(i).has_both()) {
+      check_direction(wan.link(i).both(), path + ".both");
+    }
+    if (wan.link(i).has_a_to_b()) {
+      check_direction(wan.link(i).a_to_b(), path + ".a_to_b");
+    }
+    if (wan.link(i).has_b_to_a()) {
+      check_direction(wan.link(i).b_to_a(), path + ".b_to_a");
+    }
   }
 }
 
@@ -395,6 +442,15 @@ void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
   }
   r.Real("selective_barrier_fraction", sync.selective_barrier_fraction(),
          kUnitInterval);
+  if (sync.has_bandwidth_budget()) {
+    Result<double> budget = wan::ParseBandwidth(sync.bandwidth_budget());
+    if (!budget.ok()) {
+      r.Report("bandwidth_budget", budget.status().message());
+    } else {
+      r.Check(*budget > 0, "bandwidth_budget",
+              "must be a positive rate such as \"50mbit\"");
+    }
+  }
   r.Count("averaging_period", sync.averaging_period(), kAtLeastOne);
   ValidateCompression(sync.compression(), r.Nested("compression"));
   r.Specified("topology", sync.topology());
@@ -614,7 +670,7 @@ std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config) {
   ValidateOptimizer(config.optimizer(), root.Nested("optimizer"));
   ValidateServer(config.server(), root.Nested("server"));
   ValidatePolicy(config.policy(), root.Nested("policy"));
-  ValidateWan(config, root.Nested("wan"));
+  ValidateWan(config, root.Nested("wan"), root);
   ValidateSync(config, root.Nested("sync"));
   root.Real("target_accuracy", config.target_accuracy(), kUnitInterval);
   root.Real("time_budget_s", config.time_budget_s(), kPositive);

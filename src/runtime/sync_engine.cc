@@ -10,6 +10,8 @@
 #include "meridian/message.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
+#include "meridian/wan_presets.h"
+#include "meridian/wan_units.h"
 
 namespace meridian {
 namespace {
@@ -150,40 +152,18 @@ class SyncEngine::Impl {
                                     "' does not sync with a site named '" +
                                     site + "' (its peers: " + PeerList() + ")");
       }
+      if (it->socket && it->endpoint != endpoint) {
+        return FailedPreconditionError("the channel to site '" + site +
+                                       "' is already connected to " +
+                                       it->endpoint);
+      }
       it->endpoint = endpoint;
     }
     return Status::Ok();
   }
 
   Status Connect() {
-    const double now = clock_->NowSeconds();
-    for (Channel& channel : channels_) {
-      try {
-        channel.socket = std::make_unique<zmq::socket_t>(
-            *options_.context, zmq::socket_type::dealer);
-        channel.socket->set(zmq::sockopt::linger, kLingerMs);
-        // Never drop: while a link is slow or partitioned, updates wait in
-        // the queue (the DS bound keeps it finite).
-        channel.socket->set(zmq::sockopt::sndhwm, 0);
-        channel.socket->connect(channel.endpoint);
-      } catch (const zmq::error_t& error) {
-        return InvalidArgumentError("cannot connect to site '" + channel.name +
-                                    "' at '" + channel.endpoint +
-                                    "': " + error.what());
-      }
-      const double budget = LinkBudget(channel.site);
-      if (sync_.adaptive_threshold() && budget > 0) {
-        channel.adaptive.emplace(budget, sync_.adaptive_step(),
-                                 sync_.adaptive_max() - sync_.threshold());
-      }
-      channel.period_start_s = now;
-      pb::Header hello =
-          MakeHeader(pb::MIRROR_HELLO, self_, ++channel.sequence);
-      store_->layout().ToSpecs(hello.mutable_mirror_hello()->mutable_layout());
-      Send(channel, hello, {});
-      MLOG(INFO) << "connected to site '" << channel.name << "' at "
-                 << channel.endpoint;
-    }
+    for (Channel& channel : channels_) MERIDIAN_RETURN_IF_ERROR(Open(channel));
     return Status::Ok();
   }
 
@@ -366,11 +346,24 @@ class SyncEngine::Impl {
   }
 
   // ---- thresholds and budgets -------------------------------------------
-  // The link budget in bytes/s: sync.bandwidth_budget, else the link's
-  // emulated bandwidth; 0 when neither is known.
+  // The link budget in bytes/s: sync.bandwidth_budget, else the emulated
+  // bandwidth of the direction towards `peer`; 0 when neither is known.
   double LinkBudget(int peer) const {
-    (void)peer;
-    return budget_bytes_per_s_;
+    if (sync_.has_bandwidth_budget()) {
+      Result<double> budget = wan::ParseBandwidth(sync_.bandwidth_budget());
+      return budget.ok() ? *budget / 8 : 0;
+    }
+    Result<std::vector<wan::LinkModel>> links = wan::ResolveJobLinks(job_);
+    if (!links.ok()) return 0;
+    const std::string& self = name_;
+    const std::string& other = job_.site(peer).name();
+    for (const wan::LinkModel& link : *links) {
+      if (link.a == self && link.b == other)
+        return link.a_to_b.bandwidth_bps / 8;
+      if (link.b == self && link.a == other)
+        return link.b_to_a.bandwidth_bps / 8;
+    }
+    return 0;
   }
 
   double Theta(int64_t clock) {
@@ -406,8 +399,47 @@ class SyncEngine::Impl {
   }
 
   // ---- sending ------------------------------------------------------------
+  // Connects the channel and introduces this site on it, once. Channels
+  // open when training starts, or earlier when a hub must relay a member's
+  // update before its own workers have joined.
+  Status Open(Channel& channel) {
+    if (channel.socket) return Status::Ok();
+    try {
+      auto socket = std::make_unique<zmq::socket_t>(*options_.context,
+                                                    zmq::socket_type::dealer);
+      socket->set(zmq::sockopt::linger, kLingerMs);
+      // Never drop: while a link is slow or partitioned, updates wait in
+      // the queue (the DS bound keeps it finite).
+      socket->set(zmq::sockopt::sndhwm, 0);
+      socket->connect(channel.endpoint);
+      channel.socket = std::move(socket);
+    } catch (const zmq::error_t& error) {
+      return InvalidArgumentError("cannot connect to site '" + channel.name +
+                                  "' at '" + channel.endpoint +
+                                  "': " + error.what());
+    }
+    const double budget = LinkBudget(channel.site);
+    if (sync_.adaptive_threshold() && budget > 0) {
+      channel.adaptive.emplace(budget, sync_.adaptive_step(),
+                               sync_.adaptive_max() - sync_.threshold());
+    }
+    channel.period_start_s = clock_->NowSeconds();
+    pb::Header hello = MakeHeader(pb::MIRROR_HELLO, self_, ++channel.sequence);
+    store_->layout().ToSpecs(hello.mutable_mirror_hello()->mutable_layout());
+    Send(channel, hello, {});
+    MLOG(INFO) << "connected to site '" << channel.name << "' at "
+               << channel.endpoint;
+    return Status::Ok();
+  }
+
   void Send(Channel& channel, const pb::Header& header,
             std::vector<zmq::message_t> frames) {
+    if (!channel.socket) {
+      if (Status status = Open(channel); !status.ok()) {
+        MLOG(ERROR) << status << "; update not sent";
+        return;
+      }
+    }
     uint64_t bytes = header.ByteSizeLong();
     for (const zmq::message_t& frame : frames) bytes += frame.size();
     if (Status status = SendMessage(*channel.socket, header, std::move(frames));
@@ -938,7 +970,6 @@ class SyncEngine::Impl {
   UpdateDecoder decoder_;
   size_t main_acc_ = 0;
   size_t out_acc_ = 0;
-  double budget_bytes_per_s_ = 0;
 
   int64_t local_clock_ = 0;
   double last_theta_ = 0;
