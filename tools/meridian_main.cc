@@ -11,6 +11,8 @@
 #include "meridian/launcher.h"
 #include "meridian/log.h"
 #include "meridian/site_server.h"
+#include "meridian/wan_control.h"
+#include "meridian/wanem.h"
 #include "meridian/worker.h"
 
 namespace meridian {
@@ -85,11 +87,13 @@ int Run(const std::string& path, std::string out_dir) {
 }
 
 int Site(const std::string& path, const std::string& site,
-         const std::string& bind, const std::string& out_dir, int ready_fd) {
+         const std::string& bind, const std::string& mirror_bind,
+         const std::string& out_dir, int ready_fd) {
   SiteServerOptions options;
   if (!LoadJob(path, &options.job)) return kExitBadInput;
   options.site = site;
   options.bind = bind;
+  options.mirror_bind = mirror_bind;
   options.out_dir = out_dir;
   options.stop_requested = InstallStopSignalHandlers();
   Result<std::unique_ptr<SiteServer>> server =
@@ -99,7 +103,12 @@ int Site(const std::string& path, const std::string& site,
     return kExitFailure;
   }
   if (ready_fd >= 0) {
-    const std::string line = "ready " + (*server)->endpoint() + "\n";
+    // "ready <worker endpoint> [<mirror endpoint>]"
+    std::string line = "ready " + (*server)->endpoint();
+    if (!(*server)->mirror_endpoint().empty()) {
+      line += " " + (*server)->mirror_endpoint();
+    }
+    line += "\n";
     if (::write(ready_fd, line.data(), line.size()) !=
         static_cast<ssize_t>(line.size())) {
       MLOG(WARNING) << "cannot write the ready line to fd " << ready_fd;
@@ -134,6 +143,89 @@ int WorkerRole(const std::string& path, const std::string& site, uint32_t index,
   return 0;
 }
 
+// Flags of `meridian wanem` (the emulator) and `meridian wanem ctl`.
+struct WanemFlags {
+  std::string config, listen, forward, bandwidth, latency, jitter,
+      jitter_distribution, queue_limit, control, traffic_csv;
+  int ready_fd = -1;
+};
+struct WanemCtlFlags {
+  std::string control = std::string(wan::kDefaultControlEndpoint);
+  std::string link, direction, bandwidth, latency, jitter, jitter_distribution,
+      queue_limit, from, listen, forward;
+};
+
+int Wanem(const WanemFlags& flags) {
+  SetLogRole("wanem");
+  Result<wan::WanemOptions> options = InvalidArgumentError("");
+  if (!flags.config.empty()) {
+    if (!flags.listen.empty() || !flags.forward.empty()) {
+      std::fprintf(stderr,
+                   "wanem: --config and --listen/--forward are two forms; "
+                   "use one\n");
+      return kExitBadInput;
+    }
+    pb::JobConfig job;
+    if (!LoadJob(flags.config, &job)) return kExitBadInput;
+    options = wan::JobWanemOptions(job, flags.control);
+  } else if (flags.listen.empty() || flags.forward.empty()) {
+    std::fprintf(stderr,
+                 "wanem: give --listen HOST:PORT and --forward HOST:PORT (one "
+                 "link), or --config JOB\n");
+    return kExitBadInput;
+  } else {
+    options = wan::OneLinkWanemOptions(
+        flags.listen, flags.forward, flags.bandwidth, flags.latency,
+        flags.jitter, flags.jitter_distribution, flags.queue_limit);
+    if (options.ok() && !flags.control.empty()) {
+      options->control = flags.control;
+    }
+  }
+  if (!options.ok()) {
+    std::fprintf(stderr, "wanem: %s\n", options.status().message().c_str());
+    return kExitBadInput;
+  }
+  options->ready_fd = flags.ready_fd;
+  options->traffic_csv = flags.traffic_csv;
+  if (Status status = wan::RunWanem(*options, InstallStopSignalHandlers());
+      !status.ok()) {
+    MLOG(ERROR) << status;
+    return kExitFailure;
+  }
+  return 0;
+}
+
+int WanemCtl(const std::string& command, const WanemCtlFlags& flags) {
+  pb::WanControlRequest request;
+  if (command == "status") {
+    request = wan::MakeStatusRequest();
+  } else if (command == "partition") {
+    request = wan::MakePartitionRequest(flags.link);
+  } else if (command == "heal") {
+    request = wan::MakeHealRequest(flags.link);
+  } else if (command == "add-route") {
+    request = wan::MakeAddRouteRequest(flags.link, flags.from, flags.listen,
+                                       flags.forward);
+  } else {
+    Result<pb::WanControlRequest> set = wan::MakeSetRequest(
+        flags.link, flags.direction, flags.bandwidth, flags.latency,
+        flags.jitter, flags.jitter_distribution, flags.queue_limit);
+    if (!set.ok()) {
+      std::fprintf(stderr, "wanem ctl: %s\n", set.status().message().c_str());
+      return kExitBadInput;
+    }
+    request = *set;
+  }
+  if (Status valid = wan::ValidateControlRequest(request); !valid.ok()) {
+    std::fprintf(stderr, "wanem ctl: %s\n", valid.message().c_str());
+    return kExitBadInput;
+  }
+  std::string output;
+  const int code = wan::RunWanemCtl(flags.control, request, &output);
+  std::fputs(output.c_str(), code == 0 ? stdout : stderr);
+  return code;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{
       "Meridian: geo-distributed training with site parameter servers"};
@@ -143,6 +235,7 @@ int Main(int argc, char** argv) {
   std::string out_dir;
   std::string site;
   std::string endpoint;
+  std::string mirror_bind;
   uint32_t index = 0;
   int ready_fd = -1;
 
@@ -164,6 +257,9 @@ int Main(int argc, char** argv) {
   site_cmd->add_option("--bind", endpoint,
                        "ZeroMQ endpoint to listen on (default: the site's "
                        "address)");
+  site_cmd->add_option("--mirror-bind", mirror_bind,
+                       "ZeroMQ endpoint for peer sites' updates (default: "
+                       "the site's mirror_address)");
   site_cmd->add_option("--out", out_dir,
                        "directory for the site summary (site-<name>.json)");
   site_cmd->add_option("--ready-fd", ready_fd,
@@ -179,6 +275,86 @@ int Main(int argc, char** argv) {
                          "site server endpoint (default: the site's "
                          "address)");
 
+  WanemFlags wanem;
+  CLI::App* wanem_cmd = app.add_subcommand(
+      "wanem",
+      "WAN link emulator: a TCP proxy that shapes bandwidth, latency, jitter "
+      "and partitions and counts every byte and message");
+  wanem_cmd->add_option("--listen", wanem.listen,
+                        "one link: listen on HOST:PORT (port 0: any)");
+  wanem_cmd->add_option("--forward", wanem.forward,
+                        "one link: forward connections to HOST:PORT");
+  wanem_cmd->add_option("--bandwidth", wanem.bandwidth,
+                        "one link: rate per direction, e.g. 100mbit, 1gbit "
+                        "(default unlimited)");
+  wanem_cmd->add_option("--latency", wanem.latency,
+                        "one link: one-way latency, e.g. 40ms (default 0)");
+  wanem_cmd->add_option("--jitter", wanem.jitter,
+                        "one link: jitter, e.g. 5ms (default 0)");
+  wanem_cmd->add_option("--jitter-distribution", wanem.jitter_distribution,
+                        "one link: uniform (default) or normal");
+  wanem_cmd->add_option("--queue-limit", wanem.queue_limit,
+                        "one link: bytes held per direction before reading "
+                        "stops, e.g. 4mb (default 2 x bandwidth x delay, "
+                        ">= 1mb)");
+  wanem_cmd->add_option("--config", wanem.config,
+                        "job file: every link between its sites; routes are "
+                        "added over the control endpoint");
+  wanem_cmd->add_option("--control", wanem.control,
+                        "control endpoint (default: the job's "
+                        "wan.control_address, or tcp://127.0.0.1:7300; "
+                        "port 0 picks one; 'none' disables it)");
+  wanem_cmd->add_option("--ready-fd", wanem.ready_fd,
+                        "write 'ready <control endpoint>' to this fd once "
+                        "listening");
+  wanem_cmd->add_option("--traffic-csv", wanem.traffic_csv,
+                        "append per-link traffic samples to this file");
+
+  WanemCtlFlags ctl_flags;
+  std::string ctl_command;
+  CLI::App* ctl = wanem_cmd->add_subcommand(
+      "ctl",
+      "Control a running wanem: status, set, partition, heal, add-route");
+  ctl->require_subcommand(1);
+  ctl->add_option("--control", ctl_flags.control,
+                  "wanem's control endpoint (default tcp://127.0.0.1:7300)");
+  CLI::App* ctl_status = ctl->add_subcommand("status", "Links and counters");
+  CLI::App* ctl_set =
+      ctl->add_subcommand("set", "Change a link's model while it runs");
+  ctl_set->add_option("LINK", ctl_flags.link, "link name, e.g. a-b")
+      ->required();
+  ctl_set->add_option("--direction", ctl_flags.direction,
+                      "a-to-b, b-to-a or both (default both)");
+  ctl_set->add_option("--bandwidth", ctl_flags.bandwidth, "e.g. 100mbit");
+  ctl_set->add_option("--latency", ctl_flags.latency, "one-way, e.g. 40ms");
+  ctl_set->add_option("--jitter", ctl_flags.jitter, "e.g. 5ms");
+  ctl_set->add_option("--jitter-distribution", ctl_flags.jitter_distribution,
+                      "uniform or normal");
+  ctl_set->add_option("--queue-limit", ctl_flags.queue_limit, "e.g. 4mb");
+  CLI::App* ctl_partition = ctl->add_subcommand(
+      "partition", "Hold a link's bytes (connections stay open)");
+  ctl_partition->add_option("LINK", ctl_flags.link, "link name")->required();
+  CLI::App* ctl_heal =
+      ctl->add_subcommand("heal", "Resume a partitioned link, in order");
+  ctl_heal->add_option("LINK", ctl_flags.link, "link name")->required();
+  CLI::App* ctl_route = ctl->add_subcommand(
+      "add-route", "Listen for connections from one site to the other");
+  ctl_route->add_option("LINK", ctl_flags.link, "link name")->required();
+  ctl_route->add_option("--from", ctl_flags.from, "the connecting site")
+      ->required();
+  ctl_route
+      ->add_option("--listen", ctl_flags.listen,
+                   "HOST:PORT to listen on (port 0: any)")
+      ->required();
+  ctl_route
+      ->add_option("--forward", ctl_flags.forward,
+                   "HOST:PORT on the other site")
+      ->required();
+  for (CLI::App* leaf :
+       {ctl_status, ctl_set, ctl_partition, ctl_heal, ctl_route}) {
+    leaf->fallthrough();  // `ctl status --control X` works too
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -186,8 +362,17 @@ int Main(int argc, char** argv) {
   }
   if (*validate) return Validate(config);
   if (*run) return Run(config, out_dir);
-  if (*site_cmd) return Site(config, site, endpoint, out_dir, ready_fd);
+  if (*site_cmd) return Site(config, site, endpoint, mirror_bind, out_dir, ready_fd);
   if (*worker_cmd) return WorkerRole(config, site, index, endpoint);
+  if (*wanem_cmd) {
+    if (*ctl) {
+      for (CLI::App* leaf : ctl->get_subcommands()) {
+        ctl_command = leaf->get_name();
+      }
+      return WanemCtl(ctl_command, ctl_flags);
+    }
+    return Wanem(wanem);
+  }
   return kExitBadInput;
 }
 

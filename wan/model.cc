@@ -1,9 +1,8 @@
-#include "meridian/wan_model.h"
-
 #include <algorithm>
 #include <cmath>
 #include <string>
 
+#include "meridian/wan_model.h"
 #include "meridian/wan_units.h"
 
 namespace meridian::wan {
@@ -34,8 +33,8 @@ uint64_t DefaultQueueLimit(const DirectionModel& model) {
 size_t ChunkBytes(const DirectionModel& model, size_t max_bytes) {
   if (model.bandwidth_bps <= 0) return max_bytes;
   const double per_ms = model.bandwidth_bps / 8.0 / 1000.0;
-  const double clamped =
-      std::clamp(per_ms, 64.0, static_cast<double>(std::max<size_t>(64, max_bytes)));
+  const double clamped = std::clamp(
+      per_ms, 64.0, static_cast<double>(std::max<size_t>(64, max_bytes)));
   return static_cast<size_t>(clamped);
 }
 
@@ -91,8 +90,8 @@ Status ApplyDirectionConfig(const pb::LinkDirectionConfig& change,
 }
 
 std::string DescribeDirection(const DirectionModel& model) {
-  std::string out =
-      FormatBandwidth(model.bandwidth_bps) + " " + FormatDuration(model.latency);
+  std::string out = FormatBandwidth(model.bandwidth_bps) + " " +
+                    FormatDuration(model.latency);
   if (model.jitter > Duration::zero()) {
     out += " jitter " + FormatDuration(model.jitter) +
            (model.jitter_distribution == pb::JITTER_NORMAL ? "(normal)"

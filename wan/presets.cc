@@ -1,9 +1,9 @@
-#include "meridian/wan_presets.h"
-
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
+
+#include "meridian/wan_presets.h"
 
 namespace meridian::wan {
 namespace {
@@ -22,25 +22,25 @@ namespace {
 // sender's egress, which doubles the RTT). The Gbps column is applied as the
 // bandwidth of each direction.
 constexpr RegionPreset kPresets[] = {
-    {"us-east-1", "us-east-2", 11, 1.12},         // Virginia-Ohio
-    {"eu-west-2", "eu-west-1", 12, 1.09},         // London-Ireland
-    {"eu-west-2", "eu-central-1", 14, 1.14},      // London-Frankfurt
-    {"eu-central-1", "eu-west-1", 24, 1.08},      // Frankfurt-Ireland
-    {"ap-northeast-1", "ap-northeast-2", 34, 1.10},  // Tokyo-Seoul
-    {"us-west-2", "us-east-2", 49, 1.10},         // Oregon-Ohio
-    {"us-west-2", "us-east-1", 67, 0.79},         // Oregon-Virginia
-    {"us-east-1", "eu-west-1", 67, 1.05},         // Virginia-Ireland
-    {"ap-northeast-1", "ap-southeast-1", 73, 1.01},  // Tokyo-Singapore
-    {"us-east-1", "eu-west-2", 76, 1.16},         // Virginia-London
-    {"us-east-1", "eu-central-1", 90, 1.02},      // Virginia-Frankfurt
+    {"us-east-1", "us-east-2", 11, 1.12},             // Virginia-Ohio
+    {"eu-west-2", "eu-west-1", 12, 1.09},             // London-Ireland
+    {"eu-west-2", "eu-central-1", 14, 1.14},          // London-Frankfurt
+    {"eu-central-1", "eu-west-1", 24, 1.08},          // Frankfurt-Ireland
+    {"ap-northeast-1", "ap-northeast-2", 34, 1.10},   // Tokyo-Seoul
+    {"us-west-2", "us-east-2", 49, 1.10},             // Oregon-Ohio
+    {"us-west-2", "us-east-1", 67, 0.79},             // Oregon-Virginia
+    {"us-east-1", "eu-west-1", 67, 1.05},             // Virginia-Ireland
+    {"ap-northeast-1", "ap-southeast-1", 73, 1.01},   // Tokyo-Singapore
+    {"us-east-1", "eu-west-2", 76, 1.16},             // Virginia-London
+    {"us-east-1", "eu-central-1", 90, 1.02},          // Virginia-Frankfurt
     {"ap-southeast-1", "ap-southeast-2", 92, 0.816},  // Singapore-Sydney
-    {"us-east-1", "ap-northeast-1", 143, 0.524},  // Virginia-Tokyo
-    {"ap-southeast-1", "eu-central-1", 155, 0.535},  // Singapore-Frankfurt
-    {"us-west-2", "ap-southeast-1", 163, 0.341},  // Oregon-Singapore
-    {"ap-northeast-1", "eu-central-1", 223, 0.36},   // Tokyo-Frankfurt
-    {"us-east-1", "ap-southeast-1", 230, 0.364},  // Virginia-Singapore
-    {"ap-northeast-2", "eu-west-2", 238, 0.342},  // Seoul-London
-    {"ap-southeast-2", "eu-central-1", 265, 0.328},  // Sydney-Frankfurt
+    {"us-east-1", "ap-northeast-1", 143, 0.524},      // Virginia-Tokyo
+    {"ap-southeast-1", "eu-central-1", 155, 0.535},   // Singapore-Frankfurt
+    {"us-west-2", "ap-southeast-1", 163, 0.341},      // Oregon-Singapore
+    {"ap-northeast-1", "eu-central-1", 223, 0.36},    // Tokyo-Frankfurt
+    {"us-east-1", "ap-southeast-1", 230, 0.364},      // Virginia-Singapore
+    {"ap-northeast-2", "eu-west-2", 238, 0.342},      // Seoul-London
+    {"ap-southeast-2", "eu-central-1", 265, 0.328},   // Sydney-Frankfurt
 };
 
 // FNV-1a, for per-direction jitter seeds that do not depend on the STL.
@@ -108,8 +108,8 @@ Result<std::vector<LinkModel>> ResolveJobLinks(const pb::JobConfig& job) {
 
   DirectionModel base = DefaultDirectionModel();
   if (job.wan().has_default_link()) {
-    MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(
-        job.wan().default_link(), "wan.default_link", &base));
+    MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(job.wan().default_link(),
+                                                  "wan.default_link", &base));
   }
 
   // Every link override, checked and keyed by the pair of site indices.
@@ -167,12 +167,10 @@ Result<std::vector<LinkModel>> ResolveJobLinks(const pb::JobConfig& job) {
         const std::string field =
             "wan.link[" + std::to_string(it->second.index) + "]";
         if (config.has_both()) {
-          MERIDIAN_RETURN_IF_ERROR(
-              ApplyDirectionConfig(config.both(), field + ".both",
-                                   &link.a_to_b));
-          MERIDIAN_RETURN_IF_ERROR(
-              ApplyDirectionConfig(config.both(), field + ".both",
-                                   &link.b_to_a));
+          MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(
+              config.both(), field + ".both", &link.a_to_b));
+          MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(
+              config.both(), field + ".both", &link.b_to_a));
         }
         // The config's a_to_b is from ITS a, which may be our b.
         DirectionModel* config_a_to_b =
@@ -194,6 +192,26 @@ Result<std::vector<LinkModel>> ResolveJobLinks(const pb::JobConfig& job) {
     }
   }
   return links;
+}
+
+Result<std::string> JobLinkName(const pb::JobConfig& job,
+                                std::string_view site_x,
+                                std::string_view site_y) {
+  int x = -1, y = -1;
+  for (int i = 0; i < job.site_size(); ++i) {
+    if (job.site(i).name() == site_x && x < 0) x = i;
+    if (job.site(i).name() == site_y && y < 0) y = i;
+  }
+  if (x < 0 || y < 0) {
+    return NotFoundError("no site named '" +
+                         std::string(x < 0 ? site_x : site_y) + "'");
+  }
+  if (x == y) {
+    return InvalidArgumentError("a link joins two different sites, got '" +
+                                std::string(site_x) + "' twice");
+  }
+  return job.site(std::min(x, y)).name() + "-" +
+         job.site(std::max(x, y)).name();
 }
 
 }  // namespace meridian::wan

@@ -1,8 +1,8 @@
-#include "meridian/wan_shaper.h"
-
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+
+#include "meridian/wan_shaper.h"
 
 namespace meridian::wan {
 
@@ -15,8 +15,7 @@ double StandardNormal(std::mt19937_64& rng) {
   // Box-Muller; 1 - u keeps the logarithm finite.
   const double u1 = 1.0 - UniformUnit(rng);
   const double u2 = UniformUnit(rng);
-  return std::sqrt(-2.0 * std::log(u1)) *
-         std::cos(2.0 * std::numbers::pi * u2);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
 Shaper::Shaper(const DirectionModel& model, const Clock* clock)
@@ -25,6 +24,8 @@ Shaper::Shaper(const DirectionModel& model, const Clock* clock)
 }
 
 void Shaper::SetModel(const DirectionModel& model) {
+  // Chunks that departed under the old model keep its timing.
+  if (!partitioned_) Depart(clock_->Now());
   if (model.seed != model_.seed) rng_.seed(model.seed);
   model_ = model;
 }
@@ -49,9 +50,7 @@ Duration Shaper::DrawDelay() {
   return Duration(static_cast<int64_t>(std::llround(std::max(0.0, delay))));
 }
 
-size_t Shaper::Poll(std::vector<Released>* out) {
-  if (partitioned_) return 0;
-  const Duration now = clock_->Now();
+void Shaper::Depart(Duration now) {
   // Pacer: chunks whose departure time has come enter the delay line.
   while (!pacer_.empty()) {
     const Waiting& head = pacer_.front();
@@ -67,12 +66,17 @@ size_t Shaper::Poll(std::vector<Released>* out) {
     } else {
       busy_until_ = departure;
     }
-    const Duration release =
-        std::max(departure + DrawDelay(), last_release_);
+    const Duration release = std::max(departure + DrawDelay(), last_release_);
     last_release_ = release;
     delay_.push_back(Released{head.seq, head.bytes, departure, release});
     pacer_.pop_front();
   }
+}
+
+size_t Shaper::Poll(std::vector<Released>* out) {
+  if (partitioned_) return 0;
+  const Duration now = clock_->Now();
+  Depart(now);
   // Delay line: FIFO by construction (release times never decrease).
   size_t count = 0;
   while (!delay_.empty() && delay_.front().release <= now) {
@@ -96,6 +100,7 @@ std::optional<Duration> Shaper::NextEventTime() const {
 
 void Shaper::Partition() {
   if (partitioned_) return;
+  Depart(clock_->Now());
   partitioned_ = true;
   partition_start_ = clock_->Now();
 }

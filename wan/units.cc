@@ -1,10 +1,10 @@
-#include "meridian/wan_units.h"
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <string>
+
+#include "meridian/wan_units.h"
 
 namespace meridian::wan {
 namespace {
@@ -16,22 +16,31 @@ struct Unit {
 
 // Rates, in bit/s per unit (tc-bandwidth(8)).
 constexpr Unit kRateUnits[] = {
-    {"bit", 1},          {"kbit", 1e3},
-    {"mbit", 1e6},       {"gbit", 1e9},
-    {"tbit", 1e12},      {"kibit", 1024.0},
-    {"mibit", 1048576.0}, {"gibit", 1073741824.0},
-    {"tibit", 1099511627776.0}, {"bps", 8},
-    {"kbps", 8e3},       {"mbps", 8e6},
-    {"gbps", 8e9},       {"tbps", 8e12},
-    {"kibps", 8 * 1024.0}, {"mibps", 8 * 1048576.0},
-    {"gibps", 8 * 1073741824.0}, {"tibps", 8 * 1099511627776.0},
+    {"bit", 1},
+    {"kbit", 1e3},
+    {"mbit", 1e6},
+    {"gbit", 1e9},
+    {"tbit", 1e12},
+    {"kibit", 1024.0},
+    {"mibit", 1048576.0},
+    {"gibit", 1073741824.0},
+    {"tibit", 1099511627776.0},
+    {"bps", 8},
+    {"kbps", 8e3},
+    {"mbps", 8e6},
+    {"gbps", 8e9},
+    {"tbps", 8e12},
+    {"kibps", 8 * 1024.0},
+    {"mibps", 8 * 1048576.0},
+    {"gibps", 8 * 1073741824.0},
+    {"tibps", 8 * 1099511627776.0},
 };
 
 // Times, in seconds per unit (tc(8) "TIMES").
 constexpr Unit kTimeUnits[] = {
-    {"s", 1},       {"sec", 1},      {"secs", 1},    {"ms", 1e-3},
-    {"msec", 1e-3}, {"msecs", 1e-3}, {"us", 1e-6},   {"usec", 1e-6},
-    {"usecs", 1e-6},
+    {"s", 1},     {"sec", 1},     {"secs", 1},
+    {"ms", 1e-3}, {"msec", 1e-3}, {"msecs", 1e-3},
+    {"us", 1e-6}, {"usec", 1e-6}, {"usecs", 1e-6},
 };
 
 // Sizes, in bytes per unit (tc(8) "SIZES": k/kb/m/mb/g/gb are binary).
@@ -83,8 +92,10 @@ struct NumberAndUnit {
   bool negative = false;
 };
 
-Result<NumberAndUnit> SplitNumber(std::string_view text, std::string_view what) {
-  if (text.empty()) return InvalidArgumentError(std::string(what) + " is empty");
+Result<NumberAndUnit> SplitNumber(std::string_view text,
+                                  std::string_view what) {
+  if (text.empty())
+    return InvalidArgumentError(std::string(what) + " is empty");
   NumberAndUnit out;
   size_t pos = 0;
   if (text[0] == '-' || text[0] == '+') {
@@ -243,9 +254,14 @@ std::string FormatDuration(Duration duration) {
 
 std::string FormatBytes(uint64_t bytes) {
   const double b = static_cast<double>(bytes);
-  if (b >= 1073741824.0) return Number(b / 1073741824.0) + "GiB";
-  if (b >= 1048576.0) return Number(b / 1048576.0) + "MiB";
-  if (b >= 1024.0) return Number(b / 1024.0) + "KiB";
+  char text[32];
+  auto in = [&](double unit, const char* name) {
+    std::snprintf(text, sizeof(text), "%.4g%s", b / unit, name);
+    return std::string(text);
+  };
+  if (b >= 1073741824.0) return in(1073741824.0, "GiB");
+  if (b >= 1048576.0) return in(1048576.0, "MiB");
+  if (b >= 1024.0) return in(1024.0, "KiB");
   return std::to_string(bytes) + "B";
 }
 

@@ -114,7 +114,7 @@ class ControlClient {
   Status Partition(std::string_view link);
   Status Heal(std::string_view link);
   Status Set(std::string_view link, pb::LinkDirection direction,
-                         const pb::LinkDirectionConfig& change);
+             const pb::LinkDirectionConfig& change);
 
   const std::string& endpoint() const { return endpoint_; }
 

@@ -10,8 +10,10 @@
 // (the link's bandwidth is shared, FIFO in arrival order); each
 // connection's byte order is preserved. Nothing is ever dropped: when a
 // direction holds its queue limit, the emulator stops reading the sockets
-// that feed it (TCP backpressure). A partition holds bytes and keeps
-// connections open; heal resumes delivery in order.
+// that feed it (TCP backpressure); the limit can only be overshot by one
+// read (at most the limit again) that was already under way when a
+// passthrough link got partitioned or shaped. A partition holds bytes and
+// keeps connections open; heal resumes delivery in order.
 //
 // Per connection direction, a reader thread feeds the link's shaper and a
 // writer thread writes released chunks; one shaper thread per link

@@ -48,6 +48,13 @@ std::optional<RegionPreset> FindRegionPreset(std::string_view region_a,
 // wan.emulate is not looked at (the caller decides whether to shape).
 Result<std::vector<LinkModel>> ResolveJobLinks(const pb::JobConfig& job);
 
+// The name of the link between two sites of `job`, given in either order:
+// "<site listed first>-<other site>". NotFound for an unknown site,
+// InvalidArgument when both are the same site.
+Result<std::string> JobLinkName(const pb::JobConfig& job,
+                                std::string_view site_x,
+                                std::string_view site_y);
+
 }  // namespace meridian::wan
 
 #endif  // MERIDIAN_WAN_PRESETS_H_

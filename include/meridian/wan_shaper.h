@@ -44,10 +44,10 @@ namespace meridian::wan {
 class Shaper {
  public:
   struct Released {
-    uint64_t seq;         // order of Enqueue(), from 0
-    size_t bytes;         // as enqueued
-    Duration departure;   // when it left the pacer
-    Duration release;     // when it left the delay line (its due time)
+    uint64_t seq;        // order of Enqueue(), from 0
+    size_t bytes;        // as enqueued
+    Duration departure;  // when it left the pacer
+    Duration release;    // when it left the delay line (its due time)
   };
 
   // `clock` is not owned and must outlive the shaper.
@@ -96,6 +96,9 @@ class Shaper {
     Duration arrival;
   };
   Duration DrawDelay();
+  // Moves chunks whose departure time is <= now from the pacer into the
+  // delay line.
+  void Depart(Duration now);
 
   DirectionModel model_;
   const Clock* clock_;

@@ -30,6 +30,15 @@ class ZmtpCounter {
   // whose last byte is among them.
   uint64_t Consume(std::span<const uint8_t> bytes);
 
+  // How many of the next bytes the parser does not need to look at: the
+  // rest of the current frame body, all of them (UINT64_MAX) once the stream
+  // is not ZMTP, 0 when the next byte is framing. Lets a proxy forward them
+  // without copying them (splice).
+  uint64_t OpaqueBytesAhead() const;
+  // Accounts for `n` <= OpaqueBytesAhead() bytes that were forwarded unseen;
+  // returns the messages they completed (0 or 1).
+  uint64_t SkipOpaque(uint64_t n);
+
   // False once the stream proved not to be ZMTP 3.x (or broke framing).
   bool is_zmtp() const { return state_ != State::kNotZmtp; }
   // True once a whole greeting has been seen.

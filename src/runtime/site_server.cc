@@ -31,6 +31,19 @@ constexpr auto kPollInterval = std::chrono::milliseconds(20);
 // BYE before the server exits anyway (a worker mid-step needs at most one
 // step; one that died never says BYE).
 constexpr double kDrainTimeoutS = 5.0;
+// M of the MEAN apply rule: the workers whose updates end up summed in
+// this site's model. When sites exchange every change (GAIA, DENSE), that is
+// every worker of the job, so a job divides its updates the same way
+// whether its workers share one site or many; otherwise the site's own.
+uint32_t ContributingWorkers(const pb::JobConfig& job, int site_index) {
+  const pb::SyncKind kind = job.sync().kind();
+  if ((kind == pb::GAIA || kind == pb::DENSE) &&
+      !RoleOf(job, site_index).Peers().empty()) {
+    return TotalWorkerCount(job);
+  }
+  return static_cast<uint32_t>(ServedWorkers(job, site_index).size());
+}
+
 // How long a finishing site waits for its peers' final flushes.
 constexpr double kSyncFinishTimeoutS = 60.0;
 // Window of the commits-per-second figure in status replies.
@@ -74,9 +87,8 @@ class SiteServer::Impl {
         test_set_(std::move(test_set)),
         policy_(std::move(policy)),
         store_(model_->layout(), job_.server().num_shards(),
-               ApplyRule::FromConfig(
-                   job_.server(), static_cast<uint32_t>(
-                                      ServedWorkers(job_, site_index).size()))),
+               ApplyRule::FromConfig(job_.server(),
+                                     ContributingWorkers(job_, site_index))),
         aggregate_(model_->layout().num_elements()),
         socket_(context_, zmq::socket_type::router) {
     // Slots in config order: this site's workers, then those of the sites

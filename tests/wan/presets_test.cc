@@ -1,0 +1,164 @@
+// Region presets and the resolution of every link of a job.
+#include <google/protobuf/text_format.h>
+#include <gtest/gtest.h>
+
+#include "meridian/wan_presets.h"
+
+namespace meridian::wan {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+pb::JobConfig Job(const std::string& text) {
+  pb::JobConfig job;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &job))
+      << text;
+  return job;
+}
+
+TEST(PresetsTest, TableIsSymmetricAndCoversTheTenRegions) {
+  EXPECT_EQ(RegionPresets().size(), 19u);
+  const std::vector<std::string> regions = KnownRegions();
+  EXPECT_EQ(regions.size(), 10u);
+  for (const char* region :
+       {"us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-west-2",
+        "eu-central-1", "ap-northeast-1", "ap-northeast-2", "ap-southeast-1",
+        "ap-southeast-2"}) {
+    EXPECT_TRUE(IsKnownRegion(region)) << region;
+  }
+  EXPECT_FALSE(IsKnownRegion("mars-north-1"));
+  for (const RegionPreset& preset : RegionPresets()) {
+    auto forward = FindRegionPreset(preset.region_a, preset.region_b);
+    auto backward = FindRegionPreset(preset.region_b, preset.region_a);
+    ASSERT_TRUE(forward && backward);
+    EXPECT_EQ(forward->rtt_ms, backward->rtt_ms);
+    EXPECT_GT(preset.gbps, 0.3);
+    EXPECT_LT(preset.gbps, 1.2);
+  }
+  auto virginia_ohio = FindRegionPreset("us-east-2", "us-east-1");
+  ASSERT_TRUE(virginia_ohio);
+  EXPECT_EQ(virginia_ohio->rtt_ms, 11);
+  EXPECT_EQ(virginia_ohio->gbps, 1.12);
+  EXPECT_FALSE(FindRegionPreset("us-east-1", "us-east-1"));
+  EXPECT_FALSE(FindRegionPreset("eu-west-1", "ap-southeast-2"));  // no entry
+}
+
+TEST(PresetsTest, OneLinkPerPairInSiteOrderWithTheDefault) {
+  const auto links = ResolveJobLinks(
+      Job("site { name: 'x' } site { name: 'y' } site { name: 'z' }"));
+  ASSERT_TRUE(links.ok()) << links.status();
+  ASSERT_EQ(links->size(), 3u);
+  EXPECT_EQ((*links)[0].name(), "x-y");
+  EXPECT_EQ((*links)[1].name(), "x-z");
+  EXPECT_EQ((*links)[2].name(), "y-z");
+  // The documented default: 1 Gbit/s, 0 ms, no jitter, automatic queue.
+  const DirectionModel& d = (*links)[0].a_to_b;
+  EXPECT_DOUBLE_EQ(d.bandwidth_bps, 1e9);
+  EXPECT_EQ(d.latency, Duration::zero());
+  EXPECT_EQ(d.jitter, Duration::zero());
+  EXPECT_EQ(d.queue_limit_bytes, 0u);
+  // Seeds differ per direction and per link.
+  EXPECT_NE((*links)[0].a_to_b.seed, (*links)[0].b_to_a.seed);
+  EXPECT_NE((*links)[0].a_to_b.seed, (*links)[1].a_to_b.seed);
+}
+
+TEST(PresetsTest, RegionsGiveHalfTheRttEachWay) {
+  const auto links =
+      ResolveJobLinks(Job("site { name: 'va' region: 'us-east-1' } "
+                          "site { name: 'tokyo' region: 'ap-northeast-1' } "
+                          "site { name: 'lab' }"));
+  ASSERT_TRUE(links.ok()) << links.status();
+  const LinkModel& va_tokyo = (*links)[0];
+  EXPECT_EQ(va_tokyo.name(), "va-tokyo");
+  for (const DirectionModel* d : {&va_tokyo.a_to_b, &va_tokyo.b_to_a}) {
+    EXPECT_DOUBLE_EQ(d->bandwidth_bps, 0.524e9);
+    EXPECT_EQ(d->latency, microseconds(71'500));  // 143 ms RTT / 2
+  }
+  // A site without a region gets the default link.
+  EXPECT_EQ((*links)[1].a_to_b.latency, Duration::zero());
+  EXPECT_DOUBLE_EQ((*links)[1].a_to_b.bandwidth_bps, 1e9);
+}
+
+TEST(PresetsTest, OverridesApplyDefaultThenPresetThenBothThenDirection) {
+  const auto links = ResolveJobLinks(Job(R"(
+    site { name: 'a' region: 'eu-west-2' }
+    site { name: 'b' region: 'eu-central-1' }
+    wan {
+      default_link { bandwidth: '100mbit' jitter: '1ms' queue_limit: '8mb' }
+      link {
+        a: 'b' b: 'a'   # written in the other order
+        both { latency: '30ms' }
+        a_to_b { bandwidth: '5mbit' }   # b -> a in link order
+      }
+    })"));
+  ASSERT_TRUE(links.ok()) << links.status();
+  const LinkModel& link = (*links)[0];
+  EXPECT_EQ(link.name(), "a-b");
+  // a -> b: preset bandwidth (1.14 Gbit/s), both's latency, default jitter.
+  EXPECT_DOUBLE_EQ(link.a_to_b.bandwidth_bps, 1.14e9);
+  EXPECT_EQ(link.a_to_b.latency, milliseconds(30));
+  EXPECT_EQ(link.a_to_b.jitter, milliseconds(1));
+  EXPECT_EQ(link.a_to_b.queue_limit_bytes, 8u << 20);
+  // b -> a: the config's a_to_b, because its a is our b.
+  EXPECT_DOUBLE_EQ(link.b_to_a.bandwidth_bps, 5e6);
+  EXPECT_EQ(link.b_to_a.latency, milliseconds(30));
+}
+
+TEST(PresetsTest, PresetLatencyWithoutOverrideIsHalfTheRtt) {
+  const auto links =
+      ResolveJobLinks(Job("site { name: 'a' region: 'eu-west-2' } "
+                          "site { name: 'b' region: 'eu-central-1' }"));
+  ASSERT_TRUE(links.ok());
+  EXPECT_EQ((*links)[0].a_to_b.latency, milliseconds(7));
+}
+
+TEST(PresetsTest, LinkNamesFollowSiteOrder) {
+  const pb::JobConfig job =
+      Job("site { name: 'x' } site { name: 'y' } site { name: 'z' }");
+  EXPECT_EQ(*JobLinkName(job, "z", "x"), "x-z");
+  EXPECT_EQ(*JobLinkName(job, "y", "z"), "y-z");
+  EXPECT_EQ(JobLinkName(job, "x", "w").status().code(), StatusCode::kNotFound);
+  EXPECT_FALSE(JobLinkName(job, "x", "x").ok());
+}
+
+std::string ResolveError(const std::string& text) {
+  const auto links = ResolveJobLinks(Job(text));
+  EXPECT_FALSE(links.ok()) << text;
+  return links.ok() ? "" : links.status().message();
+}
+
+TEST(PresetsTest, ErrorsNameTheField) {
+  const std::string two = "site { name: 'a' } site { name: 'b' } ";
+  EXPECT_NE(ResolveError(two + "wan { link { a: 'a' b: 'b' a_to_b { "
+                               "latency: '40' } } }")
+                .find("wan.link[0].a_to_b.latency"),
+            std::string::npos);
+  EXPECT_NE(ResolveError(two + "wan { link { a: 'a' b: 'b' both { "
+                               "bandwidth: '10 mbit' } } }")
+                .find("wan.link[0].both.bandwidth"),
+            std::string::npos);
+  EXPECT_NE(ResolveError(two + "wan { default_link { bandwidth: '0mbit' } }")
+                .find("wan.default_link.bandwidth"),
+            std::string::npos);
+  EXPECT_NE(ResolveError(two + "wan { link { a: 'a' b: 'c' } }")
+                .find("wan.link[0].b: no site named 'c'"),
+            std::string::npos);
+  EXPECT_NE(
+      ResolveError(two + "wan { link { a: 'a' b: 'a' } }").find("wan.link[0]"),
+      std::string::npos);
+  EXPECT_NE(ResolveError(two + "wan { link { a: 'a' b: 'b' } "
+                               "link { a: 'b' b: 'a' } }")
+                .find("wan.link[1]: duplicate of wan.link[0]"),
+            std::string::npos);
+  EXPECT_NE(ResolveError("site { name: 'a' region: 'us-east-9' } "
+                         "site { name: 'b' }")
+                .find("site[0].region: unknown region 'us-east-9'"),
+            std::string::npos);
+  EXPECT_NE(ResolveError("site { name: 'a' } site { name: 'a' }")
+                .find("site[1].name"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace meridian::wan

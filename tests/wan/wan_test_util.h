@@ -1,0 +1,145 @@
+// Small blocking-socket helpers for the WAN emulator tests.
+#ifndef MERIDIAN_TESTS_WAN_WAN_TEST_UTIL_H_
+#define MERIDIAN_TESTS_WAN_WAN_TEST_UTIL_H_
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace meridian::wan::testing {
+
+using SteadyClock = std::chrono::steady_clock;
+
+inline double SecondsSince(SteadyClock::time_point start) {
+  return std::chrono::duration<double>(SteadyClock::now() - start).count();
+}
+
+// A listening socket on 127.0.0.1 with a free port.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+  Listener() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    ::listen(fd, 16);
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+  }
+  ~Listener() {
+    if (fd >= 0) ::close(fd);
+  }
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+  // -1 when nothing connects within `timeout_ms`.
+  int Accept(int timeout_ms = 5000) const {
+    pollfd item{fd, POLLIN, 0};
+    if (::poll(&item, 1, timeout_ms) <= 0) return -1;
+    return ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+  }
+};
+
+// A port where nothing listens (bound, then closed).
+inline int DeadPort() {
+  Listener listener;
+  const int port = listener.port;
+  return port;
+}
+
+inline int Connect(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  const std::string host = address.substr(0, colon);
+  const int port = std::stoi(address.substr(colon + 1));
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+inline bool SendAll(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+inline bool SendAll(int fd, const std::string& data) {
+  return SendAll(fd, data.data(), data.size());
+}
+
+// Reads until `size` bytes, end of stream, an error or the timeout.
+inline std::string RecvBytes(int fd, size_t size, int timeout_ms = 10000) {
+  std::string out;
+  const auto deadline =
+      SteadyClock::now() + std::chrono::milliseconds(timeout_ms);
+  std::vector<char> buffer(1 << 16);
+  while (out.size() < size && SteadyClock::now() < deadline) {
+    pollfd item{fd, POLLIN, 0};
+    if (::poll(&item, 1, 50) <= 0) continue;
+    const ssize_t n = ::recv(fd, buffer.data(),
+                             std::min(buffer.size(), size - out.size()), 0);
+    if (n <= 0) break;
+    out.append(buffer.data(), static_cast<size_t>(n));
+  }
+  return out;
+}
+
+// How a peer's end of a connection looks after `timeout_ms`: 0 = end of
+// stream, -errno = an error (e.g. -ECONNRESET), 1 = data, 2 = nothing yet.
+inline int PeerState(int fd, int timeout_ms) {
+  pollfd item{fd, POLLIN, 0};
+  if (::poll(&item, 1, timeout_ms) <= 0) return 2;
+  char byte;
+  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK);
+  if (n == 0) return 0;
+  if (n < 0) return -errno;
+  return 1;
+}
+
+// Deterministic pseudo-random bytes.
+inline std::string Pattern(size_t size, uint32_t seed = 1) {
+  std::string out(size, '\0');
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < size; ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    out[i] = static_cast<char>(x);
+  }
+  return out;
+}
+
+}  // namespace meridian::wan::testing
+
+#endif  // MERIDIAN_TESTS_WAN_WAN_TEST_UTIL_H_

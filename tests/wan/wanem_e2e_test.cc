@@ -1,0 +1,350 @@
+// End to end: the real `meridian wanem` process, driven like the launcher
+// drives it (ready fd, control endpoint, add-route), with real ZeroMQ
+// sockets talking through it; and the command line's answers to bad input.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <zmq.hpp>
+
+#include "meridian/wan_control.h"
+#include "testing/processes.h"
+#include "testing/test_data.h"
+#include "wan/wan_test_util.h"
+
+namespace meridian::wan {
+namespace {
+
+using ::meridian::testing::CommandResult;
+using testing::SecondsSince;
+using testing::SteadyClock;
+
+CommandResult Meridian(const std::string& args) {
+  return ::meridian::testing::RunCommand(std::string(MERIDIAN_BINARY) + " " +
+                                         args);
+}
+
+// A `meridian wanem ...` child with --ready-fd 3 and its log in a file.
+class WanemProcess {
+ public:
+  explicit WanemProcess(std::vector<std::string> flags) {
+    log_path_ = ::meridian::testing::MakeTempDir("wanem") + "/wanem.log";
+    int ready[2];
+    EXPECT_EQ(::pipe2(ready, O_CLOEXEC), 0);
+    std::vector<std::string> argv = {MERIDIAN_BINARY, "wanem"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {"--ready-fd", "3"});
+    std::vector<char*> args;
+    for (std::string& arg : argv) args.push_back(arg.data());
+    args.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int log = ::open(log_path_.c_str(),
+                             O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      ::dup2(log, STDOUT_FILENO);
+      ::dup2(log, STDERR_FILENO);
+      ::dup2(ready[1], 3);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    ::close(ready[1]);
+    std::string line;
+    char c;
+    pollfd item{ready[0], POLLIN, 0};
+    while (::poll(&item, 1, 10000) > 0 && ::read(ready[0], &c, 1) == 1 &&
+           c != '\n') {
+      line += c;
+    }
+    ::close(ready[0]);
+    EXPECT_EQ(line.rfind("ready ", 0), 0u) << line << "\n" << Log();
+    if (line.size() > 6) endpoint_ = line.substr(6);
+  }
+
+  ~WanemProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // Sends SIGTERM; returns the exit code (-1 if it did not exit by itself
+  // within `seconds`).
+  int Terminate(double seconds = 5) {
+    ::kill(pid_, SIGTERM);
+    const auto start = SteadyClock::now();
+    while (SecondsSince(start) < seconds) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+
+  std::string Log() const {
+    std::ifstream in(log_path_);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string endpoint_;
+  std::string log_path_;
+};
+
+std::string TwoSiteJob(const std::string& wan) {
+  pb::JobConfig job = ::meridian::testing::SmallJob("/nonexistent", 1);
+  pb::SiteConfig* b = job.add_site();
+  b->set_name("site-b");
+  b->set_address("tcp://127.0.0.1:0");
+  b->add_workers()->set_count(1);
+  const std::string dir = ::meridian::testing::MakeTempDir("wanem-job");
+  std::string text;
+  const std::string path = dir + "/job.pbtxt";
+  EXPECT_TRUE(::meridian::testing::WriteJobFile(job, path).ok());
+  std::ofstream(path, std::ios::app) << wan << "\n";
+  return path;
+}
+
+int BindZmq(zmq::socket_t& socket) {
+  socket.bind("tcp://127.0.0.1:*");
+  const std::string endpoint = socket.get(zmq::sockopt::last_endpoint);
+  return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+}
+
+std::string Trim(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) {
+    text.pop_back();
+  }
+  return text;
+}
+
+TEST(WanemE2eTest, ZeroMqThroughWanemCountsBytesAndMessages) {
+  const std::string job = TwoSiteJob(
+      "wan { default_link { bandwidth: '200mbit' latency: '2ms' } }");
+  WanemProcess wanem({"--config", job, "--control", "tcp://127.0.0.1:0"});
+  ASSERT_FALSE(wanem.endpoint().empty());
+  const std::string control = "--control " + wanem.endpoint();
+
+  zmq::context_t context;
+  // PUSH at site-a -> PULL at site-b, through a route added with the CLI.
+  zmq::socket_t pull(context, ZMQ_PULL);
+  pull.set(zmq::sockopt::rcvtimeo, 10000);
+  const int pull_port = BindZmq(pull);
+  CommandResult route =
+      Meridian("wanem ctl " + control +
+               " add-route site-a-site-b --from site-a --listen 127.0.0.1:0 "
+               "--forward 127.0.0.1:" +
+               std::to_string(pull_port));
+  ASSERT_EQ(route.exit_code, 0) << route.output;
+  const std::string push_listen = Trim(route.output);
+  ASSERT_EQ(push_listen.rfind("127.0.0.1:", 0), 0u) << push_listen;
+
+  zmq::socket_t push(context, ZMQ_PUSH);
+  push.set(zmq::sockopt::linger, 1000);
+  push.connect("tcp://" + push_listen);
+  const std::vector<size_t> sizes = {10, 1000, 100000};
+  uint64_t payload = 0;
+  for (int m = 0; m < 50; ++m) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::string frame(sizes[i], static_cast<char>('a' + m % 26));
+      payload += frame.size();
+      push.send(zmq::buffer(frame), i + 1 < sizes.size()
+                                        ? zmq::send_flags::sndmore
+                                        : zmq::send_flags::none);
+    }
+  }
+  for (int m = 0; m < 50; ++m) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      zmq::message_t frame;
+      ASSERT_TRUE(pull.recv(frame)) << "message " << m;
+      ASSERT_EQ(frame.size(), sizes[i]);
+      EXPECT_EQ(static_cast<const char*>(frame.data())[0], 'a' + m % 26);
+    }
+  }
+
+  // REQ at site-b -> REP at site-a: a route from the other side.
+  zmq::socket_t rep(context, ZMQ_REP);
+  rep.set(zmq::sockopt::rcvtimeo, 10000);
+  const int rep_port = BindZmq(rep);
+  ControlClient client(wanem.endpoint());
+  auto req_listen = client.AddRoute("site-a-site-b", "site-b", "127.0.0.1:0",
+                                    "127.0.0.1:" + std::to_string(rep_port));
+  ASSERT_TRUE(req_listen.ok()) << req_listen.status();
+  zmq::socket_t req(context, ZMQ_REQ);
+  req.set(zmq::sockopt::rcvtimeo, 10000);
+  req.set(zmq::sockopt::linger, 0);
+  req.connect("tcp://" + *req_listen);
+  for (int i = 0; i < 20; ++i) {
+    req.send(zmq::str_buffer("ping"));
+    zmq::message_t message;
+    ASSERT_TRUE(rep.recv(message));
+    rep.send(zmq::str_buffer("pong!"));
+    ASSERT_TRUE(req.recv(message));
+    EXPECT_EQ(message.to_string(), "pong!");
+  }
+
+  auto status = client.GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->links_size(), 1);
+  const pb::WanLinkState& link = status->links(0);
+  EXPECT_EQ(link.a(), "site-a");
+  EXPECT_DOUBLE_EQ(link.a_to_b().bandwidth_bps(), 200e6);
+  // 50 PUSH messages and 20 REPs go a -> b; 20 REQs go b -> a.
+  EXPECT_EQ(link.a_to_b().messages(), 70u);
+  EXPECT_EQ(link.b_to_a().messages(), 20u);
+  // Bytes on the wire: the payload plus ZMTP greetings, handshakes and
+  // frame headers (a few dozen bytes per connection and per frame).
+  EXPECT_GE(link.a_to_b().bytes(), payload);
+  EXPECT_LE(link.a_to_b().bytes(), payload + 2000 + 20 * 150 + 150 * 10);
+  EXPECT_GT(link.b_to_a().bytes(), 20u * 4);
+  EXPECT_EQ(link.routes_size(), 2);
+
+  // The CLI's status table shows the same counters.
+  CommandResult table = Meridian("wanem ctl " + control + " status");
+  EXPECT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("site-a->site-b"), std::string::npos)
+      << table.output;
+  EXPECT_NE(table.output.find(" 70 "), std::string::npos) << table.output;
+
+  // Partition: the request is held, the connection kept; heal delivers it.
+  CommandResult partition =
+      Meridian("wanem ctl " + control + " partition site-a-site-b");
+  ASSERT_EQ(partition.exit_code, 0) << partition.output;
+  req.send(zmq::str_buffer("held"));
+  rep.set(zmq::sockopt::rcvtimeo, 300);
+  zmq::message_t held;
+  EXPECT_FALSE(rep.recv(held)) << "nothing crosses a partition";
+  ASSERT_EQ(Meridian("wanem ctl " + control + " heal site-a-site-b").exit_code,
+            0);
+  rep.set(zmq::sockopt::rcvtimeo, 10000);
+  ASSERT_TRUE(rep.recv(held));
+  EXPECT_EQ(held.to_string(), "held");
+
+  // Every control change was logged with its time.
+  const std::string log = wanem.Log();
+  EXPECT_NE(log.find("site-a-site-b: partitioned"), std::string::npos) << log;
+  EXPECT_NE(log.find("site-a-site-b: healed"), std::string::npos) << log;
+  EXPECT_NE(log.find(" t="), std::string::npos) << log;
+
+  EXPECT_EQ(wanem.Terminate(), 0) << wanem.Log();
+}
+
+TEST(WanemE2eTest, OneLinkFormShapesAndTakesRunTimeChanges) {
+  testing::Listener server;
+  WanemProcess wanem({"--listen", "127.0.0.1:0", "--forward", server.address(),
+                      "--bandwidth", "8mbit", "--latency", "20ms", "--control",
+                      "tcp://127.0.0.1:0"});
+  ControlClient client(wanem.endpoint());
+  auto status = client.GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->links_size(), 1);
+  EXPECT_EQ(status->links(0).link(), "client-server");
+  ASSERT_EQ(status->links(0).routes_size(), 1);
+  const int fd = testing::Connect(status->links(0).routes(0).listen());
+  const int peer = server.Accept();
+  ASSERT_GE(peer, 0);
+
+  const std::string data = testing::Pattern(500'000);  // 0.5 s at 8 Mbit/s
+  const auto start = SteadyClock::now();
+  std::thread sender([&] { testing::SendAll(fd, data); });
+  EXPECT_EQ(testing::RecvBytes(peer, data.size(), 20000), data);
+  const double seconds = SecondsSince(start);
+  sender.join();
+  EXPECT_NEAR(seconds, 0.52, 0.1);
+
+  CommandResult set =
+      Meridian("wanem ctl --control " + wanem.endpoint() +
+               " set client-server --direction a-to-b --bandwidth 80mbit");
+  EXPECT_EQ(set.exit_code, 0) << set.output;
+  const auto start2 = SteadyClock::now();
+  std::thread sender2([&] { testing::SendAll(fd, data); });
+  EXPECT_EQ(testing::RecvBytes(peer, data.size(), 20000), data);
+  const double seconds2 = SecondsSince(start2);
+  sender2.join();
+  EXPECT_NEAR(seconds2, 0.07, 0.05) << "10x faster after the change";
+  EXPECT_NE(wanem.Log().find("client->server: set 80mbit 20ms"),
+            std::string::npos)
+      << wanem.Log();
+
+  CommandResult unknown =
+      Meridian("wanem ctl --control " + wanem.endpoint() + " heal nope");
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_NE(unknown.output.find("no link 'nope'"), std::string::npos)
+      << unknown.output;
+  ::close(fd);
+  ::close(peer);
+  EXPECT_EQ(wanem.Terminate(), 0);
+}
+
+TEST(WanemE2eTest, BadCommandLinesAreClearErrors) {
+  struct Case {
+    std::string args;
+    int exit_code;
+    std::string message;
+  };
+  testing::Listener busy;
+  const std::vector<Case> cases = {
+      {"wanem --listen 127.0.0.1:0 --forward 127.0.0.1:1 --bandwidth 0mbit", 2,
+       "positive"},
+      {"wanem --listen 127.0.0.1:0 --forward 127.0.0.1:1 --bandwidth 1Gbits", 2,
+       "unknown unit"},
+      {"wanem --listen 127.0.0.1:0 --forward 127.0.0.1:1 --latency -5ms", 2,
+       "negative"},
+      {"wanem --listen 127.0.0.1:0 --forward 127.0.0.1:1 --latency 40", 2,
+       "needs a unit"},
+      {"wanem --listen 127.0.0.1:0 --forward 127.0.0.1:0", 2, "port 0"},
+      {"wanem --listen 127.0.0.1:0", 2, "--forward"},
+      {"wanem --config x.pbtxt --listen 127.0.0.1:0", 2, "one"},
+      {"wanem --config /nonexistent/job.pbtxt", 2, "/nonexistent/job.pbtxt"},
+      {"wanem --listen " + busy.address() +
+           " --forward 127.0.0.1:1 --control none",
+       1, "cannot listen"},
+      {"wanem ctl set a-b --bandwidth 10mbits", 2, "unknown unit"},
+      {"wanem ctl set a-b", 2, "nothing to change"},
+      {"wanem ctl partition", 2, "LINK"},
+      {"wanem ctl add-route a-b --from a --listen 127.0.0.1:0", 2, "forward"},
+  };
+  for (const Case& c : cases) {
+    const CommandResult result = Meridian(c.args);
+    EXPECT_FALSE(result.crashed) << c.args;
+    EXPECT_EQ(result.exit_code, c.exit_code) << c.args << "\n" << result.output;
+    EXPECT_NE(result.output.find(c.message), std::string::npos)
+        << c.args << "\n"
+        << result.output;
+  }
+}
+
+TEST(WanemE2eTest, ControlEndpointInUseAndUnreachableWanem) {
+  WanemProcess first({"--listen", "127.0.0.1:0", "--forward", "127.0.0.1:1",
+                      "--control", "tcp://127.0.0.1:0"});
+  ASSERT_FALSE(first.endpoint().empty());
+  const CommandResult second =
+      Meridian("wanem --listen 127.0.0.1:0 --forward 127.0.0.1:1 --control " +
+               first.endpoint());
+  EXPECT_EQ(second.exit_code, 1) << second.output;
+  EXPECT_NE(second.output.find("cannot bind the control endpoint"),
+            std::string::npos)
+      << second.output;
+  EXPECT_EQ(first.Terminate(), 0);
+  // Nobody answers there any more.
+  const CommandResult gone =
+      Meridian("wanem ctl --control " + first.endpoint() + " status");
+  EXPECT_EQ(gone.exit_code, 1) << gone.output;
+  EXPECT_NE(gone.output.find("no answer from wanem"), std::string::npos)
+      << gone.output;
+}
+
+}  // namespace
+}  // namespace meridian::wan

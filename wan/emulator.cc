@@ -1,0 +1,986 @@
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "meridian/log.h"
+#include "meridian/wan_emulator.h"
+#include "meridian/wan_shaper.h"
+#include "meridian/wan_units.h"
+#include "meridian/wan_zmtp.h"
+#include "socket_util.h"
+
+namespace meridian::wan {
+namespace {
+
+using Buffer = std::shared_ptr<uint8_t[]>;
+
+std::string Uptime(const Clock* clock, Duration start) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "t=%.3fs", ToSeconds(clock->Now() - start));
+  return text;
+}
+
+struct Connection;
+
+// One direction of a link: its shaper, the chunks it holds, its counters
+// and the thread that releases chunks on time.
+struct Direction {
+  Direction(std::string from_site, std::string to_site,
+            const DirectionModel& model, const Clock* clock, size_t read_bytes)
+      : from(std::move(from_site)),
+        to(std::move(to_site)),
+        read_bytes(read_bytes),
+        shaper(model, clock) {
+    Refresh();
+  }
+
+  // Recomputes what depends on the model and the partition. Holds mu.
+  void Refresh() {
+    passthrough = shaper.model().passthrough() && !shaper.partitioned();
+    chunk_bytes = ChunkBytes(shaper.model(), read_bytes);
+    const uint64_t limit = shaper.queue_limit();
+    room_threshold =
+        std::max<uint64_t>(1, std::min<uint64_t>(read_bytes / 4, limit / 2));
+  }
+
+  const std::string from;
+  const std::string to;
+  const size_t read_bytes;
+
+  std::mutex mu;
+  std::condition_variable wake;  // the shaper thread
+  std::condition_variable room;  // readers waiting for queue room
+  Shaper shaper;                 // guarded by mu
+  struct Chunk {
+    Buffer buffer;
+    size_t offset = 0;
+    size_t size = 0;
+    uint32_t messages = 0;
+    bool eof = false;
+    std::shared_ptr<Connection> connection;
+    bool upstream = true;  // which half of the connection
+  };
+  std::deque<Chunk> pending;    // guarded by mu; same order as the shaper's
+  bool passthrough = false;     // guarded by mu
+  size_t chunk_bytes = 0;       // guarded by mu
+  uint64_t room_threshold = 1;  // guarded by mu
+  bool stop = false;            // guarded by mu
+  bool started = false;         // guarded by the emulator's mu_
+  std::thread thread;
+
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> messages{0};
+};
+
+// One direction of a connection: reads `src`, writes `dst`.
+struct Half {
+  Direction* dir = nullptr;
+  int src = -1;
+  int dst = -1;
+  ZmtpCounter zmtp;  // the reader's
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Direction::Chunk> out;  // released, to be written; guarded by mu
+  bool closed = false;               // guarded by mu: stop writing
+  std::atomic<uint64_t> pending{0};  // chunks accepted, not yet written
+  // The reader's pipe for splice(); created on first use.
+  int pipe[2] = {-1, -1};
+  size_t pipe_bytes = 0;
+  bool splice_ok = true;  // false once splice() proved unsupported
+
+  ~Half() {
+    CloseFd(&pipe[0]);
+    CloseFd(&pipe[1]);
+  }
+};
+
+// splice() between sockets through a pipe: the proxy never copies the bytes.
+constexpr uint64_t kSpliceMinBytes = 64 * 1024;
+constexpr uint64_t kSpliceMaxBytes = 1024 * 1024;
+constexpr ssize_t kSpliceUnsupported = -2;
+
+// Moves up to `want` bytes from half->src into the half's pipe (blocking
+// until some are there). Returns the count, 0 at end of stream, -1 with
+// errno on error, kSpliceUnsupported when splice cannot be used.
+ssize_t SpliceIn(Half* half, size_t want) {
+  if (half->pipe[0] < 0) {
+    if (::pipe2(half->pipe, O_CLOEXEC) != 0) return kSpliceUnsupported;
+    ::fcntl(half->pipe[1], F_SETPIPE_SZ, static_cast<int>(kSpliceMaxBytes));
+    const int size = ::fcntl(half->pipe[1], F_GETPIPE_SZ);
+    half->pipe_bytes = size > 0 ? static_cast<size_t>(size) : 65536;
+  }
+  want = std::min(want, half->pipe_bytes);
+  const ssize_t n =
+      ::splice(half->src, nullptr, half->pipe[1], nullptr, want, SPLICE_F_MOVE);
+  if (n < 0 && (errno == EINVAL || errno == ENOSYS)) return kSpliceUnsupported;
+  return n;
+}
+
+// Moves `size` bytes from the pipe to half->dst. False when the peer is gone.
+bool SpliceOut(Half* half, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::splice(half->pipe[0], nullptr, half->dst, nullptr, size,
+                               SPLICE_F_MOVE);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads `size` bytes back out of the pipe.
+bool ReadPipe(Half* half, uint8_t* out, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::read(half->pipe[0], out, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    out += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+struct Route;
+
+struct Connection : std::enable_shared_from_this<Connection> {
+  Emulator::Impl* emulator = nullptr;
+  Route* route = nullptr;
+  std::mutex mu;  // orders Abort() with the set-up in ConnectionMain
+  int client_fd = -1;
+  int server_fd = -1;  // set once connected, under mu
+  Half up;             // client -> server
+  Half down;           // server -> client
+  std::atomic<bool> aborted{false};
+  std::atomic<int> running{0};
+  std::thread main_thread;
+  std::thread others[3];
+
+  ~Connection() {
+    CloseFd(&client_fd);
+    CloseFd(&server_fd);
+  }
+  bool finished() const { return running.load(std::memory_order_acquire) == 0; }
+  void Abort();
+  void Join() {
+    if (main_thread.joinable()) main_thread.join();
+    for (std::thread& t : others) {
+      if (t.joinable()) t.join();
+    }
+  }
+};
+
+struct Route {
+  RouteSpec spec;
+  std::string bound;
+  HostPort forward;
+  Direction* up = nullptr;    // from_site -> other site
+  Direction* down = nullptr;  // back
+  int listen_fd = -1;
+  std::thread accept_thread;
+  std::mutex mu;
+  std::list<std::shared_ptr<Connection>> connections;  // guarded by mu
+  // Failed forward connections, for a rate-limited warning (ZeroMQ peers
+  // retry every 100 ms while the far side is down).
+  uint64_t connect_failures = 0;                  // guarded by mu
+  Duration last_warning{-std::chrono::hours(1)};  // guarded by mu
+};
+
+struct Link {
+  LinkModel model;  // as created; the live models are in the shapers
+  std::unique_ptr<Direction> a_to_b;
+  std::unique_ptr<Direction> b_to_a;
+  std::atomic<bool> partitioned{false};
+};
+
+}  // namespace
+
+class Emulator::Impl {
+ public:
+  explicit Impl(EmulatorOptions options)
+      : options_(std::move(options)), start_(options_.clock->Now()) {
+    for (const LinkModel& model : options_.links) {
+      auto link = std::make_unique<Link>();
+      link->model = model;
+      link->a_to_b = std::make_unique<Direction>(
+          model.a, model.b, model.a_to_b, options_.clock, options_.read_bytes);
+      link->b_to_a = std::make_unique<Direction>(
+          model.b, model.a, model.b_to_a, options_.clock, options_.read_bytes);
+      by_name_[model.name()] = link.get();
+      links_.push_back(std::move(link));
+    }
+  }
+
+  ~Impl() { Stop(); }
+
+  Result<Link*> FindLink(std::string_view name) const {
+    auto it = by_name_.find(std::string(name));
+    if (it == by_name_.end()) {
+      std::string known;
+      for (const auto& link : links_) {
+        known += (known.empty() ? "" : ", ") + link->model.name();
+      }
+      return NotFoundError("no link '" + std::string(name) +
+                           "'; links: " + (known.empty() ? "none" : known));
+    }
+    return it->second;
+  }
+
+  Result<std::string> AddRoute(const RouteSpec& spec) {
+    MERIDIAN_ASSIGN_OR_RETURN(Link * link, FindLink(spec.link));
+    auto route = std::make_unique<Route>();
+    route->spec = spec;
+    if (spec.from_site == link->model.a) {
+      route->up = link->a_to_b.get();
+      route->down = link->b_to_a.get();
+    } else if (spec.from_site == link->model.b) {
+      route->up = link->b_to_a.get();
+      route->down = link->a_to_b.get();
+    } else {
+      return InvalidArgumentError(
+          "from_site '" + spec.from_site + "' is not an end of link '" +
+          spec.link + "' (" + link->model.a + " or " + link->model.b + ")");
+    }
+    Result<HostPort> listen = ParseHostPort(spec.listen, true);
+    if (!listen.ok()) return listen.status().WithContext("listen");
+    Result<HostPort> forward = ParseHostPort(spec.forward, false);
+    if (!forward.ok()) return forward.status().WithContext("forward");
+    if (Status resolved = ResolveTcp(*forward); !resolved.ok()) {
+      return resolved.WithContext("forward");
+    }
+    route->forward = *forward;
+
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return FailedPreconditionError("the emulator is stopping");
+    MERIDIAN_ASSIGN_OR_RETURN(route->listen_fd, ListenTcp(*listen));
+    Result<std::string> bound = LocalAddress(route->listen_fd);
+    if (!bound.ok()) {
+      CloseFd(&route->listen_fd);
+      return bound.status();
+    }
+    route->bound = *bound;
+    StartDirection(link->a_to_b.get());
+    StartDirection(link->b_to_a.get());
+    Route* raw = route.get();
+    route->accept_thread = std::thread([this, raw] { AcceptLoop(raw); });
+    routes_.push_back(std::move(route));
+    MLOG(INFO) << Uptime(options_.clock, start_) << " link " << spec.link
+               << ": route from " << spec.from_site << " listening on "
+               << raw->bound << " -> " << raw->forward.ToString();
+    return raw->bound;
+  }
+
+  Status SetLinkModels(std::string_view name, pb::LinkDirection direction,
+                       const pb::LinkDirectionConfig* change,
+                       const DirectionModel* replacement) {
+    MERIDIAN_ASSIGN_OR_RETURN(Link * link, FindLink(name));
+    if (direction == pb::LINK_DIRECTION_UNSPECIFIED) direction = pb::BOTH;
+    if (direction != pb::A_TO_B && direction != pb::B_TO_A &&
+        direction != pb::BOTH) {
+      return InvalidArgumentError("direction: must be A_TO_B, B_TO_A or BOTH");
+    }
+    std::vector<Direction*> targets;
+    if (direction != pb::B_TO_A) targets.push_back(link->a_to_b.get());
+    if (direction != pb::A_TO_B) targets.push_back(link->b_to_a.get());
+    // Compute every new model first, so that an error changes nothing.
+    std::vector<DirectionModel> models;
+    for (Direction* dir : targets) {
+      DirectionModel model;
+      {
+        std::lock_guard<std::mutex> lock(dir->mu);
+        model = dir->shaper.model();
+      }
+      if (replacement != nullptr) {
+        const uint64_t seed = model.seed;
+        model = *replacement;
+        model.seed = seed;
+      } else {
+        MERIDIAN_RETURN_IF_ERROR(
+            ApplyDirectionConfig(*change, "change", &model));
+      }
+      models.push_back(model);
+    }
+    for (size_t i = 0; i < targets.size(); ++i) {
+      Direction* dir = targets[i];
+      std::string before;
+      {
+        std::lock_guard<std::mutex> lock(dir->mu);
+        before = DescribeDirection(dir->shaper.model());
+        dir->shaper.SetModel(models[i]);
+        dir->Refresh();
+      }
+      dir->wake.notify_all();
+      dir->room.notify_all();
+      MLOG(INFO) << Uptime(options_.clock, start_) << " link " << name << " "
+                 << dir->from << "->" << dir->to << ": set "
+                 << DescribeDirection(models[i]) << " (was " << before << ")";
+    }
+    return Status::Ok();
+  }
+
+  Status SetPartitioned(std::string_view name, bool partitioned) {
+    MERIDIAN_ASSIGN_OR_RETURN(Link * link, FindLink(name));
+    const bool was = link->partitioned.exchange(partitioned);
+    for (Direction* dir : {link->a_to_b.get(), link->b_to_a.get()}) {
+      {
+        std::lock_guard<std::mutex> lock(dir->mu);
+        if (partitioned) {
+          dir->shaper.Partition();
+        } else {
+          dir->shaper.Heal();
+        }
+        dir->Refresh();
+      }
+      dir->wake.notify_all();
+      dir->room.notify_all();
+    }
+    MLOG(INFO) << Uptime(options_.clock, start_) << " link " << name << ": "
+               << (partitioned ? "partitioned" : "healed")
+               << (was == partitioned ? " (already)" : "");
+    return Status::Ok();
+  }
+
+  pb::WanLinkState State(const Link& link) const {
+    pb::WanLinkState state;
+    state.set_link(link.model.name());
+    state.set_a(link.model.a);
+    state.set_b(link.model.b);
+    state.set_partitioned(link.partitioned.load());
+    FillDirection(*link.a_to_b, state.mutable_a_to_b());
+    FillDirection(*link.b_to_a, state.mutable_b_to_a());
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& route : routes_) {
+      if (route->spec.link != link.model.name()) continue;
+      pb::WanRouteState* r = state.add_routes();
+      r->set_from_site(route->spec.from_site);
+      r->set_listen(route->bound);
+      r->set_forward(route->forward.ToString());
+      std::lock_guard<std::mutex> route_lock(route->mu);
+      uint32_t open = 0;
+      for (const auto& connection : route->connections) {
+        if (!connection->finished()) ++open;
+      }
+      r->set_connections(open);
+    }
+    return state;
+  }
+
+  Result<pb::WanLinkState> LinkState(std::string_view name) const {
+    MERIDIAN_ASSIGN_OR_RETURN(Link * link, FindLink(name));
+    return State(*link);
+  }
+
+  std::vector<pb::WanLinkState> LinkStates() const {
+    std::vector<pb::WanLinkState> states;
+    for (const auto& link : links_) states.push_back(State(*link));
+    return states;
+  }
+
+  std::vector<std::string> LinkNames() const {
+    std::vector<std::string> names;
+    for (const auto& link : links_) names.push_back(link->model.name());
+    return names;
+  }
+
+  double UptimeSeconds() const {
+    return ToSeconds(options_.clock->Now() - start_);
+  }
+  const Clock* clock() const { return options_.clock; }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    // No route is added once stopping_ is set, so routes_ is stable.
+    for (auto& route : routes_) {
+      if (route->accept_thread.joinable()) route->accept_thread.join();
+      CloseFd(&route->listen_fd);
+    }
+    for (auto& route : routes_) {
+      std::list<std::shared_ptr<Connection>> connections;
+      {
+        std::lock_guard<std::mutex> lock(route->mu);
+        connections.swap(route->connections);
+      }
+      for (auto& connection : connections) connection->Abort();
+      for (auto& connection : connections) connection->Join();
+    }
+    for (auto& link : links_) {
+      for (Direction* dir : {link->a_to_b.get(), link->b_to_a.get()}) {
+        {
+          std::lock_guard<std::mutex> lock(dir->mu);
+          dir->stop = true;
+        }
+        dir->wake.notify_all();
+        dir->room.notify_all();
+        if (dir->thread.joinable()) dir->thread.join();
+        // Chunks still held belong to closed connections.
+        std::lock_guard<std::mutex> lock(dir->mu);
+        dir->pending.clear();
+      }
+    }
+    MLOG(INFO) << Uptime(options_.clock, start_) << " emulator stopped";
+  }
+
+  // Called by the threads of a connection.
+  void ConnectionMain(Connection* c);
+  void ReadLoop(Connection* c, bool upstream);
+  void WriteLoop(Connection* c, bool upstream);
+  void Drop(Direction* dir, Half* half, const Direction::Chunk& chunk);
+
+ private:
+  static void FillDirection(Direction& dir, pb::WanDirectionState* out) {
+    out->set_from_site(dir.from);
+    out->set_to_site(dir.to);
+    std::lock_guard<std::mutex> lock(dir.mu);
+    const DirectionModel& model = dir.shaper.model();
+    out->set_bandwidth_bps(model.bandwidth_bps);
+    out->set_latency_s(ToSeconds(model.latency));
+    out->set_jitter_s(ToSeconds(model.jitter));
+    out->set_jitter_distribution(model.jitter_distribution);
+    out->set_queue_limit_bytes(dir.shaper.queue_limit());
+    out->set_bytes(dir.bytes.load());
+    out->set_messages(dir.messages.load());
+    out->set_queued_bytes(dir.shaper.in_flight_bytes());
+  }
+
+  // Starts the shaper thread of `dir` once. Holds mu_.
+  void StartDirection(Direction* dir) {
+    if (dir->started) return;
+    dir->started = true;
+    dir->thread = std::thread([this, dir] { ShaperLoop(dir); });
+  }
+
+  void ShaperLoop(Direction* dir);
+  void AcceptLoop(Route* route);
+  void Deliver(Direction::Chunk chunk);
+
+  EmulatorOptions options_;
+  const Duration start_;
+  std::vector<std::unique_ptr<Link>> links_;
+  std::map<std::string, Link*> by_name_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Route>> routes_;  // guarded by mu_
+  bool stopping_ = false;                       // guarded by mu_
+};
+
+namespace {
+
+void Connection::Abort() {
+  std::lock_guard<std::mutex> guard(mu);
+  if (aborted.exchange(true)) return;
+  // Wakes readers blocked in recv() and writers blocked in send().
+  if (client_fd >= 0) ::shutdown(client_fd, SHUT_RDWR);
+  if (server_fd >= 0) ::shutdown(server_fd, SHUT_RDWR);
+  for (Half* half : {&up, &down}) {
+    {
+      std::lock_guard<std::mutex> lock(half->mu);
+      half->closed = true;
+    }
+    half->cv.notify_all();
+    if (half->dir != nullptr) {
+      // Taking the lock orders this with a reader's predicate check.
+      { std::lock_guard<std::mutex> lock(half->dir->mu); }
+      half->dir->room.notify_all();
+    }
+  }
+}
+
+}  // namespace
+
+void Emulator::Impl::ShaperLoop(Direction* dir) {
+  // Wake up on time: the default 50 us timer slack would show as jitter.
+  ::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  std::vector<Shaper::Released> released;
+  std::vector<Direction::Chunk> due;
+  std::unique_lock<std::mutex> lock(dir->mu);
+  while (!dir->stop) {
+    released.clear();
+    const size_t count = dir->shaper.Poll(&released);
+    for (size_t i = 0; i < count; ++i) {
+      due.push_back(std::move(dir->pending.front()));
+      dir->pending.pop_front();
+    }
+    if (!due.empty()) {
+      lock.unlock();
+      for (Direction::Chunk& chunk : due) Deliver(std::move(chunk));
+      due.clear();
+      lock.lock();
+      continue;
+    }
+    const std::optional<Duration> next = dir->shaper.NextEventTime();
+    if (!next) {
+      dir->wake.wait(lock);
+      continue;
+    }
+    const Duration wait = *next - options_.clock->Now();
+    if (wait > Duration::zero()) dir->wake.wait_for(lock, wait);
+  }
+}
+
+void Emulator::Impl::Deliver(Direction::Chunk chunk) {
+  Connection* c = chunk.connection.get();
+  Half* half = chunk.upstream ? &c->up : &c->down;
+  {
+    std::lock_guard<std::mutex> lock(half->mu);
+    if (!half->closed) {
+      half->out.push_back(std::move(chunk));
+      half->cv.notify_one();
+      return;
+    }
+  }
+  Drop(half->dir, half, chunk);
+}
+
+void Emulator::Impl::Drop(Direction* dir, Half* half,
+                          const Direction::Chunk& chunk) {
+  {
+    std::lock_guard<std::mutex> lock(dir->mu);
+    dir->shaper.Delivered(chunk.size);
+  }
+  half->pending.fetch_sub(1);
+  dir->room.notify_all();
+}
+
+void Emulator::Impl::AcceptLoop(Route* route) {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    // Reap finished connections.
+    std::list<std::shared_ptr<Connection>> finished;
+    {
+      std::lock_guard<std::mutex> lock(route->mu);
+      for (auto it = route->connections.begin();
+           it != route->connections.end();) {
+        if ((*it)->finished()) {
+          finished.push_back(std::move(*it));
+          it = route->connections.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& connection : finished) {
+      connection->Join();
+      // Chunks still in a shaper may keep the object alive; the sockets go
+      // now.
+      CloseFd(&connection->client_fd);
+      CloseFd(&connection->server_fd);
+    }
+    finished.clear();
+
+    pollfd item{route->listen_fd, POLLIN, 0};
+    const int ready = ::poll(&item, 1, 100);
+    if (ready <= 0) continue;
+    const int fd = ::accept4(route->listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+        MLOG(WARNING) << "link " << route->spec.link << ": accept on "
+                      << route->bound << ": " << std::strerror(errno);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      continue;
+    }
+    SetNoDelay(fd);
+    auto connection = std::make_shared<Connection>();
+    connection->emulator = this;
+    connection->route = route;
+    connection->client_fd = fd;
+    connection->running.store(1);
+    Connection* raw = connection.get();
+    {
+      std::lock_guard<std::mutex> lock(route->mu);
+      route->connections.push_back(connection);
+    }
+    raw->main_thread = std::thread([this, raw] { ConnectionMain(raw); });
+  }
+}
+
+void Emulator::Impl::ConnectionMain(Connection* c) {
+  Route* route = c->route;
+  Result<int> server = ConnectTcp(route->forward, options_.connect_timeout);
+  if (!server.ok()) {
+    bool warn = false;
+    uint64_t failures = 0;
+    {
+      std::lock_guard<std::mutex> lock(route->mu);
+      failures = ++route->connect_failures;
+      const Duration now = options_.clock->Now();
+      if (now - route->last_warning >= std::chrono::seconds(10)) {
+        route->last_warning = now;
+        warn = true;
+      }
+    }
+    if (warn) {
+      MLOG(WARNING) << Uptime(options_.clock, start_) << " link "
+                    << route->spec.link << ": route " << route->bound
+                    << ": closing the client connection: " << server.status()
+                    << " (" << failures << " failed so far)";
+    }
+    ::shutdown(c->client_fd, SHUT_RDWR);
+    c->running.fetch_sub(1, std::memory_order_acq_rel);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    c->server_fd = *server;
+    if (c->aborted.load()) {  // stopped while connecting
+      ::shutdown(c->server_fd, SHUT_RDWR);
+      c->running.fetch_sub(1, std::memory_order_acq_rel);
+      return;
+    }
+    c->up.dir = route->up;
+    c->up.src = c->client_fd;
+    c->up.dst = c->server_fd;
+    c->down.dir = route->down;
+    c->down.src = c->server_fd;
+    c->down.dst = c->client_fd;
+  }
+  MLOG(DEBUG) << "link " << route->spec.link << ": connection via "
+              << route->bound << " to " << route->forward.ToString();
+  c->running.fetch_add(3, std::memory_order_acq_rel);
+  c->others[0] = std::thread([this, c] {
+    ReadLoop(c, false);
+    c->running.fetch_sub(1, std::memory_order_acq_rel);
+  });
+  c->others[1] = std::thread([this, c] {
+    WriteLoop(c, true);
+    c->running.fetch_sub(1, std::memory_order_acq_rel);
+  });
+  c->others[2] = std::thread([this, c] {
+    WriteLoop(c, false);
+    c->running.fetch_sub(1, std::memory_order_acq_rel);
+  });
+  ReadLoop(c, true);
+  c->running.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void Emulator::Impl::ReadLoop(Connection* c, bool upstream) {
+  Half* half = upstream ? &c->up : &c->down;
+  Direction* dir = half->dir;
+  const size_t read_bytes = options_.read_bytes;
+  Buffer buffer;
+  std::vector<Direction::Chunk> chunks;
+
+  // Whether bytes read now may be written straight away (no shaping, and
+  // nothing of this connection direction still queued ahead of them).
+  auto is_direct = [&] {
+    std::lock_guard<std::mutex> lock(dir->mu);
+    return dir->passthrough && half->pending.load() == 0;
+  };
+  // Passes the end of the stream on, in order.
+  auto end_of_stream = [&](bool direct) {
+    Direction::Chunk eof;
+    eof.eof = true;
+    eof.connection = c->shared_from_this();
+    eof.upstream = upstream;
+    half->pending.fetch_add(1);
+    if (direct) {
+      Deliver(std::move(eof));
+      return;
+    }
+    bool was_empty;
+    {
+      std::lock_guard<std::mutex> lock(dir->mu);
+      dir->shaper.Enqueue(0);
+      was_empty = dir->pending.empty();
+      dir->pending.push_back(std::move(eof));
+    }
+    if (was_empty) dir->wake.notify_all();
+  };
+  // Hands `size` bytes of `data` to the link's shaper in chunks.
+  auto enqueue = [&](const Buffer& data, size_t size) {
+    size_t chunk_bytes;
+    {
+      std::lock_guard<std::mutex> lock(dir->mu);
+      chunk_bytes = dir->chunk_bytes;
+    }
+    chunks.clear();
+    for (size_t offset = 0; offset < size; offset += chunk_bytes) {
+      Direction::Chunk chunk;
+      chunk.buffer = data;
+      chunk.offset = offset;
+      chunk.size = std::min(chunk_bytes, size - offset);
+      chunk.messages = static_cast<uint32_t>(
+          half->zmtp.Consume({data.get() + offset, chunk.size}));
+      chunk.connection = c->shared_from_this();
+      chunk.upstream = upstream;
+      chunks.push_back(std::move(chunk));
+    }
+    half->pending.fetch_add(chunks.size());
+    bool was_empty;
+    {
+      std::lock_guard<std::mutex> lock(dir->mu);
+      was_empty = dir->pending.empty();
+      for (Direction::Chunk& chunk : chunks) {
+        dir->shaper.Enqueue(chunk.size);
+        dir->pending.push_back(std::move(chunk));
+      }
+    }
+    if (was_empty) dir->wake.notify_all();
+  };
+  auto read_failed = [&](const char* what) {
+    if (!c->aborted.load()) {
+      MLOG(DEBUG) << "link " << c->route->spec.link << " " << dir->from << "->"
+                  << dir->to << ": " << what << ": " << std::strerror(errno)
+                  << "; closing the connection";
+    }
+    c->Abort();
+  };
+
+  while (true) {
+    size_t want = read_bytes;
+    bool direct = false;
+    {
+      std::unique_lock<std::mutex> lock(dir->mu);
+      auto can_read = [&] {
+        return c->aborted.load() || dir->stop ||
+               (dir->passthrough && half->pending.load() == 0) ||
+               dir->shaper.Room() >= dir->room_threshold;
+      };
+      while (!can_read()) {
+        dir->room.wait_for(lock, std::chrono::milliseconds(200));
+      }
+      if (c->aborted.load() || dir->stop) return;
+      direct = dir->passthrough && half->pending.load() == 0;
+      // A direct read can still end up queued (the link may be partitioned
+      // or shaped while it blocks), so it never exceeds the limit either.
+      want = static_cast<size_t>(std::min<uint64_t>(
+          read_bytes, direct ? dir->shaper.queue_limit() : dir->shaper.Room()));
+    }
+
+    // Zero-copy path: bytes the message counter need not see (frame bodies,
+    // or everything once a stream is not ZMTP) go socket -> pipe -> socket.
+    if (direct && half->splice_ok &&
+        half->zmtp.OpaqueBytesAhead() >= kSpliceMinBytes) {
+      const ssize_t n = SpliceIn(half, static_cast<size_t>(std::min<uint64_t>(
+                                           {half->zmtp.OpaqueBytesAhead(),
+                                            kSpliceMaxBytes, uint64_t{want}})));
+      if (n == kSpliceUnsupported) {
+        half->splice_ok = false;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        read_failed("splice");
+        return;
+      }
+      if (n == 0) {
+        end_of_stream(is_direct());
+        return;
+      }
+      const size_t size = static_cast<size_t>(n);
+      if (is_direct()) {
+        if (!SpliceOut(half, size)) {
+          c->Abort();
+          return;
+        }
+        const uint64_t messages = half->zmtp.SkipOpaque(size);
+        dir->bytes.fetch_add(size, std::memory_order_relaxed);
+        dir->messages.fetch_add(messages, std::memory_order_relaxed);
+        continue;
+      }
+      // Shaped or partitioned since: the bytes join the queue after all.
+      Buffer data = std::make_shared_for_overwrite<uint8_t[]>(size);
+      if (!ReadPipe(half, data.get(), size)) {
+        read_failed("pipe");
+        return;
+      }
+      enqueue(data, size);
+      continue;
+    }
+
+    if (!buffer || buffer.use_count() > 1) {
+      buffer = std::make_shared_for_overwrite<uint8_t[]>(read_bytes);
+    }
+    const ssize_t n = ::recv(half->src, buffer.get(), want, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      read_failed("read");
+      return;
+    }
+    if (n == 0) {
+      end_of_stream(is_direct());
+      return;
+    }
+    const size_t size = static_cast<size_t>(n);
+    if (is_direct()) {
+      const uint64_t messages = half->zmtp.Consume({buffer.get(), size});
+      if (!WriteAll(half->dst, buffer.get(), size)) {
+        c->Abort();
+        return;
+      }
+      dir->bytes.fetch_add(size, std::memory_order_relaxed);
+      dir->messages.fetch_add(messages, std::memory_order_relaxed);
+      continue;
+    }
+    // Queued: small reads get a buffer of their own so that held chunks do
+    // not pin whole read buffers.
+    Buffer data = buffer;
+    if (size < read_bytes / 4) {
+      data = std::make_shared_for_overwrite<uint8_t[]>(size);
+      std::memcpy(data.get(), buffer.get(), size);
+    }
+    enqueue(data, size);
+  }
+}
+
+void Emulator::Impl::WriteLoop(Connection* c, bool upstream) {
+  Half* half = upstream ? &c->up : &c->down;
+  Direction* dir = half->dir;
+  std::deque<Direction::Chunk> batch;
+  // Leaving: nothing more is written; what is still queued for this half
+  // (now or later) is dropped and its queue room given back. Chunks hold
+  // their connection, so none may stay behind in `out`.
+  auto finish = [&](size_t first_unwritten) {
+    for (size_t i = first_unwritten; i < batch.size(); ++i) {
+      Drop(dir, half, batch[i]);
+    }
+    batch.clear();
+    std::deque<Direction::Chunk> rest;
+    {
+      std::lock_guard<std::mutex> lock(half->mu);
+      half->closed = true;
+      rest.swap(half->out);
+    }
+    for (const Direction::Chunk& chunk : rest) Drop(dir, half, chunk);
+  };
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(half->mu);
+      half->cv.wait(lock, [&] { return half->closed || !half->out.empty(); });
+      batch.swap(half->out);
+    }
+    if (c->aborted.load()) {
+      finish(0);
+      return;
+    }
+    uint64_t bytes = 0;
+    uint64_t messages = 0;
+    size_t written = 0;
+    bool failed = false;
+    bool eof = false;
+    for (const Direction::Chunk& chunk : batch) {
+      if (chunk.eof) {
+        ::shutdown(half->dst, SHUT_WR);
+        eof = true;
+        ++written;
+        break;
+      }
+      if (!WriteAll(half->dst, chunk.buffer.get() + chunk.offset, chunk.size)) {
+        failed = true;
+        break;
+      }
+      bytes += chunk.size;
+      messages += chunk.messages;
+      ++written;
+    }
+    {
+      std::lock_guard<std::mutex> lock(dir->mu);
+      dir->shaper.Delivered(bytes);
+    }
+    dir->bytes.fetch_add(bytes, std::memory_order_relaxed);
+    dir->messages.fetch_add(messages, std::memory_order_relaxed);
+    half->pending.fetch_sub(written);
+    dir->room.notify_all();
+    if (failed) c->Abort();
+    if (failed || eof) {
+      finish(written);
+      return;
+    }
+    batch.clear();
+  }
+}
+
+Emulator::Emulator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Emulator::~Emulator() { Stop(); }
+
+Result<std::unique_ptr<Emulator>> Emulator::Create(EmulatorOptions options) {
+  if (options.clock == nullptr) options.clock = SystemClock();
+  if (options.read_bytes < 1024) {
+    return InvalidArgumentError("read_bytes must be at least 1024");
+  }
+  std::set<std::string> names;
+  std::set<std::pair<std::string, std::string>> pairs;
+  for (const LinkModel& link : options.links) {
+    if (link.a.empty() || link.b.empty()) {
+      return InvalidArgumentError("a link needs two site names");
+    }
+    if (link.a == link.b) {
+      return InvalidArgumentError("link '" + link.name() +
+                                  "' joins a site to itself");
+    }
+    if (!names.insert(link.name()).second) {
+      return InvalidArgumentError("duplicate link name '" + link.name() + "'");
+    }
+    if (!pairs.insert(std::minmax(link.a, link.b)).second) {
+      return InvalidArgumentError("two links join " + link.a + " and " +
+                                  link.b);
+    }
+  }
+  for (const LinkModel& link : options.links) {
+    MLOG(INFO) << "link " << link.name() << ": " << link.a << "->" << link.b
+               << " " << DescribeDirection(link.a_to_b) << "; " << link.b
+               << "->" << link.a << " " << DescribeDirection(link.b_to_a);
+  }
+  return std::unique_ptr<Emulator>(
+      new Emulator(std::make_unique<Impl>(std::move(options))));
+}
+
+Result<std::string> Emulator::AddRoute(const RouteSpec& route) {
+  return impl_->AddRoute(route);
+}
+
+Status Emulator::SetLink(std::string_view link, pb::LinkDirection direction,
+                         const pb::LinkDirectionConfig& change) {
+  return impl_->SetLinkModels(link, direction, &change, nullptr);
+}
+
+Status Emulator::SetLinkModel(std::string_view link,
+                              pb::LinkDirection direction,
+                              const DirectionModel& model) {
+  return impl_->SetLinkModels(link, direction, nullptr, &model);
+}
+
+Status Emulator::Partition(std::string_view link) {
+  return impl_->SetPartitioned(link, true);
+}
+
+Status Emulator::Heal(std::string_view link) {
+  return impl_->SetPartitioned(link, false);
+}
+
+Result<pb::WanLinkState> Emulator::LinkState(std::string_view link) const {
+  return impl_->LinkState(link);
+}
+
+std::vector<pb::WanLinkState> Emulator::LinkStates() const {
+  return impl_->LinkStates();
+}
+
+std::vector<std::string> Emulator::LinkNames() const {
+  return impl_->LinkNames();
+}
+
+double Emulator::UptimeSeconds() const { return impl_->UptimeSeconds(); }
+const Clock* Emulator::clock() const { return impl_->clock(); }
+
+void Emulator::Stop() { impl_->Stop(); }
+
+}  // namespace meridian::wan

@@ -1,0 +1,32 @@
+// Plain blocking TCP sockets for the emulator (private to wan/).
+#ifndef MERIDIAN_WAN_SOCKET_UTIL_H_
+#define MERIDIAN_WAN_SOCKET_UTIL_H_
+
+#include <cstddef>
+#include <string>
+
+#include "meridian/clock.h"
+#include "meridian/status.h"
+#include "meridian/wan_model.h"
+
+namespace meridian::wan {
+
+// A listening socket (close-on-exec, SO_REUSEADDR) on `address`.
+Result<int> ListenTcp(const HostPort& address);
+// Checks that `address` resolves (does not connect).
+Status ResolveTcp(const HostPort& address);
+// Connects to `address` within `timeout`; the socket is blocking and has
+// TCP_NODELAY set.
+Result<int> ConnectTcp(const HostPort& address, Duration timeout);
+// "host:port" of the socket's local end.
+Result<std::string> LocalAddress(int fd);
+void SetNoDelay(int fd);
+// Writes all `size` bytes (retrying on EINTR and short writes; no SIGPIPE).
+// False when the peer is gone or the socket was shut down.
+bool WriteAll(int fd, const void* data, size_t size);
+// Closes `fd` if >= 0 and sets it to -1.
+void CloseFd(int* fd);
+
+}  // namespace meridian::wan
+
+#endif  // MERIDIAN_WAN_SOCKET_UTIL_H_

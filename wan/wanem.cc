@@ -1,0 +1,193 @@
+#include "meridian/wanem.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "meridian/log.h"
+#include "meridian/wan_control.h"
+#include "meridian/wan_presets.h"
+#include "meridian/wan_units.h"
+
+namespace meridian::wan {
+
+Result<WanemOptions> OneLinkWanemOptions(std::string_view listen,
+                                         std::string_view forward,
+                                         std::string_view bandwidth,
+                                         std::string_view latency,
+                                         std::string_view jitter,
+                                         std::string_view jitter_distribution,
+                                         std::string_view queue_limit) {
+  Result<HostPort> listen_address = ParseHostPort(listen, true);
+  if (!listen_address.ok()) {
+    return listen_address.status().WithContext("--listen");
+  }
+  Result<HostPort> forward_address = ParseHostPort(forward, false);
+  if (!forward_address.ok()) {
+    return forward_address.status().WithContext("--forward");
+  }
+  DirectionModel model = DefaultDirectionModel();
+  model.bandwidth_bps = 0;  // unlimited unless --bandwidth says otherwise
+  if (!bandwidth.empty()) {
+    Result<double> bps = ParseBandwidth(bandwidth);
+    if (!bps.ok()) return bps.status().WithContext("--bandwidth");
+    model.bandwidth_bps = *bps;
+  }
+  if (!latency.empty()) {
+    Result<Duration> value = ParseDuration(latency);
+    if (!value.ok()) return value.status().WithContext("--latency");
+    model.latency = *value;
+  }
+  if (!jitter.empty()) {
+    Result<Duration> value = ParseDuration(jitter);
+    if (!value.ok()) return value.status().WithContext("--jitter");
+    model.jitter = *value;
+  }
+  if (!queue_limit.empty()) {
+    Result<uint64_t> value = ParseByteSize(queue_limit);
+    if (!value.ok()) return value.status().WithContext("--queue-limit");
+    if (*value < 1024) {
+      return InvalidArgumentError("--queue-limit: at least 1kb");
+    }
+    model.queue_limit_bytes = *value;
+  }
+  if (jitter_distribution == "normal") {
+    model.jitter_distribution = pb::JITTER_NORMAL;
+  } else if (!jitter_distribution.empty() && jitter_distribution != "uniform") {
+    return InvalidArgumentError("--jitter-distribution '" +
+                                std::string(jitter_distribution) +
+                                "': use uniform or normal");
+  }
+  WanemOptions options;
+  LinkModel link;
+  link.a = "client";
+  link.b = "server";
+  link.a_to_b = model;
+  link.b_to_a = model;
+  link.b_to_a.seed = model.seed + 1;
+  options.routes.push_back(RouteSpec{link.name(), "client", std::string(listen),
+                                     std::string(forward)});
+  options.links.push_back(std::move(link));
+  return options;
+}
+
+Result<WanemOptions> JobWanemOptions(const pb::JobConfig& job,
+                                     std::string_view control) {
+  WanemOptions options;
+  MERIDIAN_ASSIGN_OR_RETURN(options.links, ResolveJobLinks(job));
+  if (!job.wan().emulate()) {
+    for (LinkModel& link : options.links) {
+      for (DirectionModel* d : {&link.a_to_b, &link.b_to_a}) {
+        d->bandwidth_bps = 0;
+        d->latency = Duration::zero();
+        d->jitter = Duration::zero();
+      }
+    }
+  }
+  options.control =
+      control.empty() ? job.wan().control_address() : std::string(control);
+  options.sample_period_s = job.wan().sample_period_s();
+  return options;
+}
+
+Status RunWanem(const WanemOptions& options, const std::atomic<bool>* stop) {
+  if (options.sample_period_s <= 0) {
+    return InvalidArgumentError("sample period must be positive");
+  }
+  EmulatorOptions emulator_options;
+  emulator_options.links = options.links;
+  emulator_options.clock = options.clock;
+  MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Emulator> emulator,
+                            Emulator::Create(std::move(emulator_options)));
+  for (const RouteSpec& route : options.routes) {
+    Result<std::string> bound = emulator->AddRoute(route);
+    if (!bound.ok()) {
+      return bound.status().WithContext("route " + route.listen + " -> " +
+                                        route.forward);
+    }
+  }
+  std::unique_ptr<ControlServer> control;
+  std::string endpoint = "none";
+  if (!options.control.empty() && options.control != "none") {
+    MERIDIAN_ASSIGN_OR_RETURN(
+        control, ControlServer::Start(emulator.get(), options.control));
+    endpoint = control->endpoint();
+    MLOG(INFO) << "control endpoint " << endpoint;
+  }
+  std::ofstream csv;
+  if (!options.traffic_csv.empty()) {
+    csv.open(options.traffic_csv, std::ios::out | std::ios::trunc);
+    if (!csv) {
+      return InvalidArgumentError("cannot write '" + options.traffic_csv + "'");
+    }
+    csv << kTrafficCsvHeader << "\n";
+  }
+  if (options.ready_fd >= 0) {
+    const std::string line = "ready " + endpoint + "\n";
+    if (::write(options.ready_fd, line.data(), line.size()) !=
+        static_cast<ssize_t>(line.size())) {
+      MLOG(WARNING) << "cannot write the ready line to fd " << options.ready_fd;
+    }
+    ::close(options.ready_fd);
+  }
+  MLOG(INFO) << "wanem running: " << options.links.size() << " links, "
+             << options.routes.size() << " routes";
+
+  const Clock* clock = options.clock;
+  const Duration start = clock->Now();
+  const Duration period = FromSeconds(options.sample_period_s);
+  Duration next_sample = start;
+  while (stop == nullptr || !stop->load()) {
+    if (csv.is_open() && clock->Now() >= next_sample) {
+      pb::WanControlReply reply;
+      for (pb::WanLinkState& state : emulator->LinkStates()) {
+        *reply.add_links() = std::move(state);
+      }
+      csv << TrafficCsvRows(ToSeconds(clock->Now() - start), reply);
+      csv.flush();
+      next_sample += period;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  MLOG(INFO) << "wanem stopping";
+  if (control) control->Stop();
+  if (csv.is_open()) {
+    pb::WanControlReply reply;
+    for (pb::WanLinkState& state : emulator->LinkStates()) {
+      *reply.add_links() = std::move(state);
+    }
+    csv << TrafficCsvRows(ToSeconds(clock->Now() - start), reply);
+  }
+  emulator->Stop();
+  return Status::Ok();
+}
+
+int RunWanemCtl(const std::string& endpoint,
+                const pb::WanControlRequest& request, std::string* output) {
+  ControlClient client(endpoint);
+  Result<pb::WanControlReply> reply = client.Call(request);
+  if (!reply.ok()) {
+    *output = reply.status().message() + "\n";
+    return 1;
+  }
+  if (!reply->ok()) {
+    *output = "wanem refused: " + reply->error() + "\n";
+    return 1;
+  }
+  switch (request.command_case()) {
+    case pb::WanControlRequest::kStatus:
+      *output = FormatLinkStates(*reply);
+      break;
+    case pb::WanControlRequest::kAddRoute:
+      *output = reply->listen() + "\n";
+      break;
+    default:
+      *output = "ok\n" + FormatLinkStates(*reply);
+      break;
+  }
+  return 0;
+}
+
+}  // namespace meridian::wan
