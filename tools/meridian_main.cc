@@ -6,10 +6,12 @@
 #include <cstdio>
 #include <ctime>
 #include <string>
+#include <vector>
 
 #include "meridian/config.h"
 #include "meridian/launcher.h"
 #include "meridian/log.h"
+#include "meridian/report.h"
 #include "meridian/site_server.h"
 #include "meridian/wan_control.h"
 #include "meridian/wanem.h"
@@ -81,9 +83,27 @@ int Run(const std::string& path, std::string out_dir) {
   }
   std::printf("final accuracy %.4f, loss %.4f, wall time %.1f s\n",
               report->final_accuracy(), report->final_loss(), report->wall_s());
+  if (report->wan_bytes_total() > 0) {
+    std::printf(
+        "WAN: %.2f MB over %d link directions; BSP over the WAN would have "
+        "sent %.2f MB for the same work (%.0fx less)\n",
+        report->wan_bytes_total() / 1e6, report->links_size(),
+        report->dense_equivalent_bytes() / 1e6, report->wan_reduction());
+  }
   std::printf("report: %s/report.json\ntimeline: %s/timeline.csv\n",
               out_dir.c_str(), out_dir.c_str());
   return stop->load() ? kExitInterrupted : 0;
+}
+
+int Compare(const std::vector<std::string>& dirs) {
+  Result<std::string> table = CompareRuns(dirs);
+  if (!table.ok()) {
+    std::fprintf(stderr, "meridian compare: %s\n",
+                 table.status().message().c_str());
+    return kExitBadInput;
+  }
+  std::fputs(table->c_str(), stdout);
+  return 0;
 }
 
 int Site(const std::string& path, const std::string& site,
@@ -250,6 +270,16 @@ int Main(int argc, char** argv) {
   run->add_option("--out", out_dir,
                   "output directory (default runs/<job>-<time>)");
 
+  std::vector<std::string> compare_dirs;
+  CLI::App* compare = app.add_subcommand(
+      "compare",
+      "Markdown table of runs: time to target, final accuracy, WAN bytes, "
+      "and each ratio against the first run");
+  compare
+      ->add_option("DIR", compare_dirs,
+                   "run directories, each holding a report.json")
+      ->required();
+
   CLI::App* site_cmd =
       app.add_subcommand("site", "Run one site server of a job");
   site_cmd->add_option("--config", config, "job file")->required();
@@ -362,6 +392,7 @@ int Main(int argc, char** argv) {
   }
   if (*validate) return Validate(config);
   if (*run) return Run(config, out_dir);
+  if (*compare) return Compare(compare_dirs);
   if (*site_cmd) return Site(config, site, endpoint, mirror_bind, out_dir, ready_fd);
   if (*worker_cmd) return WorkerRole(config, site, index, endpoint);
   if (*wanem_cmd) {

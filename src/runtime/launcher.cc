@@ -19,7 +19,7 @@
 #include "meridian/transport.h"
 #include "meridian/wan_control.h"
 #include "runtime/process.h"
-#include "runtime/report.h"
+#include "meridian/report.h"
 
 namespace meridian {
 namespace {

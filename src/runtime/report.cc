@@ -1,4 +1,4 @@
-#include "runtime/report.h"
+#include "meridian/report.h"
 
 #include <google/protobuf/util/json_util.h>
 

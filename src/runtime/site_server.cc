@@ -20,7 +20,7 @@
 #include "meridian/policy.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
-#include "runtime/report.h"
+#include "meridian/report.h"
 #include "runtime/sync_engine.h"
 
 namespace meridian {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "meridian/meridian.pb.h"
+#include "meridian/report.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
 
@@ -23,12 +24,57 @@ std::string WriteText(const std::string& text) {
   return path;
 }
 
-TEST(CliTest, ValidateAcceptsTheShippedConfig) {
+class ShippedConfigTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ShippedConfigTest, Validates) {
   const CommandResult result =
       Meridian(std::string("validate ") + MERIDIAN_SOURCE_DIR +
-               "/deploy/configs/single-site.pbtxt");
+               "/deploy/configs/" + GetParam());
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("OK"), std::string::npos) << result.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Deploy, ShippedConfigTest,
+                         ::testing::Values("single-site.pbtxt",
+                                           "three-regions.pbtxt"));
+
+// Writes a report.json into a fresh run directory.
+std::string WriteRun(bool reached, double time_to_target_s, double accuracy,
+                     double wan_bytes) {
+  const std::string dir = testing::MakeTempDir("run");
+  pb::RunReport report;
+  report.set_job("j");
+  report.set_target_accuracy(0.87);
+  report.set_reached_target(reached);
+  report.set_time_to_target_s(time_to_target_s);
+  report.set_final_accuracy(accuracy);
+  report.set_wan_bytes_total(wan_bytes);
+  EXPECT_TRUE(WriteJsonFile(report, dir + "/report.json").ok());
+  return dir;
+}
+
+TEST(CliTest, CompareTabulatesRunsAgainstTheFirst) {
+  const std::string base = WriteRun(true, 40, 0.88, 2e9);
+  const std::string gaia = WriteRun(true, 44, 0.879, 4e6);
+  const std::string slow = WriteRun(false, -1, 0.80, 1e6);
+  const CommandResult result =
+      Meridian("compare " + base + " " + gaia + " " + slow);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("| " + gaia + " | j | 44.0 | 0.8790 | 4.00 MB"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("1.10× | 0.00×"), std::string::npos)
+      << result.output;  // 44 / 40 and 4 MB / 2 GB
+  EXPECT_NE(result.output.find("not reached"), std::string::npos)
+      << result.output;
+}
+
+TEST(CliTest, CompareNamesAMissingReport) {
+  const std::string empty = testing::MakeTempDir("run");
+  const CommandResult result = Meridian("compare " + empty);
+  EXPECT_FALSE(result.crashed);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find(empty), std::string::npos) << result.output;
 }
 
 TEST(CliTest, ValidateReportsEveryProblemWithLineAndColumn) {

@@ -1,7 +1,7 @@
 // Run reports: JSON files written with Protobuf's JSON printer (field names
 // as written in the .proto) and the CSV timeline.
-#ifndef MERIDIAN_RUNTIME_REPORT_H_
-#define MERIDIAN_RUNTIME_REPORT_H_
+#ifndef MERIDIAN_REPORT_H_
+#define MERIDIAN_REPORT_H_
 
 #include <google/protobuf/message.h>
 
@@ -43,4 +43,4 @@ Status WriteTimelineCsv(const std::vector<pb::SiteSummary>& sites,
 
 }  // namespace meridian
 
-#endif  // MERIDIAN_RUNTIME_REPORT_H_
+#endif  // MERIDIAN_REPORT_H_
