@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "meridian/compression.h"
@@ -98,11 +99,21 @@ class SyncEngine::Impl {
                               UpdateEncoder::Create(indices));
     index_encoder_.emplace(std::move(index_encoder));
 
-    // Local changes feed the accumulators: a hub keeps one for its group
-    // (its own changes) and one for the other hubs (its own and its
-    // members' changes); everyone else one for its peers.
-    main_acc_ = store_->AddAccumulator();
-    if (role_.kind == SyncRole::Kind::kHub) out_acc_ = store_->AddAccumulator();
+    // Local changes feed every accumulator. A mesh site or member keeps one
+    // for its peers. A hub keeps one towards the other hubs (its own and its
+    // members' changes) and one per member: its own changes plus everything
+    // it receives that did not come from that member, so each member gets
+    // one filtered sum per clock however many sites are behind the hub.
+    if (role_.kind != SyncRole::Kind::kHub ||
+        sync_.kind() == pb::MODEL_AVERAGING) {
+      main_acc_ = store_->AddAccumulator();
+    }
+    if (role_.kind == SyncRole::Kind::kHub) {
+      out_acc_ = store_->AddAccumulator();
+      for (int member : role_.members) {
+        member_acc_[member] = store_->AddAccumulator();
+      }
+    }
 
     const std::string bind = options_.mirror_bind.empty()
                                  ? job_.site(site_index_).mirror_address()
@@ -238,7 +249,9 @@ class SyncEngine::Impl {
         FlushTo(out_acc_, ChannelsOf(role_.hubs));
         SendFinal(ChannelsOf(role_.hubs));
         complete = wait_for(role_.hubs) && complete;
-        FlushTo(main_acc_, ChannelsOf(role_.members));
+        for (Channel* channel : ChannelsOf(role_.members)) {
+          FlushTo(member_acc_.at(channel->site), {channel});
+        }
         SendFinal(ChannelsOf(role_.members));
         break;
     }
@@ -562,8 +575,8 @@ class SyncEngine::Impl {
         break;
       }
       case SyncRole::Kind::kHub: {
-        const Encoded to_members = TakeAndEncode(main_acc_, theta, *encoder_);
-        SendWithBarrier(to_members, ChannelsOf(role_.members));
+        // Members get their sums when their channel's clock advances
+        // (AnnounceClocks), which may wait for the slowest site.
         const Encoded to_hubs = TakeAndEncode(out_acc_, theta, *encoder_);
         SendWithBarrier(to_hubs, ChannelsOf(role_.hubs));
         break;
@@ -631,10 +644,18 @@ class SyncEngine::Impl {
     averaging_clock_ = clock;
   }
 
-  // Sends clock announcements that became due on each channel.
+  // Sends clock announcements that became due on each channel. A hub
+  // first sends a member what of its sum is significant, so the clock
+  // still follows the updates it covers.
   void AnnounceClocks() {
     for (Channel& channel : channels_) {
       const int64_t due = DueClock(channel);
+      if (channel.announced >= due || channel.final_sent) continue;
+      if (auto acc = member_acc_.find(channel.site); acc != member_acc_.end()) {
+        const Encoded update =
+            TakeAndEncode(acc->second, Theta(local_clock_), *encoder_);
+        SendWithBarrier(update, {&channel});
+      }
       while (channel.announced < due && !channel.final_sent) {
         ++channel.announced;
         pb::Header header =
@@ -882,40 +903,20 @@ class SyncEngine::Impl {
       return;
     }
     // A hub passes a member's changes on to the other hubs (through its
-    // out accumulator) and relays every change into its group.
+    // out accumulator) and every change to each member it did not come
+    // from (through that member's accumulator).
     std::vector<size_t> accumulate;
-    if (role_.kind == SyncRole::Kind::kHub && IsMember(site)) {
-      accumulate.push_back(out_acc_);
+    if (role_.kind == SyncRole::Kind::kHub) {
+      if (IsMember(site)) accumulate.push_back(out_acc_);
+      for (const auto& [member, acc] : member_acc_) {
+        if (job_.site(member).name() != site) accumulate.push_back(acc);
+      }
     }
     store_->ApplyExternalSparse(received_indices_, received_values_,
                                 accumulate);
     ++updates_received_;
     entries_received_ += received_indices_.size();
     blocked_.Release(site, header.clock());
-    if (role_.kind == SyncRole::Kind::kHub) Relay(message, site);
-  }
-
-  // Passes a received update on, as it came, to the group members other
-  // than its sender.
-  void Relay(const Envelope& message, const std::string& from) {
-    std::vector<Channel*> targets;
-    for (int member : role_.members) {
-      if (job_.site(member).name() != from) {
-        if (Channel* channel = ChannelTo(job_.site(member).name())) {
-          targets.push_back(channel);
-        }
-      }
-    }
-    Encoded relay;
-    relay.entries = message.header.mirror_update().entries();
-    for (int i = 0; i < message.header.slices_size(); ++i) {
-      relay.slices.push_back(message.header.slices(i));
-      relay.frames.emplace_back(message.payload[i].data(),
-                                message.payload[i].size());
-    }
-    const std::string origin = message.header.mirror_update().origin_site();
-    SendUpdate(relay, pb::MIRROR_UPDATE, origin.empty() ? from : origin, false,
-               targets);
   }
 
   void AddToAveragingRound(int64_t clock, const std::string& site) {
@@ -970,6 +971,7 @@ class SyncEngine::Impl {
   UpdateDecoder decoder_;
   size_t main_acc_ = 0;
   size_t out_acc_ = 0;
+  std::map<int, size_t> member_acc_;  // hub: site index -> accumulator
 
   int64_t local_clock_ = 0;
   double last_theta_ = 0;
