@@ -1,12 +1,27 @@
 // Intra-site scheduling: the one place that decides when a worker commits
-// (the plan it is sent) and when a commit or pull is answered. BSP and
-// fully asynchronous training are policies here; ADSP, SSP and the ADACOMM
-// baselines plug in behind the same interface.
+// (the plan it is sent) and when a commit or pull is answered. The policies
+// (pb::PolicyKind): BSP; ASYNC, which is TAP; SSP; FIXED_ADACOMM; ADACOMM;
+// and ADSP, whose tuning math lives in meridian/adsp.h.
+//
+// Driving a policy (the site server's event loop):
+//   - Start() once every worker has joined; OnCommit/OnPull/OnLeave per
+//     event; OnTick() every few milliseconds.
+//   - Execute every PolicyDecision: handle the update, flush the aggregate
+//     if asked, answer the released workers with PlanFor(worker) attached.
+//   - When a decision has evaluate_loss set, evaluate the global loss of a
+//     snapshot of the model as it is now (ADSP: the mean loss over
+//     PolicyConfig.loss_eval_batches fixed minibatches of training data;
+//     ADACOMM: the same, or the test loss) and report it with
+//     OnLossEvaluation(loss, snapshot time), on the event thread. Late,
+//     coalesced or missing reports are tolerated.
+//   - After every decision, apply ServerMomentum() to the store when it has
+//     a value (ADSP's momentum search changes it between candidates).
 #ifndef MERIDIAN_POLICY_H_
 #define MERIDIAN_POLICY_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +39,9 @@ struct CommitEvent {
   uint64_t current_version = 0;  // server's version on arrival
   uint32_t local_steps = 0;      // steps folded into the update
   Duration now{0};
+  // The worker's own smoothed commit round trip in seconds
+  // (pb::WorkerStats.commit_overhead_s of the commit); 0: not reported.
+  double commit_overhead_s = 0;
 };
 
 // What the site server does in response to an event, in this order:
@@ -39,6 +57,9 @@ struct PolicyDecision {
   std::string reject_reason;
   bool flush_aggregate = false;
   std::vector<uint32_t> release;
+  // Evaluate the global loss of the model as it is now and report it with
+  // IntraSitePolicy::OnLossEvaluation (see the top of this file).
+  bool evaluate_loss = false;
 };
 
 // Driven by the site server's single event thread: not thread-safe.
@@ -61,10 +82,24 @@ class IntraSitePolicy {
     (void)now;
     return {};
   }
+  // A global loss evaluation asked for with PolicyDecision::evaluate_loss:
+  // `loss` of the model snapshot taken at `taken_at` (not the time the
+  // result is ready). Non-finite losses are ignored. Default: ignored.
+  virtual void OnLossEvaluation(double loss, Duration taken_at) {
+    (void)loss;
+    (void)taken_at;
+  }
   // The plan sent with the next reply to `worker`.
   virtual pb::CommitPlan PlanFor(uint32_t worker) const = 0;
-  // The site's logical clock: rounds completed (BSP: barriers passed;
-  // asynchronous: commits / workers, rounded down).
+  // The server momentum mu (v = mu*v + eta*U; W += v) the policy wants now;
+  // nullopt (the default): keep ServerConfig.momentum. In [0, 1).
+  virtual std::optional<double> ServerMomentum() const { return std::nullopt; }
+  // Seconds of training spent in online tuning (ADSP's search) so far; 0
+  // for policies without one.
+  virtual double search_time_s() const { return 0; }
+  // The site's logical clock: rounds completed (BSP, FIXED_ADACOMM,
+  // ADACOMM: barriers passed; SSP: the slowest active worker's commits;
+  // ASYNC and ADSP: commits / workers, rounded down). Never decreases.
   virtual uint64_t clock() const = 0;
 };
 

@@ -91,6 +91,9 @@ constexpr CountRange kBatchSize{1, 65536};
 constexpr CountRange kNumShards{1, 256};
 constexpr CountRange kBlockSize{1, 1 << 20};
 constexpr CountRange kClassLabel{0, kNumClasses - 1};
+// A fit of l(t) = 1/(a^2 t + b) + c has 3 parameters.
+constexpr CountRange kSamplesPerPeriod{3, 1000};
+constexpr RealRange kImprovement{0, false, 1, true};  // [0, 1)
 
 constexpr std::string_view kEndpointSchemes[] = {"tcp://", "ipc://",
                                                  "inproc://"};
@@ -490,9 +493,56 @@ void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
   }
 }
 
+// Every field is checked whatever the kind, so that switching kinds never
+// uncovers a bad value; the defaults are all valid.
 void ValidatePolicy(const pb::PolicyConfig& policy, const IssueReporter& r) {
   r.Specified("kind", policy.kind());
   r.Count("local_steps", policy.local_steps(), kAtLeastOne);
+  r.Count("tau", policy.tau(), kAtLeastOne);
+  r.Count("tau0", policy.tau0(), kAtLeastOne);
+  r.Real("check_period_s", policy.check_period_s(), kPositive);
+  r.Real("min_commit_interval_s", policy.min_commit_interval_s(), kNonNegative);
+  if (std::isfinite(policy.min_commit_interval_s()) &&
+      std::isfinite(policy.check_period_s()) && policy.check_period_s() > 0) {
+    r.Check(policy.min_commit_interval_s() <= policy.check_period_s(),
+            "min_commit_interval_s",
+            "must be at most check_period_s (" +
+                FormatReal(policy.check_period_s()) + "), got " +
+                FormatReal(policy.min_commit_interval_s()));
+  }
+  r.Count("initial_commits_per_period", policy.initial_commits_per_period(),
+          kAtLeastOne);
+  r.Count("min_commits_per_period", policy.min_commits_per_period(),
+          kAtLeastOne);
+  const uint32_t max_commits = policy.max_commits_per_period();
+  if (max_commits != 0) {
+    r.Check(max_commits >= policy.min_commits_per_period(),
+            "max_commits_per_period",
+            "must be 0 (no bound) or at least min_commits_per_period (" +
+                std::to_string(policy.min_commits_per_period()) + "), got " +
+                std::to_string(max_commits));
+  }
+  const bool initial_in_bounds =
+      policy.initial_commits_per_period() >= policy.min_commits_per_period() &&
+      (max_commits == 0 || policy.initial_commits_per_period() <= max_commits);
+  const bool bounds_valid =
+      max_commits == 0 || max_commits >= policy.min_commits_per_period();
+  r.Check(initial_in_bounds || policy.initial_commits_per_period() == 0 ||
+              !bounds_valid,
+          "initial_commits_per_period",
+          "must be within [min_commits_per_period, max_commits_per_period], "
+          "got " +
+              std::to_string(policy.initial_commits_per_period()));
+  r.Real("search_period_s", policy.search_period_s(), kNonNegative);
+  r.Real("loss_jump_ratio", policy.loss_jump_ratio(), kPositive);
+  r.Count("search_samples_per_period", policy.search_samples_per_period(),
+          kSamplesPerPeriod);
+  r.Count("loss_eval_batches", policy.loss_eval_batches(), kAtLeastOne);
+  r.Real("search_min_improvement", policy.search_min_improvement(),
+         kImprovement);
+  for (int i = 0; i < policy.momentum_grid_size(); ++i) {
+    r.Real(Indexed("momentum_grid", i), policy.momentum_grid(i), kMomentum);
+  }
 }
 
 // ---------------------------------------------------------------------------

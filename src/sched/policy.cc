@@ -1,6 +1,11 @@
 #include "meridian/policy.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "meridian/adsp.h"
 
 namespace meridian {
 namespace {
@@ -14,12 +19,15 @@ pb::CommitPlan StepPlan(uint32_t local_steps) {
 
 // Bulk synchronous: every worker commits once per clock; the commits of a
 // clock are summed and applied together, and nobody gets the model back
-// until every worker still in the job has committed that clock.
-class BspPolicy final : public IntraSitePolicy {
+// until every worker still in the job has committed that clock. With
+// local_steps = tau this is FIXED_ADACOMM (local SGD with periodic
+// averaging: the store's MEAN rule averages the round's sum).
+class BspPolicy : public IntraSitePolicy {
  public:
-  explicit BspPolicy(uint32_t local_steps) : local_steps_(local_steps) {}
+  explicit BspPolicy(uint32_t local_steps, std::string_view name = "bsp")
+      : local_steps_(local_steps), name_(name) {}
 
-  std::string_view name() const override { return "bsp"; }
+  std::string_view name() const override { return name_; }
 
   void Start(uint32_t num_workers, Duration /*now*/) override {
     committed_.assign(num_workers, false);
@@ -68,6 +76,14 @@ class BspPolicy final : public IntraSitePolicy {
 
   uint64_t clock() const override { return clock_; }
 
+ protected:
+  // Called when a round closes, before the released workers' plans are
+  // taken: a subclass may change local_steps_ here so that every worker of
+  // the next round gets the same plan.
+  virtual void OnRoundClosed() {}
+
+  uint32_t local_steps_;
+
  private:
   void MaybeCloseClock(PolicyDecision* decision) {
     bool any_committed = false;
@@ -84,12 +100,286 @@ class BspPolicy final : public IntraSitePolicy {
     }
     std::fill(committed_.begin(), committed_.end(), false);
     ++clock_;
+    OnRoundClosed();
   }
 
-  uint32_t local_steps_;
+  std::string_view name_;
   std::vector<bool> committed_;  // committed in the current clock
   std::vector<bool> active_;     // still in the job
   uint64_t clock_ = 0;
+};
+
+// ADACOMM: BSP rounds of tau local steps, with tau re-adapted once per check
+// period to ceil(sqrt(L / L0) * tau0) from the global loss (AdacommTau). A
+// new tau takes effect when the current round closes, so the workers of one
+// round always run the same number of steps.
+class AdacommPolicy final : public BspPolicy {
+ public:
+  AdacommPolicy(uint32_t tau0, double check_period_s)
+      : BspPolicy(tau0, "adacomm"),
+        tau0_(tau0),
+        next_tau_(tau0),
+        period_(FromSeconds(check_period_s)) {}
+
+  void Start(uint32_t num_workers, Duration now) override {
+    BspPolicy::Start(num_workers, now);
+    next_evaluation_ = now;
+  }
+
+  // Asks for the global loss once per check period (the first one, at the
+  // start, becomes L0).
+  PolicyDecision OnTick(Duration now) override {
+    PolicyDecision decision;
+    if (now >= next_evaluation_) {
+      decision.evaluate_loss = true;
+      next_evaluation_ = now + period_;
+    }
+    return decision;
+  }
+
+  void OnLossEvaluation(double loss, Duration /*taken_at*/) override {
+    if (!std::isfinite(loss)) return;
+    if (!initial_loss_) initial_loss_ = loss;
+    next_tau_ = AdacommTau(loss, *initial_loss_, tau0_);
+  }
+
+ protected:
+  void OnRoundClosed() override { local_steps_ = next_tau_; }
+
+ private:
+  uint32_t tau0_;
+  uint32_t next_tau_;
+  Duration period_;
+  Duration next_evaluation_{0};
+  std::optional<double> initial_loss_;
+};
+
+// Stale synchronous parallel: every commit is applied at once; a worker's
+// clock is its number of accepted commits, and a worker more than
+// `staleness` clocks ahead of the slowest worker still in the job is not
+// answered (commit or pull) until the slowest has caught up to within
+// `staleness`.
+class SspPolicy final : public IntraSitePolicy {
+ public:
+  SspPolicy(uint32_t local_steps, uint32_t staleness)
+      : local_steps_(local_steps), staleness_(staleness) {}
+
+  std::string_view name() const override { return "ssp"; }
+
+  void Start(uint32_t num_workers, Duration /*now*/) override {
+    clocks_.assign(num_workers, 0);
+    active_.assign(num_workers, true);
+    held_.assign(num_workers, false);
+  }
+
+  PolicyDecision OnCommit(const CommitEvent& event) override {
+    PolicyDecision decision;
+    if (event.worker >= clocks_.size() || !active_[event.worker]) {
+      decision.update = PolicyDecision::Update::kReject;
+      decision.reject_reason = "worker is not part of this site's SSP clocks";
+      return decision;
+    }
+    decision.update = PolicyDecision::Update::kApply;
+    ++clocks_[event.worker];
+    held_[event.worker] = true;
+    ReleaseCaughtUp(&decision);
+    return decision;
+  }
+
+  PolicyDecision OnPull(uint32_t worker, Duration /*now*/) override {
+    PolicyDecision decision;
+    if (worker >= clocks_.size()) return decision;
+    held_[worker] = true;
+    ReleaseCaughtUp(&decision);
+    return decision;
+  }
+
+  PolicyDecision OnLeave(uint32_t worker, Duration /*now*/) override {
+    PolicyDecision decision;
+    if (worker < active_.size()) {
+      active_[worker] = false;
+      held_[worker] = false;
+      ReleaseCaughtUp(&decision);
+    }
+    return decision;
+  }
+
+  pb::CommitPlan PlanFor(uint32_t /*worker*/) const override {
+    return StepPlan(local_steps_);
+  }
+
+  // The slowest active worker's clock (never decreases: workers only leave
+  // the minimum).
+  uint64_t clock() const override { return min_clock_; }
+
+ private:
+  void ReleaseCaughtUp(PolicyDecision* decision) {
+    uint64_t min_clock = std::numeric_limits<uint64_t>::max();
+    for (size_t w = 0; w < clocks_.size(); ++w) {
+      if (active_[w]) min_clock = std::min(min_clock, clocks_[w]);
+    }
+    if (min_clock == std::numeric_limits<uint64_t>::max()) return;
+    min_clock_ = std::max(min_clock_, min_clock);
+    for (size_t w = 0; w < clocks_.size(); ++w) {
+      if (held_[w] && active_[w] && clocks_[w] - min_clock <= staleness_) {
+        held_[w] = false;
+        decision->release.push_back(static_cast<uint32_t>(w));
+      }
+    }
+  }
+
+  uint32_t local_steps_;
+  uint32_t staleness_;
+  std::vector<uint64_t> clocks_;  // accepted commits per worker
+  std::vector<bool> active_;      // still in the job
+  std::vector<bool> held_;        // has an unanswered commit or pull
+  uint64_t min_clock_ = 0;
+};
+
+// ADSP: nobody waits. Every commit is applied and answered at once; the
+// plan tells worker i to commit every
+// max(T_min, Gamma / dC - o_i) seconds (AdspCommitInterval), where o_i is
+// the rest of its commit cycle, measured as the gap between its commit's
+// arrival and the previous reply minus the interval that reply carried
+// (push, pull, load and the overshoot of its last step), smoothed by an
+// EWMA. dC and the server momentum come from the online AdspSearch.
+class AdspPolicy final : public IntraSitePolicy {
+ public:
+  explicit AdspPolicy(const pb::PolicyConfig& config)
+      : period_s_(config.check_period_s()),
+        min_interval_s_(config.min_commit_interval_s()),
+        search_(OptionsFrom(config)) {}
+
+  std::string_view name() const override { return "adsp"; }
+
+  void Start(uint32_t num_workers, Duration now) override {
+    num_workers_ = std::max<uint32_t>(num_workers, 1);
+    workers_.assign(num_workers, WorkerState{});
+    search_.Start(now);
+    for (uint32_t w = 0; w < num_workers; ++w) {
+      workers_[w].last_reply = now;
+      workers_[w].interval_s = Interval(w);
+    }
+  }
+
+  PolicyDecision OnCommit(const CommitEvent& event) override {
+    PolicyDecision decision;
+    if (event.worker >= workers_.size()) {
+      decision.update = PolicyDecision::Update::kReject;
+      decision.reject_reason = "worker is not part of this site";
+      return decision;
+    }
+    WorkerState& state = workers_[event.worker];
+    const double cycle_target =
+        period_s_ / std::max<uint32_t>(search_.setting().commits_per_period, 1);
+    if (state.replied_after_commit) {
+      // The cycle beyond the planned interval, bounded by the target cycle:
+      // a longer one (a stall) says nothing more about the overhead.
+      const double measured =
+          ToSeconds(event.now - state.last_reply) - state.interval_s;
+      state.overhead.Add(std::min(measured, cycle_target));
+    } else if (event.commit_overhead_s > 0) {
+      // The first cycle also holds the join; trust the worker's own report.
+      state.overhead.Add(std::min(event.commit_overhead_s, cycle_target));
+    }
+    ++commits_;
+    decision.update = PolicyDecision::Update::kApply;
+    decision.release.push_back(event.worker);
+    state.last_reply = event.now;
+    state.replied_after_commit = true;
+    state.interval_s = Interval(event.worker);
+    return decision;
+  }
+
+  PolicyDecision OnPull(uint32_t worker, Duration now) override {
+    PolicyDecision decision;
+    decision.release.push_back(worker);
+    if (worker < workers_.size()) {
+      // The reply restarts the worker's interval.
+      workers_[worker].last_reply = now;
+      workers_[worker].interval_s = Interval(worker);
+    }
+    return decision;
+  }
+
+  PolicyDecision OnLeave(uint32_t /*worker*/, Duration /*now*/) override {
+    return {};
+  }
+
+  PolicyDecision OnTick(Duration now) override {
+    PolicyDecision decision;
+    decision.evaluate_loss = search_.Advance(now);
+    return decision;
+  }
+
+  void OnLossEvaluation(double loss, Duration taken_at) override {
+    search_.OnLossEvaluation(loss, taken_at);
+  }
+
+  pb::CommitPlan PlanFor(uint32_t worker) const override {
+    pb::CommitPlan plan;
+    plan.set_local_steps(0);
+    plan.set_interval_s(Interval(worker));
+    return plan;
+  }
+
+  std::optional<double> ServerMomentum() const override {
+    return search_.setting().momentum;
+  }
+
+  double search_time_s() const override { return search_.search_time_s(); }
+
+  uint64_t clock() const override { return commits_ / num_workers_; }
+
+ private:
+  struct WorkerState {
+    CommitOverheadEstimate overhead;
+    Duration last_reply{0};
+    double interval_s = 0;  // carried by the last reply
+    bool replied_after_commit = false;
+  };
+
+  static AdspSearchOptions OptionsFrom(const pb::PolicyConfig& config) {
+    AdspSearchOptions options;
+    options.period_s = config.check_period_s();
+    options.initial_commits = config.initial_commits_per_period();
+    options.min_commits = config.min_commits_per_period();
+    uint32_t max_commits = config.max_commits_per_period();
+    if (max_commits == 0) {
+      const double by_floor = config.min_commit_interval_s() > 0
+                                  ? std::floor(config.check_period_s() /
+                                               config.min_commit_interval_s())
+                                  : 1e6;
+      max_commits = static_cast<uint32_t>(std::clamp(by_floor, 1.0, 1e6));
+    }
+    options.max_commits = max_commits;
+    // Without a search the configured server momentum stays in charge.
+    if (config.search() && config.search_momentum()) {
+      options.momentum_grid.assign(config.momentum_grid().begin(),
+                                   config.momentum_grid().end());
+      if (options.momentum_grid.empty()) options.momentum_grid = {0, 0.3, 0.6};
+    }
+    options.search_period_s = config.search_period_s();
+    options.loss_jump_ratio = config.loss_jump_ratio();
+    options.samples_per_period = config.search_samples_per_period();
+    options.min_improvement = config.search_min_improvement();
+    options.enabled = config.search();
+    return options;
+  }
+
+  double Interval(uint32_t worker) const {
+    const double overhead =
+        worker < workers_.size() ? workers_[worker].overhead.value_s() : 0;
+    return AdspCommitInterval(period_s_, search_.setting().commits_per_period,
+                              overhead, min_interval_s_);
+  }
+
+  double period_s_;
+  double min_interval_s_;
+  AdspSearch search_;
+  uint32_t num_workers_ = 1;
+  std::vector<WorkerState> workers_;
+  uint64_t commits_ = 0;
 };
 
 // Fully asynchronous (TAP): every commit is applied and answered at once.
@@ -140,12 +430,30 @@ Result<std::unique_ptr<IntraSitePolicy>> MakePolicy(
   switch (config.kind()) {
     case pb::BSP:
       return std::unique_ptr<IntraSitePolicy>(new BspPolicy(local_steps));
-    case pb::ASYNC:
+    case pb::ASYNC:  // TAP
       return std::unique_ptr<IntraSitePolicy>(new AsyncPolicy(local_steps));
+    case pb::SSP:
+      return std::unique_ptr<IntraSitePolicy>(
+          new SspPolicy(local_steps, config.staleness()));
+    case pb::FIXED_ADACOMM:
+      return std::unique_ptr<IntraSitePolicy>(
+          new BspPolicy(std::max<uint32_t>(config.tau(), 1), "fixed_adacomm"));
+    case pb::ADACOMM:
+      if (!(config.check_period_s() > 0)) break;
+      return std::unique_ptr<IntraSitePolicy>(new AdacommPolicy(
+          std::max<uint32_t>(config.tau0(), 1), config.check_period_s()));
+    case pb::ADSP:
+      if (!(config.check_period_s() > 0) ||
+          !std::isfinite(config.check_period_s())) {
+        break;
+      }
+      return std::unique_ptr<IntraSitePolicy>(new AdspPolicy(config));
     case pb::POLICY_KIND_UNSPECIFIED:
       break;
   }
-  return InvalidArgumentError("policy kind is not set or unknown");
+  return InvalidArgumentError(
+      "policy kind is not set or unknown, or its check_period_s is not "
+      "positive");
 }
 
 }  // namespace meridian

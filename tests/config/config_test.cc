@@ -238,11 +238,11 @@ TEST(ParseJobConfigTest, UnknownFieldPointsAtTheName) {
 
 TEST(ParseJobConfigTest, WrongEnumValuePointsAtTheValue) {
   std::vector<ConfigIssue> issues;
-  const std::string text = "site { name: \"a\" }\npolicy { kind: SSP }\n";
+  const std::string text = "site { name: \"a\" }\npolicy { kind: HOGWILD }\n";
   EXPECT_FALSE(ParseJobConfig(text, "x", &issues).ok());
   ASSERT_EQ(issues.size(), 1u);
   EXPECT_EQ(Locations(issues), (std::vector<Where>{{2, 16, ""}}));
-  EXPECT_TRUE(Contains(issues[0].message, "\"SSP\"")) << issues[0].message;
+  EXPECT_TRUE(Contains(issues[0].message, "\"HOGWILD\"")) << issues[0].message;
 }
 
 TEST(ParseJobConfigTest, WrongValueTypeIsReported) {
@@ -486,6 +486,7 @@ TEST(ValidateJobConfigTest, NumericBoundaries) {
   };
   auto opt = [](pb::JobConfig* c) { return c->mutable_optimizer(); };
   auto server = [](pb::JobConfig* c) { return c->mutable_server(); };
+  auto policy = [](pb::JobConfig* c) { return c->mutable_policy(); };
   auto part = [](pb::JobConfig* c) {
     return c->mutable_data()->mutable_site_partition();
   };
@@ -537,6 +538,59 @@ TEST(ValidateJobConfigTest, NumericBoundaries) {
       {[](auto* c) { c->mutable_policy()->set_local_steps(1); }, ""},
       {[](auto* c) { c->mutable_policy()->set_local_steps(0); },
        "policy.local_steps"},
+      {[&](auto* c) { policy(c)->set_staleness(0); }, ""},
+      {[&](auto* c) { policy(c)->set_tau(1); }, ""},
+      {[&](auto* c) { policy(c)->set_tau(0); }, "policy.tau"},
+      {[&](auto* c) { policy(c)->set_tau0(0); }, "policy.tau0"},
+      {[&](auto* c) { policy(c)->set_check_period_s(0.1); }, ""},
+      {[&](auto* c) { policy(c)->set_check_period_s(0); },
+       "policy.check_period_s"},
+      {[&](auto* c) {
+         policy(c)->set_check_period_s(
+             std::numeric_limits<double>::quiet_NaN());
+       },
+       "policy.check_period_s"},
+      {[&](auto* c) { policy(c)->set_min_commit_interval_s(0); }, ""},
+      {[&](auto* c) { policy(c)->set_min_commit_interval_s(10); }, ""},
+      {[&](auto* c) { policy(c)->set_min_commit_interval_s(-0.1); },
+       "policy.min_commit_interval_s"},
+      {[&](auto* c) { policy(c)->set_min_commit_interval_s(10.5); },
+       "policy.min_commit_interval_s"},
+      {[&](auto* c) { policy(c)->set_initial_commits_per_period(1); }, ""},
+      {[&](auto* c) { policy(c)->set_initial_commits_per_period(0); },
+       "policy.initial_commits_per_period"},
+      {[&](auto* c) { policy(c)->set_min_commits_per_period(11); },
+       "policy.initial_commits_per_period"},
+      {[&](auto* c) { policy(c)->set_max_commits_per_period(10); }, ""},
+      {[&](auto* c) { policy(c)->set_max_commits_per_period(9); },
+       "policy.initial_commits_per_period"},
+      {[&](auto* c) {
+         policy(c)->set_min_commits_per_period(5);
+         policy(c)->set_max_commits_per_period(4);
+         policy(c)->set_initial_commits_per_period(5);
+       },
+       "policy.max_commits_per_period"},
+      {[&](auto* c) { policy(c)->set_search_period_s(0); }, ""},
+      {[&](auto* c) { policy(c)->set_search_period_s(-1); },
+       "policy.search_period_s"},
+      {[&](auto* c) { policy(c)->set_loss_jump_ratio(0); },
+       "policy.loss_jump_ratio"},
+      {[&](auto* c) { policy(c)->set_search_samples_per_period(3); }, ""},
+      {[&](auto* c) { policy(c)->set_search_samples_per_period(2); },
+       "policy.search_samples_per_period"},
+      {[&](auto* c) { policy(c)->set_loss_eval_batches(0); },
+       "policy.loss_eval_batches"},
+      {[&](auto* c) { policy(c)->set_search_min_improvement(0); }, ""},
+      {[&](auto* c) { policy(c)->set_search_min_improvement(1); },
+       "policy.search_min_improvement"},
+      {[&](auto* c) { policy(c)->add_momentum_grid(0.9); }, ""},
+      {[&](auto* c) { policy(c)->add_momentum_grid(1); },
+       "policy.momentum_grid[0]"},
+      {[&](auto* c) {
+         policy(c)->add_momentum_grid(0.3);
+         policy(c)->add_momentum_grid(std::numeric_limits<double>::quiet_NaN());
+       },
+       "policy.momentum_grid[1]"},
       {[](auto* c) { c->set_target_accuracy(0); }, ""},
       {[](auto* c) { c->set_target_accuracy(1); }, ""},
       {[](auto* c) { c->set_target_accuracy(1.0001); }, "target_accuracy"},
@@ -583,7 +637,54 @@ TEST(ValidateJobConfigTest, UnspecifiedEnumsListTheAllowedValues) {
             "must be one of SCALE, STANDARDIZE, got "
             "NORMALIZATION_UNSPECIFIED");
   EXPECT_EQ(issues[6].message,
-            "must be one of BSP, ASYNC, got POLICY_KIND_UNSPECIFIED");
+            "must be one of BSP, ASYNC, SSP, FIXED_ADACOMM, ADACOMM, ADSP, "
+            "got POLICY_KIND_UNSPECIFIED");
+}
+
+TEST(ValidateJobConfigTest, PolicyDefaultsAreValidForEveryKind) {
+  for (const pb::PolicyKind kind : {pb::BSP, pb::ASYNC, pb::SSP,
+                                    pb::FIXED_ADACOMM, pb::ADACOMM, pb::ADSP}) {
+    pb::JobConfig config = ValidConfig();
+    config.mutable_policy()->set_kind(kind);
+    EXPECT_TRUE(ValidateJobConfig(config).empty()) << pb::PolicyKind_Name(kind);
+  }
+  const pb::PolicyConfig defaults;
+  EXPECT_EQ(defaults.staleness(), 40u);
+  EXPECT_EQ(defaults.tau(), 40u);
+  EXPECT_EQ(defaults.tau0(), 40u);
+  EXPECT_EQ(defaults.check_period_s(), 10);
+  EXPECT_EQ(defaults.min_commit_interval_s(), 0.1);
+  EXPECT_EQ(defaults.initial_commits_per_period(), 10u);
+  EXPECT_EQ(defaults.max_commits_per_period(), 0u);
+  EXPECT_TRUE(defaults.search());
+  EXPECT_EQ(defaults.search_samples_per_period(), 5u);
+  EXPECT_EQ(defaults.loss_jump_ratio(), 0.3);
+}
+
+TEST(ParseJobConfigTest, AdspPolicyWithItsOptions) {
+  std::vector<ConfigIssue> issues;
+  const std::string text =
+      "site { name: \"a\" workers { count: 2 } }\n"
+      "policy {\n"
+      "  kind: ADSP\n"
+      "  check_period_s: 60\n"
+      "  min_commit_interval_s: 10\n"
+      "  initial_commits_per_period: 2\n"
+      "  momentum_grid: [0, 0.3, 0.6, 1.5]\n"
+      "}\n";
+  EXPECT_FALSE(ParseJobConfig(text, "x", &issues).ok());
+  ASSERT_EQ(issues.size(), 1u) << FormatConfigIssues("x", issues);
+  EXPECT_EQ(issues[0].field, "policy.momentum_grid[3]");
+  EXPECT_EQ(issues[0].message, "must be in [0, 1), got 1.5");
+
+  issues.clear();
+  std::string fixed = text;
+  fixed.replace(fixed.find(", 1.5"), 5, "");
+  const Result<pb::JobConfig> config = ParseJobConfig(fixed, "x", &issues);
+  ASSERT_TRUE(config.ok()) << FormatConfigIssues("x", issues);
+  EXPECT_EQ(config->policy().kind(), pb::ADSP);
+  EXPECT_EQ(config->policy().check_period_s(), 60);
+  EXPECT_EQ(config->policy().momentum_grid_size(), 3);
 }
 
 TEST(ValidateJobConfigTest, SoftmaxRejectsHiddenLayers) {
@@ -629,8 +730,9 @@ TEST(ValidateJobConfigTest, LabelSubsetWithoutListsIsValid) {
   EXPECT_TRUE(ValidateJobConfig(config).empty());
 }
 
-// Visits every double field reachable from `message` (through the first
-// element of repeated messages) with its dotted path.
+// Visits every singular double field reachable from `message` (through the
+// first element of repeated messages) with its dotted path. Repeated doubles
+// (policy.momentum_grid) are checked in NumericBoundaries.
 void ForEachDoubleField(
     gpb::Message* message, const std::string& prefix,
     const std::function<void(gpb::Message*, const gpb::FieldDescriptor*,
@@ -642,8 +744,7 @@ void ForEachDoubleField(
     const std::string path =
         (prefix.empty() ? "" : prefix + ".") + field->name();
     if (field->cpp_type() == gpb::FieldDescriptor::CPPTYPE_DOUBLE) {
-      ASSERT_FALSE(field->is_repeated()) << path;
-      visit(message, field, path);
+      if (!field->is_repeated()) visit(message, field, path);
     } else if (field->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
       if (!field->is_repeated()) {
         ForEachDoubleField(reflection->MutableMessage(message, field), path,
@@ -682,8 +783,10 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
       });
   // step_time_s, skew, 4 optimizer/server pairs..., target, budget,
   // wan.sample_period_s, sync: threshold, adaptive_step, adaptive_max,
-  // selective_barrier_fraction, compression.top_k_fraction.
-  EXPECT_EQ(visited, 18);
+  // selective_barrier_fraction, compression.top_k_fraction; policy:
+  // check_period_s, min_commit_interval_s, search_period_s,
+  // loss_jump_ratio, search_min_improvement.
+  EXPECT_EQ(visited, 23);
 }
 
 // ---------------------------------------------------------------------------
