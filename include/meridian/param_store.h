@@ -73,6 +73,11 @@ class ParameterStore {
   // version it was read at.
   uint64_t version() const { return version_.load(std::memory_order_acquire); }
 
+  // Changes the server momentum of later Apply calls (the velocity is kept;
+  // it starts at zero the first time momentum becomes positive). Not
+  // thread-safe with Apply: call from the thread that applies updates.
+  void SetMomentum(double momentum);
+
   // Replaces every value (size must be num_elements()); resets momentum.
   Status Assign(std::span<const float> values);
 

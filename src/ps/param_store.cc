@@ -111,6 +111,13 @@ void ParameterStore::Read(std::span<const ReadSegment> reads) const {
   ForEachShardLocked([&](const KeyRange& shard) { CopyOut(shard, reads); });
 }
 
+void ParameterStore::SetMomentum(double momentum) {
+  rule_.momentum = momentum;
+  if (momentum > 0 && velocity_.empty()) {
+    velocity_.assign(layout_.num_elements(), 0.0f);
+  }
+}
+
 uint64_t ParameterStore::Apply(std::span<const UpdateSegment> segments,
                                std::span<const ReadSegment> read_back) {
   const float scale = rule_.Scale();

@@ -95,6 +95,22 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
     }
   }
   report.set_dense_equivalent_bytes(dense_equivalent);
+  // H = mean(v) / min(v) over the workers' measured speeds.
+  double speed_sum = 0;
+  double speed_min = 0;
+  int speeds = 0;
+  for (const pb::WorkerSummary& worker : report.workers()) {
+    const double v = worker.steps_per_s();
+    if (!(v > 0)) continue;
+    speed_sum += v;
+    speed_min = speeds == 0 ? v : std::min(speed_min, v);
+    ++speeds;
+  }
+  report.set_heterogeneity(speeds > 0 ? speed_sum / speeds / speed_min : 0);
+  for (const pb::SiteSummary& site : sites) {
+    report.set_search_time_s(
+        std::max(report.search_time_s(), site.search_time_s()));
+  }
   report.set_reached_target(all_reached);
   report.set_time_to_target_s(all_reached ? last_target_time : -1);
   if (!sites.empty()) {

@@ -5,7 +5,9 @@
 #include <deque>
 #include <fstream>
 #include <mutex>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -44,6 +46,19 @@ uint32_t ContributingWorkers(const pb::JobConfig& job, int site_index) {
   return static_cast<uint32_t>(ServedWorkers(job, site_index).size());
 }
 
+// The training samples of the policy's loss evaluations: `count` of the
+// `total` (all when fewer), the same at every site (seeded), sorted.
+std::vector<uint32_t> LossSampleIndices(size_t total, uint64_t count,
+                                        uint64_t seed) {
+  std::vector<uint32_t> all(total);
+  std::iota(all.begin(), all.end(), 0u);
+  std::mt19937_64 rng(seed ^ 0x6c6f7373ull);  // "loss"
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(std::min<uint64_t>(count, total));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
 // How long a finishing site waits for its peers' final flushes.
 constexpr double kSyncFinishTimeoutS = 60.0;
 // Window of the commits-per-second figure in status replies.
@@ -75,7 +90,7 @@ struct WorkerSlot {
 class SiteServer::Impl {
  public:
   Impl(SiteServerOptions options, int site_index, std::unique_ptr<Model> model,
-       std::unique_ptr<Model> eval_model, Dataset test_set,
+       std::unique_ptr<Model> eval_model, Dataset test_set, Dataset loss_set,
        std::unique_ptr<IntraSitePolicy> policy)
       : options_(std::move(options)),
         job_(options_.job),
@@ -85,6 +100,7 @@ class SiteServer::Impl {
         model_(std::move(model)),
         eval_model_(std::move(eval_model)),
         test_set_(std::move(test_set)),
+        loss_set_(std::move(loss_set)),
         policy_(std::move(policy)),
         store_(model_->layout(), job_.server().num_shards(),
                ApplyRule::FromConfig(job_.server(),
@@ -244,6 +260,7 @@ class SiteServer::Impl {
     while (!finished_) {
       MERIDIAN_RETURN_IF_ERROR(PollOnce());
       Execute(policy_->OnTick(clock_->Now()));
+      DeliverLossEvaluations();
       CheckStopConditions();
     }
     return Status::Ok();
@@ -319,6 +336,9 @@ class SiteServer::Impl {
     summary_.set_model_parameters(
         static_cast<uint32_t>(model_->layout().num_elements()));
     if (sync_) *summary_.mutable_sync() = sync_->Summary();
+    summary_.set_search_time_s(policy_->search_time_s());
+    summary_.set_loss_evaluations(static_cast<uint32_t>(loss_evaluations_));
+    summary_.set_server_momentum(store_.rule().momentum);
     summary_.set_reached_target(time_to_target_s_ >= 0);
     summary_.set_time_to_target_s(time_to_target_s_);
     MLOG(INFO) << "final accuracy " << last.accuracy() << " loss "
@@ -610,6 +630,7 @@ class SiteServer::Impl {
     event.current_version = store_.version();
     event.local_steps = commit.local_steps();
     event.now = clock_->Now();
+    event.commit_overhead_s = commit.stats().commit_overhead_s();
     PolicyDecision decision = policy_->OnCommit(event);
     switch (decision.update) {
       case PolicyDecision::Update::kApply: {
@@ -707,6 +728,13 @@ class SiteServer::Impl {
 
   void Execute(const PolicyDecision& decision) {
     if (decision.flush_aggregate && aggregate_.count() > 0) FlushAggregate();
+    if (decision.evaluate_loss) RequestLossEvaluation();
+    if (const std::optional<double> momentum = policy_->ServerMomentum();
+        momentum && *momentum != store_.rule().momentum) {
+      MLOG(INFO) << "server momentum " << store_.rule().momentum << " -> "
+                 << *momentum << " (" << policy_->name() << ")";
+      store_.SetMomentum(*momentum);
+    }
     AdvanceClock();
     for (uint32_t worker : decision.release) {
       if (worker < workers_.size() && workers_[worker].awaiting_reply &&
@@ -916,18 +944,62 @@ class SiteServer::Impl {
     if (evaluator_.joinable()) evaluator_.join();
   }
 
+  // Test-set evaluations every eval_period_s, and the policy's loss
+  // evaluations (on the fixed training minibatches of loss_set_) as soon as
+  // they are asked for.
   void EvalLoop() {
-    const auto period = FromSeconds(job_.server().eval_period_s());
+    const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        FromSeconds(job_.server().eval_period_s()));
     std::vector<float> params(store_.num_elements());
+    auto next_test = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lock(eval_mu_);
     while (!eval_stop_) {
-      lock.unlock();
-      const uint64_t commits = commits_.load();
-      const uint64_t version = store_.Snapshot(params);
-      const EvalResult result = eval_model_->Evaluate(params, test_set_);
-      lock.lock();
-      RecordEvalLocked(result, version, commits);
-      eval_cv_.wait_for(lock, period, [this] { return eval_stop_; });
+      if (loss_requested_) {
+        loss_requested_ = false;
+        lock.unlock();
+        const Duration taken_at = clock_->Now();
+        store_.Snapshot(params);
+        const EvalResult result = eval_model_->Evaluate(params, loss_set_);
+        lock.lock();
+        loss_results_.emplace_back(result.loss, taken_at);
+        continue;
+      }
+      if (std::chrono::steady_clock::now() >= next_test) {
+        lock.unlock();
+        const uint64_t commits = commits_.load();
+        const uint64_t version = store_.Snapshot(params);
+        const EvalResult result = eval_model_->Evaluate(params, test_set_);
+        lock.lock();
+        RecordEvalLocked(result, version, commits);
+        next_test = std::chrono::steady_clock::now() + period;
+        continue;
+      }
+      eval_cv_.wait_until(lock, next_test,
+                          [this] { return eval_stop_ || loss_requested_; });
+    }
+  }
+
+  // Event thread: asks the evaluator for one loss evaluation (requests made
+  // while one is pending are merged).
+  void RequestLossEvaluation() {
+    if (loss_set_.size() == 0) return;
+    {
+      std::lock_guard<std::mutex> lock(eval_mu_);
+      loss_requested_ = true;
+    }
+    eval_cv_.notify_all();
+  }
+
+  // Event thread: hands finished loss evaluations to the policy.
+  void DeliverLossEvaluations() {
+    std::vector<std::pair<double, Duration>> results;
+    {
+      std::lock_guard<std::mutex> lock(eval_mu_);
+      results.swap(loss_results_);
+    }
+    for (const auto& [loss, taken_at] : results) {
+      ++loss_evaluations_;
+      policy_->OnLossEvaluation(loss, taken_at);
     }
   }
 
@@ -972,6 +1044,10 @@ class SiteServer::Impl {
   std::unique_ptr<Model> model_;       // layout and initial parameters
   std::unique_ptr<Model> eval_model_;  // used by the evaluator thread only
   Dataset test_set_;
+  // Fixed training minibatches for the policy's loss evaluations (ADSP,
+  // ADACOMM); empty for other policies.
+  Dataset loss_set_;
+  uint64_t loss_evaluations_ = 0;
   std::unique_ptr<IntraSitePolicy> policy_;
   ParameterStore store_;
   UpdateAccumulator aggregate_;
@@ -1000,6 +1076,8 @@ class SiteServer::Impl {
   std::mutex eval_mu_;
   std::condition_variable eval_cv_;
   bool eval_stop_ = false;
+  bool loss_requested_ = false;
+  std::vector<std::pair<double, Duration>> loss_results_;  // loss, taken at
   std::vector<pb::EvalPoint> timeline_;
   double time_to_target_s_ = -1;
   std::atomic<bool> target_reached_{false};
@@ -1021,10 +1099,22 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
   }
   SetLogRole(options.site + "/server");
   const pb::JobConfig& job = options.job;
-  // The training images are read for their normalisation statistics only.
+  // The training images are read for their normalisation statistics, and
+  // for the fixed minibatches of the policy's global loss evaluations.
   MERIDIAN_ASSIGN_OR_RETURN(RawData raw, LoadRawData(job.data(), true, true));
   Dataset test_set = MakeDataset(raw.test_images, raw.test_labels, {},
                                  job.data().normalization(), raw.stats);
+  Dataset loss_set;
+  const pb::PolicyKind kind = job.policy().kind();
+  if (kind == pb::ADSP || kind == pb::ADACOMM) {
+    const std::vector<uint32_t> sample = LossSampleIndices(
+        raw.train_labels.size(),
+        static_cast<uint64_t>(job.policy().loss_eval_batches()) *
+            job.optimizer().batch_size(),
+        job.seed());
+    loss_set = MakeDataset(raw.train_images, raw.train_labels, sample,
+                           job.data().normalization(), raw.stats);
+  }
   const int input_dim = static_cast<int>(raw.test_images.dim());
   MERIDIAN_ASSIGN_OR_RETURN(auto model, MakeModel(job.model(), input_dim, 10));
   MERIDIAN_ASSIGN_OR_RETURN(auto eval_model,
@@ -1032,7 +1122,8 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
   MERIDIAN_ASSIGN_OR_RETURN(auto policy, MakePolicy(job.policy()));
   auto impl = std::make_unique<Impl>(std::move(options), site_index,
                                      std::move(model), std::move(eval_model),
-                                     std::move(test_set), std::move(policy));
+                                     std::move(test_set), std::move(loss_set),
+                                     std::move(policy));
   MERIDIAN_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<SiteServer>(new SiteServer(std::move(impl)));
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -284,6 +285,65 @@ TEST_F(IntegrationTest, ThreeSitesThroughWanemConvergeAndCountEveryByte) {
   }
   EXPECT_GT(report.wan_reduction(), 1.0);
   EXPECT_EQ(CountProcesses(path), 0);
+}
+
+
+// ADSP with six workers of three device speeds (2, 6 and 12 ms a step):
+// every worker commits at the same rate — nobody waits for anybody — so the
+// fast ones fold more local steps into each commit; the job converges and
+// the report measures the heterogeneity.
+TEST_F(IntegrationTest, AdspGivesWorkersOfThreeSpeedsEqualCommitRates) {
+  pb::JobConfig job = testing::SmallJob(*data_dir_, 2);
+  job.set_target_accuracy(0.9);
+  job.set_stop_at_target(false);
+  job.set_time_budget_s(12);
+  pb::SiteConfig* site = job.mutable_site(0);
+  site->clear_workers();
+  for (double step_time_s : {0.002, 0.006, 0.012}) {
+    pb::WorkerGroup* group = site->add_workers();
+    group->set_count(2);
+    group->set_step_time_s(step_time_s);
+  }
+  pb::PolicyConfig* policy = job.mutable_policy();
+  policy->set_kind(pb::ADSP);
+  policy->set_check_period_s(2);
+  policy->set_initial_commits_per_period(10);  // a commit every ~0.2 s
+  policy->set_min_commit_interval_s(0.05);
+  const std::string path = WriteJob(job);
+  const std::string out = testing::MakeTempDir("integration-out");
+  const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
+                                          " run " + path + " --out " + out);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  pb::RunReport report;
+  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
+  EXPECT_TRUE(report.reached_target()) << report.outcome();
+  EXPECT_GE(report.final_accuracy(), 0.9);
+  EXPECT_EQ(report.policy(), "ADSP");
+  ASSERT_EQ(report.workers_size(), 6);
+  uint32_t min_commits = UINT32_MAX;
+  uint32_t max_commits = 0;
+  for (const pb::WorkerSummary& worker : report.workers()) {
+    min_commits = std::min(min_commits, worker.commits());
+    max_commits = std::max(max_commits, worker.commits());
+  }
+  EXPECT_GE(min_commits, 10u);
+  // Equal rates: the slowest worker's commits within 20% of the fastest's
+  // (under BSP-like waiting or a fixed step count they would differ 6x).
+  EXPECT_GE(min_commits, max_commits * 0.8)
+      << min_commits << " vs " << max_commits;
+  // Fast workers did more local work per commit: about 6x the steps of the
+  // slowest (compare the pairs' totals; generous for a loaded machine).
+  const double fast = report.workers(0).steps() + report.workers(1).steps();
+  const double slow = report.workers(4).steps() + report.workers(5).steps();
+  EXPECT_GT(fast, 2.5 * slow) << fast << " vs " << slow;
+  EXPECT_GT(report.heterogeneity(), 2.0);
+  // No worker waited for the others: blocked time is the commit round
+  // trips only.
+  for (const pb::WorkerSummary& worker : report.workers()) {
+    EXPECT_LT(worker.blocked_s(), 0.25 * report.sites(0).training_s())
+        << "worker " << worker.index();
+  }
+  EXPECT_GT(report.sites(0).loss_evaluations(), 0u);
 }
 
 }  // namespace
