@@ -95,12 +95,16 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
     }
   }
   report.set_dense_equivalent_bytes(dense_equivalent);
-  // H = mean(v) / min(v) over the workers' measured speeds.
+  // H = mean(v) / min(v) over the workers' device speeds: steps per second
+  // of computing (and emulated device time), not counting waits for the
+  // server, so a barrier that slows everyone to the slowest does not hide
+  // the heterogeneity.
   double speed_sum = 0;
   double speed_min = 0;
   int speeds = 0;
   for (const pb::WorkerSummary& worker : report.workers()) {
-    const double v = worker.steps_per_s();
+    const double busy_s = worker.compute_s() + worker.device_wait_s();
+    const double v = busy_s > 0 ? worker.steps() / busy_s : 0;
     if (!(v > 0)) continue;
     speed_sum += v;
     speed_min = speeds == 0 ? v : std::min(speed_min, v);
