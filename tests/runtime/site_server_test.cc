@@ -493,5 +493,44 @@ TEST_F(SiteServerTest, ShutdownStopsWorkersAndWritesTheSummary) {
   EXPECT_TRUE(std::filesystem::exists(out_dir_ + "/site-site-a.json"));
 }
 
+
+// Every policy refuses the same bad commits before it sees them: one based
+// on a model version the site never had, one from a worker the site does
+// not know, one whose slices do not match the model's shape. The model is
+// untouched and the next good commit is applied.
+class PolicyBadInputTest : public SiteServerTest,
+                           public ::testing::WithParamInterface<pb::PolicyKind> {
+};
+
+TEST_P(PolicyBadInputTest, BadCommitsAreRefusedAndTheModelIsUntouched) {
+  StartServer(1, GetParam());
+  RpcClient* worker = JoinOneWorker();
+  ExpectError(worker->Call(CommitHeader(/*base_version=*/7), UpdateFrames(1.0f),
+                           kTimeout),
+              pb::ERROR_STALE);
+  RpcClient intruder(context_, endpoint_, WorkerEndpoint(3));
+  ExpectError(intruder.Call(CommitHeader(), UpdateFrames(1.0f), kTimeout),
+              pb::ERROR_UNKNOWN_SENDER);
+  pb::Header wrong_shape = CommitHeader();
+  wrong_shape.mutable_slices(0)->set_length(wrong_shape.slices(0).length() -
+                                            1);
+  ExpectError(worker->Call(wrong_shape, UpdateFrames(1.0f), kTimeout),
+              pb::ERROR_SIZE_MISMATCH);
+  ExpectModelUntouched(worker);
+  Result<Envelope> reply =
+      worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->header.type(), pb::MODEL);
+  EXPECT_EQ(reply->header.model().version(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, PolicyBadInputTest,
+                         ::testing::Values(pb::ASYNC, pb::BSP, pb::SSP,
+                                           pb::FIXED_ADACOMM, pb::ADACOMM,
+                                           pb::ADSP),
+                         [](const auto& info) {
+                           return pb::PolicyKind_Name(info.param);
+                         });
+
 }  // namespace
 }  // namespace meridian
