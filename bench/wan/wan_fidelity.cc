@@ -48,8 +48,11 @@
 #include <vector>
 
 #include "meridian/wan_control.h"
+#include "socket_util.h"  // wan/, for WriteAll
 
 namespace {
+
+using meridian::wan::WriteAll;  // wan/socket_util.h
 
 using Clock = std::chrono::steady_clock;
 
@@ -103,20 +106,6 @@ int ConnectTo(const Endpoint& to) {
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   return fd;
-}
-
-bool SendAll(int fd, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
 }
 
 // Accepts one connection within `timeout_s`; -1 on timeout.
@@ -193,7 +182,7 @@ Throughput MeasureThroughput(int listen_fd, const Endpoint& to, uint64_t bytes,
     while (left > 0 && !receiver_done.load()) {
       const size_t n =
           static_cast<size_t>(std::min<uint64_t>(left, block.size()));
-      if (!SendAll(fd, block.data(), n)) break;
+      if (!WriteAll(fd, block.data(), n)) break;
       left -= n;
     }
     // Keep the connection until the receiver has everything.
@@ -253,7 +242,7 @@ std::vector<double> MeasureDelays(int listen_fd, const Endpoint& to, int count,
     Probe probe{};
     probe.seq = static_cast<uint64_t>(i);
     probe.sent_ns = NowNs();
-    if (!SendAll(fd, &probe, sizeof(probe))) break;
+    if (!WriteAll(fd, &probe, sizeof(probe))) break;
     next += static_cast<int64_t>(interval_s * 1e9);
   }
   receiver.join();

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "socket_util.h"  // wan/: WriteAll
+
 namespace meridian::wan::testing {
 
 using SteadyClock = std::chrono::steady_clock;
@@ -80,22 +82,9 @@ inline int Connect(const std::string& address) {
   return fd;
 }
 
-inline bool SendAll(int fd, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
+// Sends all of `data`.
 inline bool SendAll(int fd, const std::string& data) {
-  return SendAll(fd, data.data(), data.size());
+  return ::meridian::wan::WriteAll(fd, data.data(), data.size());
 }
 
 // Reads until `size` bytes, end of stream, an error or the timeout.
