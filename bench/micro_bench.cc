@@ -8,6 +8,9 @@
 //                              the ceiling of a commit/pull round trip
 //   BM_CommitPullRoundTrip     COMMIT + MODEL of a ~1 MiB model through a
 //                              real SiteServer, this process as its worker
+//   BM_ZmqCurveRoundTrip       BM_ZmqRawRoundTrip over CURVE (encrypted and
+//                              authenticated, as links between sites are):
+//                              its ratio to the raw one is CURVE's overhead
 //
 // After Google Benchmark's console output, main() prints a markdown table
 // of each hot path against its ceiling and goal. Goals never change the exit
@@ -50,6 +53,7 @@
 #include "meridian/model.h"
 #include "meridian/optimizer.h"
 #include "meridian/param_store.h"
+#include "meridian/security.h"
 #include "meridian/site_server.h"
 #include "meridian/status.h"
 #include "meridian/transport.h"
@@ -166,16 +170,42 @@ BENCHMARK(BM_GradientStep)->UseRealTime();
 // Both ends copy the payload into a fresh message once per iteration, as
 // the worker (building its commit) and the server (reading the model into
 // its reply) do; the echo thread sends the received message back as is.
-void BM_ZmqRawRoundTrip(benchmark::State& state) {
+// `curve`: the pair is a CURVE server (with a ZAP handler admitting the
+// client's key) and client, as a site's mirror socket and a peer's channel.
+void ZmqRoundTrip(benchmark::State& state, bool curve) {
   // One context per side, like a worker process and its site server.
   zmq::context_t server_context;
   zmq::context_t client_context;
   std::atomic<bool> stop{false};
   std::thread echo;
+  std::unique_ptr<ZapHandler> zap;  // outlives the router (in `echo`)
+  CurveKeyPair server_keys;
+  CurveKeyPair client_keys;
+  if (curve) {
+    Result<CurveKeyPair> server_pair = GenerateCurveKeyPair();
+    Result<CurveKeyPair> client_pair = GenerateCurveKeyPair();
+    if (!server_pair.ok() || !client_pair.ok()) {
+      state.SkipWithError("no CURVE in this libzmq");
+      return;
+    }
+    server_keys = *server_pair;
+    client_keys = *client_pair;
+    Result<std::unique_ptr<ZapHandler>> started = ZapHandler::Start(
+        server_context, {{client_keys.public_key, "client"}}, "benchmark");
+    if (!started.ok()) {
+      state.SkipWithError(started.status().message().c_str());
+      return;
+    }
+    zap = std::move(*started);
+  }
   try {
     zmq::socket_t router(server_context, zmq::socket_type::router);
     router.set(zmq::sockopt::linger, 0);
     router.set(zmq::sockopt::rcvtimeo, 100);  // to notice `stop`
+    if (curve && !MakeCurveServer(router, server_keys).ok()) {
+      state.SkipWithError("cannot make a CURVE server");
+      return;
+    }
     router.bind("tcp://127.0.0.1:*");
     const std::string endpoint = router.get(zmq::sockopt::last_endpoint);
     // The thread owns the router from here on.
@@ -197,7 +227,12 @@ void BM_ZmqRawRoundTrip(benchmark::State& state) {
     zmq::socket_t dealer(client_context, zmq::socket_type::dealer);
     dealer.set(zmq::sockopt::linger, 0);
     dealer.set(zmq::sockopt::rcvtimeo, 10000);
-    dealer.connect(endpoint);
+    if (curve &&
+        !MakeCurveClient(dealer, client_keys, server_keys.public_key).ok()) {
+      state.SkipWithError("cannot make a CURVE client");
+    } else {
+      dealer.connect(endpoint);
+    }
     const std::vector<char> payload(kMiB, 1);
     for ([[maybe_unused]] auto _ : state) {
       dealer.send(zmq::message_t(payload.data(), payload.size()),
@@ -215,7 +250,14 @@ void BM_ZmqRawRoundTrip(benchmark::State& state) {
   if (echo.joinable()) echo.join();
   state.SetBytesProcessed(state.iterations() * 2 * kMiB);
 }
+
+void BM_ZmqRawRoundTrip(benchmark::State& state) { ZmqRoundTrip(state, false); }
 BENCHMARK(BM_ZmqRawRoundTrip)->UseRealTime();
+
+void BM_ZmqCurveRoundTrip(benchmark::State& state) {
+  ZmqRoundTrip(state, true);
+}
+BENCHMARK(BM_ZmqCurveRoundTrip)->UseRealTime();
 
 // ---- 5. COMMIT -> MODEL through a real SiteServer --------------------------
 
@@ -615,6 +657,8 @@ void PrintSummary(const Reporter& reporter, std::ostream& out) {
                 "BM_Memcpy", 0);
   table.Compare("CommitPullRoundTrip vs ZmqRawRoundTrip",
                 "BM_CommitPullRoundTrip", "BM_ZmqRawRoundTrip", 0.5);
+  table.Compare("ZmqCurveRoundTrip vs ZmqRawRoundTrip (CURVE overhead)",
+                "BM_ZmqCurveRoundTrip", "BM_ZmqRawRoundTrip", 0);
   table.Items("GradientStep", "BM_GradientStep", "samples");
   table.Print(out);
 }

@@ -4,15 +4,20 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <string>
 #include <vector>
 
+#include "meridian/addresses.h"
 #include "meridian/config.h"
 #include "meridian/launcher.h"
 #include "meridian/log.h"
+#include "meridian/plots.h"
 #include "meridian/report.h"
+#include "meridian/security.h"
 #include "meridian/site_server.h"
+#include "meridian/top.h"
 #include "meridian/wan_control.h"
 #include "meridian/wanem.h"
 #include "meridian/worker.h"
@@ -26,15 +31,29 @@ constexpr int kExitFailure = 1;
 constexpr int kExitBadInput = 2;
 constexpr int kExitInterrupted = 130;
 
-// Loads and validates the job file, printing every problem.
+// Loads and validates the job file, printing every problem, then applies
+// the environment's address overrides (addresses.h).
 bool LoadJob(const std::string& path, pb::JobConfig* job) {
   Result<pb::JobConfig> loaded = LoadJobConfig(path);
   if (!loaded.ok()) {
     std::fprintf(stderr, "%s\n", loaded.status().message().c_str());
     return false;
   }
+  if (Status status = ApplyAddressOverrides(&*loaded, ProcessEnvironment());
+      !status.ok()) {
+    std::fprintf(stderr, "%s\n", status.message().c_str());
+    return false;
+  }
   *job = std::move(*loaded);
   return true;
+}
+
+// A role's flag, else the environment variable `variable`, else empty (the
+// job file's value).
+std::string FlagOrEnvironment(const std::string& flag, const char* variable) {
+  if (!flag.empty()) return flag;
+  const char* value = std::getenv(variable);
+  return value == nullptr ? std::string() : std::string(value);
 }
 
 std::string DefaultOutDir(const pb::JobConfig& job) {
@@ -95,6 +114,63 @@ int Run(const std::string& path, std::string out_dir) {
   return stop->load() ? kExitInterrupted : 0;
 }
 
+// `meridian top`: a live table of the job's sites from their metrics
+// endpoints (the job file's addresses, or a run's endpoints.json).
+int Top(const std::string& config, const std::string& run_dir,
+        double interval_s, bool once) {
+  TopOptions options;
+  if (!run_dir.empty()) {
+    Result<std::vector<TopTarget>> targets = TopTargetsFromRun(run_dir);
+    if (!targets.ok()) {
+      std::fprintf(stderr, "meridian top: %s\n",
+                   targets.status().message().c_str());
+      return kExitBadInput;
+    }
+    options.targets = std::move(*targets);
+  } else if (!config.empty()) {
+    pb::JobConfig job;
+    if (!LoadJob(config, &job)) return kExitBadInput;
+    options.targets = TopTargetsFromJob(job);
+  } else {
+    std::fprintf(stderr,
+                 "meridian top: give a job file or --run DIR (a directory "
+                 "of `meridian run`)\n");
+    return kExitBadInput;
+  }
+  if (!(interval_s > 0)) {
+    std::fprintf(stderr, "meridian top: --interval must be positive\n");
+    return kExitBadInput;
+  }
+  options.interval_s = interval_s;
+  options.once = once;
+  options.stop = InstallStopSignalHandlers();
+  RunTop(options);
+  return 0;
+}
+
+// `meridian report`: plots and summary.md of run directories.
+int Report(const std::vector<std::string>& dirs, const std::string& out_dir) {
+  PlotOptions options;
+  options.run_dirs = dirs;
+  options.out_dir = out_dir;
+  Result<PlotResult> result = RenderReport(options);
+  if (!result.ok()) {
+    std::fprintf(stderr, "meridian report: %s\n",
+                 result.status().message().c_str());
+    const StatusCode code = result.status().code();
+    // A missing or failing gnuplot is not the input's fault.
+    return code == StatusCode::kFailedPrecondition ||
+                   code == StatusCode::kInternal
+               ? kExitFailure
+               : kExitBadInput;
+  }
+  std::printf("report: %s\n", result->summary_path.c_str());
+  for (const std::string& png : result->pngs) {
+    std::printf("plot: %s\n", png.c_str());
+  }
+  return 0;
+}
+
 int Compare(const std::vector<std::string>& dirs) {
   Result<std::string> table = CompareRuns(dirs);
   if (!table.ok()) {
@@ -106,14 +182,44 @@ int Compare(const std::vector<std::string>& dirs) {
   return 0;
 }
 
+// Writes a site's CURVE key pair into `out_dir` and prints the job-file
+// line with its public key.
+int Keygen(const std::string& site, const std::string& out_dir) {
+  Result<CurveKeyPair> pair = GenerateCurveKeyPair();
+  if (!pair.ok()) {
+    std::fprintf(stderr, "meridian keygen: %s\n",
+                 pair.status().message().c_str());
+    return kExitFailure;
+  }
+  if (Status status = WriteCurveKeyFiles(out_dir, site, *pair); !status.ok()) {
+    std::fprintf(stderr, "meridian keygen: %s\n", status.message().c_str());
+    return status.code() == StatusCode::kFailedPrecondition ||
+                   status.code() == StatusCode::kInvalidArgument
+               ? kExitBadInput
+               : kExitFailure;
+  }
+  std::printf(
+      "wrote %s/%s.key (secret, mode 0600: give it to site '%s' only) and "
+      "%s/%s.pub\nadd to site \"%s\" in the job file:\n  curve_public_key: "
+      "\"%s\"\n",
+      out_dir.c_str(), site.c_str(), site.c_str(), out_dir.c_str(),
+      site.c_str(), site.c_str(), pair->public_key.c_str());
+  return 0;
+}
+
 int Site(const std::string& path, const std::string& site,
          const std::string& bind, const std::string& mirror_bind,
-         const std::string& out_dir, int ready_fd) {
+         const std::string& out_dir, int ready_fd,
+         const std::string& secret_key, const std::string& metrics,
+         bool with_workers) {
   SiteServerOptions options;
   if (!LoadJob(path, &options.job)) return kExitBadInput;
+  const pb::JobConfig job = options.job;
   options.site = site;
-  options.bind = bind;
-  options.mirror_bind = mirror_bind;
+  options.secret_key_file = secret_key;
+  options.metrics_address = metrics;
+  options.bind = FlagOrEnvironment(bind, "MERIDIAN_BIND");
+  options.mirror_bind = FlagOrEnvironment(mirror_bind, "MERIDIAN_MIRROR_BIND");
   options.out_dir = out_dir;
   options.stop_requested = InstallStopSignalHandlers();
   Result<std::unique_ptr<SiteServer>> server =
@@ -128,6 +234,9 @@ int Site(const std::string& path, const std::string& site,
     if (!(*server)->mirror_endpoint().empty()) {
       line += " " + (*server)->mirror_endpoint();
     }
+    if (!(*server)->metrics_address().empty()) {
+      line += " metrics=" + (*server)->metrics_address();
+    }
     line += "\n";
     if (::write(ready_fd, line.data(), line.size()) !=
         static_cast<ssize_t>(line.size())) {
@@ -135,7 +244,14 @@ int Site(const std::string& path, const std::string& site,
     }
     ::close(ready_fd);
   }
-  if (Status status = (*server)->Run(); !status.ok()) {
+  auto serve = [&] { return (*server)->Run(); };
+  const Status status =
+      with_workers
+          ? RunWithSiteWorkers(path, job, site,
+                               (out_dir.empty() ? "." : out_dir) + "/logs", "",
+                               serve)
+          : serve();
+  if (!status.ok()) {
     MLOG(ERROR) << status;
     return kExitFailure;
   }
@@ -143,12 +259,13 @@ int Site(const std::string& path, const std::string& site,
 }
 
 int WorkerRole(const std::string& path, const std::string& site, uint32_t index,
-               const std::string& connect) {
+               const std::string& connect, const std::string& metrics) {
   WorkerOptions options;
   if (!LoadJob(path, &options.job)) return kExitBadInput;
   options.site = site;
   options.index = index;
-  options.connect = connect;
+  options.connect = FlagOrEnvironment(connect, "MERIDIAN_CONNECT");
+  options.metrics_address = metrics;
   options.stop_requested = InstallStopSignalHandlers();
   Result<std::unique_ptr<Worker>> worker = Worker::Create(std::move(options));
   if (!worker.ok()) {
@@ -165,15 +282,54 @@ int WorkerRole(const std::string& path, const std::string& site, uint32_t index,
 
 // Flags of `meridian wanem` (the emulator) and `meridian wanem ctl`.
 struct WanemFlags {
-  std::string config, listen, forward, bandwidth, latency, jitter,
-      jitter_distribution, queue_limit, control, traffic_csv;
+  std::string config, link, listen, forward, bandwidth, latency, jitter,
+      jitter_distribution, queue_limit, control, traffic_csv, metrics;
   int ready_fd = -1;
+  bool dynamic_routes = false;
 };
 struct WanemCtlFlags {
   std::string control = std::string(wan::kDefaultControlEndpoint);
   std::string link, direction, bandwidth, latency, jitter, jitter_distribution,
       queue_limit, from, listen, forward;
 };
+
+// The standalone form of `wanem --config`: when the job names a wanem_host,
+// opens the routes its sites connect to (addresses.h). `link` non-empty:
+// only that link ("a-b"), and only its model.
+Status AddStaticRoutes(const pb::JobConfig& job, const std::string& link,
+                       wan::WanemOptions* options) {
+  if (!link.empty()) {
+    std::string known;
+    bool found = false;
+    for (const wan::LinkModel& model : options->links) {
+      known += (known.empty() ? "" : ", ") + model.name();
+      found |= model.name() == link;
+    }
+    if (!found) {
+      return InvalidArgumentError("--link '" + link +
+                                  "' is not a link of the job; its links are " +
+                                  known);
+    }
+    std::erase_if(options->links, [&](const wan::LinkModel& model) {
+      return model.name() != link;
+    });
+  }
+  if (job.wan().wanem_host().empty()) {
+    if (!link.empty()) {
+      return InvalidArgumentError(
+          "--link needs the job's wan.wanem_host (the routes of a standalone "
+          "wanem); without it routes are added over the control endpoint");
+    }
+    return Status::Ok();
+  }
+  for (const StaticRoute& route : StaticRoutes(job)) {
+    if (!link.empty() && route.link != link) continue;
+    options->routes.push_back(
+        wan::RouteSpec{route.link, route.from_site, route.listen,
+                       route.forward});
+  }
+  return Status::Ok();
+}
 
 int Wanem(const WanemFlags& flags) {
   SetLogRole("wanem");
@@ -188,6 +344,18 @@ int Wanem(const WanemFlags& flags) {
     pb::JobConfig job;
     if (!LoadJob(flags.config, &job)) return kExitBadInput;
     options = wan::JobWanemOptions(job, flags.control);
+    if (options.ok()) {
+      if (Status status = flags.dynamic_routes
+                              ? Status::Ok()
+                              : AddStaticRoutes(job, flags.link, &*options);
+          !status.ok()) {
+        std::fprintf(stderr, "wanem: %s\n", status.message().c_str());
+        return kExitBadInput;
+      }
+    }
+  } else if (!flags.link.empty()) {
+    std::fprintf(stderr, "wanem: --link selects a link of --config JOB\n");
+    return kExitBadInput;
   } else if (flags.listen.empty() || flags.forward.empty()) {
     std::fprintf(stderr,
                  "wanem: give --listen HOST:PORT and --forward HOST:PORT (one "
@@ -207,6 +375,7 @@ int Wanem(const WanemFlags& flags) {
   }
   options->ready_fd = flags.ready_fd;
   options->traffic_csv = flags.traffic_csv;
+  if (!flags.metrics.empty()) options->metrics_address = flags.metrics;
   if (Status status = wan::RunWanem(*options, InstallStopSignalHandlers());
       !status.ok()) {
     MLOG(ERROR) << status;
@@ -256,6 +425,7 @@ int Main(int argc, char** argv) {
   std::string site;
   std::string endpoint;
   std::string mirror_bind;
+  std::string metrics;
   uint32_t index = 0;
   int ready_fd = -1;
 
@@ -280,6 +450,37 @@ int Main(int argc, char** argv) {
                    "run directories, each holding a report.json")
       ->required();
 
+  std::string top_run;
+  double top_interval = 2.0;
+  bool top_once = false;
+  CLI::App* top = app.add_subcommand(
+      "top",
+      "Live table of every site (state, training time, accuracy, clock, "
+      "theta, commits/s, WAN MB, staleness, queue) from their metrics "
+      "endpoints");
+  top->add_option("CONFIG", config,
+                  "job file: scrape each site's metrics_address (and "
+                  "wan.metrics_address)");
+  top->add_option("--run", top_run,
+                  "a directory of `meridian run`: scrape the processes in its "
+                  "endpoints.json");
+  top->add_option("--interval", top_interval,
+                  "seconds between refreshes (default 2)");
+  top->add_flag("--once", top_once, "print the table once and exit");
+
+  std::vector<std::string> report_dirs;
+  CLI::App* report = app.add_subcommand(
+      "report",
+      "Plots (PNG, gnuplot) and summary.md of run directories: accuracy vs "
+      "time, WAN bytes vs time, accuracy vs WAN bytes, commit rate");
+  report
+      ->add_option("DIR", report_dirs,
+                   "run directories, each holding a report.json")
+      ->required();
+  report->add_option("--out", out_dir,
+                     "directory for the plots (default: DIR/plots of the "
+                     "first DIR)");
+
   CLI::App* site_cmd =
       app.add_subcommand("site", "Run one site server of a job");
   site_cmd->add_option("--config", config, "job file")->required();
@@ -294,6 +495,27 @@ int Main(int argc, char** argv) {
                        "directory for the site summary (site-<name>.json)");
   site_cmd->add_option("--ready-fd", ready_fd,
                        "write 'ready <endpoint>' to this fd once listening");
+  site_cmd->add_option("--metrics", metrics,
+                       "serve metrics (Prometheus text at /metrics) on "
+                       "HOST:PORT; port 0 picks one (default: the site's "
+                       "metrics_address; 'none': no endpoint)");
+  std::string secret_key;
+  site_cmd->add_option("--secret-key", secret_key,
+                       "the site's CURVE secret key file, mode 0600 "
+                       "(default: $MERIDIAN_SECRET_KEY, else "
+                       "<security.key_dir>/<site>.key)");
+  bool with_workers = false;
+  site_cmd->add_flag("--with-workers", with_workers,
+                     "also run the site's workers as child processes (logs "
+                     "in <out>/logs); one command per site");
+
+  CLI::App* keygen = app.add_subcommand(
+      "keygen",
+      "Write a site's CURVE key pair (DIR/NAME.key, mode 0600, and "
+      "DIR/NAME.pub) and print the job-file line with its public key");
+  keygen->add_option("--site", site, "site name")->required();
+  keygen->add_option("--out", out_dir, "directory for the key files")
+      ->required();
 
   CLI::App* worker_cmd = app.add_subcommand("worker", "Run one worker");
   worker_cmd->add_option("--config", config, "job file")->required();
@@ -304,6 +526,10 @@ int Main(int argc, char** argv) {
   worker_cmd->add_option("--connect", endpoint,
                          "site server endpoint (default: the site's "
                          "address)");
+  worker_cmd->add_option("--metrics", metrics,
+                         "serve this worker's metrics on HOST:PORT (default: "
+                         "none; the site server exports every worker's "
+                         "counts)");
 
   WanemFlags wanem;
   CLI::App* wanem_cmd = app.add_subcommand(
@@ -328,8 +554,16 @@ int Main(int argc, char** argv) {
                         "stops, e.g. 4mb (default 2 x bandwidth x delay, "
                         ">= 1mb)");
   wanem_cmd->add_option("--config", wanem.config,
-                        "job file: every link between its sites; routes are "
-                        "added over the control endpoint");
+                        "job file: every link between its sites; with the "
+                        "job's wan.wanem_host it listens for every route its "
+                        "sites use, otherwise routes are added over the "
+                        "control endpoint");
+  wanem_cmd->add_option("--link", wanem.link,
+                        "with --config: only this link, e.g. us-eu");
+  wanem_cmd->add_flag("--dynamic-routes", wanem.dynamic_routes,
+                      "with --config: open no routes of wan.wanem_host; "
+                      "they are added over the control endpoint (what "
+                      "`meridian run` does)");
   wanem_cmd->add_option("--control", wanem.control,
                         "control endpoint (default: the job's "
                         "wan.control_address, or tcp://127.0.0.1:7300; "
@@ -339,6 +573,10 @@ int Main(int argc, char** argv) {
                         "listening");
   wanem_cmd->add_option("--traffic-csv", wanem.traffic_csv,
                         "append per-link traffic samples to this file");
+  wanem_cmd->add_option("--metrics", wanem.metrics,
+                        "serve metrics (per link direction) on HOST:PORT; "
+                        "port 0 picks one (default: the job's "
+                        "wan.metrics_address; 'none': no endpoint)");
 
   WanemCtlFlags ctl_flags;
   std::string ctl_command;
@@ -393,8 +631,14 @@ int Main(int argc, char** argv) {
   if (*validate) return Validate(config);
   if (*run) return Run(config, out_dir);
   if (*compare) return Compare(compare_dirs);
-  if (*site_cmd) return Site(config, site, endpoint, mirror_bind, out_dir, ready_fd);
-  if (*worker_cmd) return WorkerRole(config, site, index, endpoint);
+  if (*site_cmd) {
+    return Site(config, site, endpoint, mirror_bind, out_dir, ready_fd,
+                secret_key, metrics, with_workers);
+  }
+  if (*keygen) return Keygen(site, out_dir);
+  if (*worker_cmd) return WorkerRole(config, site, index, endpoint, metrics);
+  if (*top) return Top(config, top_run, top_interval, top_once);
+  if (*report) return Report(report_dirs, out_dir);
   if (*wanem_cmd) {
     if (*ctl) {
       for (CLI::App* leaf : ctl->get_subcommands()) {

@@ -150,8 +150,10 @@ class ControlServer::Impl {
           MLOG(WARNING) << "control request refused: " << reply.error();
         }
         const std::string bytes = reply.SerializeAsString();
-        socket_.send(zmq::buffer(bytes), zmq::send_flags::none);
+        // Counted before the reply leaves, so a client that has its reply
+        // sees the count include it.
         served_.fetch_add(1);
+        socket_.send(zmq::buffer(bytes), zmq::send_flags::none);
       } catch (const zmq::error_t& error) {
         if (error.num() == ETERM) return;
         MLOG(WARNING) << "control endpoint: " << error.what();

@@ -4,14 +4,75 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <thread>
 
 #include "meridian/log.h"
+#include "meridian/metrics.h"
 #include "meridian/wan_control.h"
 #include "meridian/wan_presets.h"
 #include "meridian/wan_units.h"
 
 namespace meridian::wan {
+namespace {
+
+// How often the emulator's counters are copied into the metrics registry.
+constexpr double kMetricsPeriodS = 0.25;
+
+void PublishMetrics(const Emulator& emulator, double uptime_s,
+                    MetricsRegistry* registry) {
+  registry->Gauge("meridian_wan_uptime_seconds", "Seconds wanem has run")
+      ->Set(uptime_s);
+  for (const pb::WanLinkState& link : emulator.LinkStates()) {
+    registry
+        ->Gauge("meridian_wan_partitioned",
+                "1 while a link is partitioned (its bytes are held)",
+                {{"link", link.link()}})
+        ->Set(link.partitioned());
+    for (const pb::WanDirectionState* d : {&link.a_to_b(), &link.b_to_a()}) {
+      const MetricLabels labels = {
+          {"link", link.link()}, {"from", d->from_site()}, {"to", d->to_site()}};
+      registry
+          ->Counter("meridian_wan_bytes_total",
+                    "Bytes delivered across a link direction", labels)
+          ->Set(static_cast<double>(d->bytes()));
+      registry
+          ->Counter("meridian_wan_messages_total",
+                    "ZeroMQ messages delivered across a link direction",
+                    labels)
+          ->Set(static_cast<double>(d->messages()));
+      registry
+          ->Gauge("meridian_wan_queued_bytes",
+                  "Bytes accepted but not yet delivered (the link's queue)",
+                  labels)
+          ->Set(static_cast<double>(d->queued_bytes()));
+      registry
+          ->Gauge("meridian_wan_bandwidth_bits_per_second",
+                  "Emulated bandwidth of a link direction (0: unlimited)",
+                  labels)
+          ->Set(d->bandwidth_bps());
+      registry
+          ->Gauge("meridian_wan_latency_seconds",
+                  "Emulated one-way latency of a link direction", labels)
+          ->Set(d->latency_s());
+    }
+    std::map<std::string, uint32_t> connections;
+    for (const pb::WanRouteState& route : link.routes()) {
+      connections[route.from_site()] += route.connections();
+    }
+    for (const auto& [from, count] : connections) {
+      registry
+          ->Gauge("meridian_wan_connections",
+                  "Open connections through a link's routes, by connecting "
+                  "site",
+                  {{"link", link.link()}, {"from", from}})
+          ->Set(count);
+    }
+  }
+}
+
+}  // namespace
 
 Result<WanemOptions> OneLinkWanemOptions(std::string_view listen,
                                          std::string_view forward,
@@ -89,6 +150,7 @@ Result<WanemOptions> JobWanemOptions(const pb::JobConfig& job,
   options.control =
       control.empty() ? job.wan().control_address() : std::string(control);
   options.sample_period_s = job.wan().sample_period_s();
+  options.metrics_address = job.wan().metrics_address();
   return options;
 }
 
@@ -124,8 +186,13 @@ Status RunWanem(const WanemOptions& options, const std::atomic<bool>* stop) {
     }
     csv << kTrafficCsvHeader << "\n";
   }
+  MetricsRegistry metrics;
+  std::unique_ptr<MetricsServer> metrics_server =
+      StartMetricsServerOrWarn(&metrics, options.metrics_address, "wanem");
   if (options.ready_fd >= 0) {
-    const std::string line = "ready " + endpoint + "\n";
+    std::string line = "ready " + endpoint;
+    if (metrics_server) line += " metrics=" + metrics_server->address();
+    line += "\n";
     if (::write(options.ready_fd, line.data(), line.size()) !=
         static_cast<ssize_t>(line.size())) {
       MLOG(WARNING) << "cannot write the ready line to fd " << options.ready_fd;
@@ -139,7 +206,12 @@ Status RunWanem(const WanemOptions& options, const std::atomic<bool>* stop) {
   const Duration start = clock->Now();
   const Duration period = FromSeconds(options.sample_period_s);
   Duration next_sample = start;
+  Duration next_metrics = start;
   while (stop == nullptr || !stop->load()) {
+    if (metrics_server && clock->Now() >= next_metrics) {
+      PublishMetrics(*emulator, ToSeconds(clock->Now() - start), &metrics);
+      next_metrics = clock->Now() + FromSeconds(kMetricsPeriodS);
+    }
     if (csv.is_open() && clock->Now() >= next_sample) {
       pb::WanControlReply reply;
       for (pb::WanLinkState& state : emulator->LinkStates()) {
@@ -152,6 +224,7 @@ Status RunWanem(const WanemOptions& options, const std::atomic<bool>* stop) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   MLOG(INFO) << "wanem stopping";
+  if (metrics_server) metrics_server->Stop();
   if (control) control->Stop();
   if (csv.is_open()) {
     pb::WanControlReply reply;

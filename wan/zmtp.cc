@@ -9,6 +9,10 @@ constexpr uint8_t kMore = 0x01;
 constexpr uint8_t kLong = 0x02;
 constexpr uint8_t kCommand = 0x04;
 constexpr uint8_t kReserved = 0xF8;
+// How a MESSAGE command's body starts: the length-prefixed command name
+// (RFC 26 CurveZMQ, RFC 38 GSSAPI). The rest of its body is ciphertext.
+constexpr uint8_t kMessageName[] = {7, 'M', 'E', 'S', 'S', 'A', 'G', 'E'};
+constexpr uint64_t kMessageNameBytes = sizeof(kMessageName);
 // Greeting offsets.
 constexpr size_t kSignatureEnd = 9;  // 0x7F
 constexpr size_t kVersionMajor = 10;
@@ -17,7 +21,15 @@ constexpr size_t kVersionMajor = 10;
 
 void ZmtpCounter::EndFrame() {
   if (flags_ & kCommand) {
-    ++commands_;
+    if (message_command_) {
+      // One encrypted frame; its MORE flag is inside the ciphertext, so
+      // each counts as a message (see wan_zmtp.h).
+      ++frames_;
+      ++messages_;
+    } else {
+      ++commands_;
+    }
+    message_command_ = false;
   } else {
     ++frames_;
     if (!(flags_ & kMore)) ++messages_;
@@ -27,7 +39,7 @@ void ZmtpCounter::EndFrame() {
 
 uint64_t ZmtpCounter::OpaqueBytesAhead() const {
   if (state_ == State::kNotZmtp) return UINT64_MAX;
-  if (state_ == State::kBody) return body_left_;
+  if (state_ == State::kBody && !name_pending_) return body_left_;
   return 0;
 }
 
@@ -84,6 +96,11 @@ uint64_t ZmtpCounter::Consume(std::span<const uint8_t> bytes) {
           return messages_ - before;
         }
         body_left_ = size_;
+        // A command's name decides whether it is a MESSAGE: look at the
+        // first bytes of its body.
+        name_pending_ = (flags_ & kCommand) && size_ >= kMessageNameBytes;
+        name_pos_ = 0;
+        message_command_ = false;
         if (body_left_ == 0) {
           EndFrame();
         } else {
@@ -92,6 +109,18 @@ uint64_t ZmtpCounter::Consume(std::span<const uint8_t> bytes) {
         break;
       }
       case State::kBody: {
+        if (name_pending_) {
+          const uint8_t byte = bytes[pos++];
+          --body_left_;
+          if (byte != kMessageName[name_pos_]) {
+            name_pending_ = false;
+          } else if (++name_pos_ == kMessageNameBytes) {
+            name_pending_ = false;
+            message_command_ = true;
+          }
+          if (body_left_ == 0) EndFrame();
+          break;
+        }
         const uint64_t take =
             std::min<uint64_t>(body_left_, bytes.size() - pos);
         pos += static_cast<size_t>(take);

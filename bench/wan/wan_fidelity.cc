@@ -48,10 +48,12 @@
 #include <vector>
 
 #include "meridian/wan_control.h"
-#include "socket_util.h"  // wan/, for WriteAll
+#include "socket_util.h"  // wan/: ListenTcp, ConnectTcp, WriteAll
 
 namespace {
 
+namespace wan = meridian::wan;
+using meridian::Result;
 using meridian::wan::WriteAll;  // wan/socket_util.h
 
 using Clock = std::chrono::steady_clock;
@@ -75,37 +77,23 @@ struct Endpoint {
   std::string str() const { return host + ":" + std::to_string(port); }
 };
 
+// A listening socket on `host` with a free port, stored in `*port`.
 int ListenOn(const std::string& host, int* port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) Die("socket");
-  const int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = 0;
-  ::inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    Die("bind " + host + ": " + std::strerror(errno));
-  }
-  if (::listen(fd, 16) != 0) Die("listen");
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  *port = ntohs(addr.sin_port);
-  return fd;
+  Result<int> fd = wan::ListenTcp(wan::HostPort{host, 0});
+  if (!fd.ok()) Die("listen on " + host + ": " + fd.status().message());
+  Result<std::string> local = wan::LocalAddress(*fd);
+  if (!local.ok()) Die("getsockname: " + local.status().message());
+  *port = std::stoi(local->substr(local->rfind(':') + 1));
+  return *fd;
 }
 
+// A connected socket (TCP_NODELAY).
 int ConnectTo(const Endpoint& to) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(to.port));
-  ::inet_pton(AF_INET, to.host.c_str(), &addr.sin_addr);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    Die("connect " + to.str() + ": " + std::strerror(errno));
-  }
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
+  Result<int> fd = wan::ConnectTcp(
+      wan::HostPort{to.host, static_cast<uint16_t>(to.port)},
+      std::chrono::seconds(10));
+  if (!fd.ok()) Die("connect " + to.str() + ": " + fd.status().message());
+  return *fd;
 }
 
 // Accepts one connection within `timeout_s`; -1 on timeout.

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include "meridian/meridian.pb.h"
@@ -31,6 +32,17 @@ struct RunOptions {
 // in every case where the sites produced summaries.
 Result<pb::RunReport> RunJob(const pb::JobConfig& job,
                              const RunOptions& options);
+
+// `meridian site --with-workers`: starts every worker of site `site` as a
+// child process (`meridian worker --config config_path --site site --index
+// i`, logs in log_dir/worker-<site>-<i>.log, `binary` empty: this
+// executable), runs `serve` (the site server), then gives the workers
+// time to leave and stops the rest. Returns serve's status, or the first
+// worker failure when serve succeeded.
+Status RunWithSiteWorkers(const std::string& config_path,
+                          const pb::JobConfig& job, const std::string& site,
+                          const std::string& log_dir, const std::string& binary,
+                          const std::function<Status()>& serve);
 
 // Installs SIGINT/SIGTERM handlers that set the returned flag (SIGPIPE is
 // ignored). Call once, early in main; the flag lives for the process.

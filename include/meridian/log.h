@@ -16,6 +16,36 @@ void SetLogRole(std::string role);
 // Messages below `level` are dropped. Default kInfo; MERIDIAN_LOG_LEVEL
 // (debug|info|warning|error) in the environment overrides at start-up.
 void SetLogLevel(LogLevel level);
+
+// When to repeat a "still waiting for ..." line: `first_s` after the wait
+// began, then at doubling intervals up to `max_s`, so a role waiting for
+// its peers says so without flooding its log. Not thread-safe.
+class WaitNotice {
+ public:
+  explicit WaitNotice(double first_s = 1.0, double max_s = 30.0)
+      : first_s_(first_s), max_s_(max_s) {}
+  // True when a line is due at `now_s` (seconds on any monotonic clock);
+  // schedules the next one. The first call starts the wait.
+  bool Due(double now_s) {
+    if (next_s_ < 0) {
+      interval_s_ = first_s_;
+      next_s_ = now_s + interval_s_;
+      return false;
+    }
+    if (now_s < next_s_) return false;
+    interval_s_ = interval_s_ * 2 < max_s_ ? interval_s_ * 2 : max_s_;
+    next_s_ = now_s + interval_s_;
+    return true;
+  }
+  // The wait is over; the next Due() starts a new one.
+  void Reset() { next_s_ = -1; }
+
+ private:
+  double first_s_;
+  double max_s_;
+  double interval_s_ = 0;
+  double next_s_ = -1;
+};
 LogLevel GetLogLevel();
 // Parses "debug", "info", "warning", "error"; false on anything else.
 bool ParseLogLevel(std::string_view text, LogLevel* level);

@@ -24,9 +24,16 @@ struct SiteServerOptions {
   // Endpoint of the socket peer sites send their updates to; empty: the
   // site's mirror_address from the job.
   std::string mirror_bind;
+  // With security.curve on: the site's CURVE secret key file (mode 0600);
+  // empty: $MERIDIAN_SECRET_KEY, else <security.key_dir>/<site>.key.
+  std::string secret_key_file;
   // When set, the server writes <out_dir>/site-<name>.json (a SiteSummary)
   // on exit.
   std::string out_dir;
+  // "HOST:PORT" of the metrics endpoint (port 0: any free port); empty:
+  // the site's metrics_address from the job; "none" (or both empty): no
+  // endpoint. A bind failure is logged and the site runs without one.
+  std::string metrics_address;
   // Polled by the event loop; when it becomes true the server finishes the
   // job as if the time budget ran out. May be null. Not owned.
   const std::atomic<bool>* stop_requested = nullptr;
@@ -46,6 +53,8 @@ class SiteServer {
   const std::string& endpoint() const;
   // The endpoint peer sites send to; empty when the site syncs with nobody.
   std::string mirror_endpoint() const;
+  // The metrics endpoint's bound "HOST:PORT"; empty without one.
+  std::string metrics_address() const;
 
   // Serves until the job ends: the target accuracy is reached, the time
   // budget runs out, a SHUTDOWN arrives or stop_requested is set. Then it

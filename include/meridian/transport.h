@@ -21,6 +21,9 @@ namespace meridian {
 // A decoded, structurally valid message. Owns its frames.
 struct Envelope {
   std::string routing_id;  // set on ROUTER sockets, empty otherwise
+  // The ZAP user id of the connection it came over (under CURVE: the name
+  // of the site whose key was admitted, security.h); empty without ZAP.
+  std::string user_id;
   pb::Header header;
   std::vector<zmq::message_t> payload;  // one frame per header.slices()
 };

@@ -10,8 +10,16 @@
 // start with a ZMTP 3.x greeting, or that breaks the framing later (reserved
 // flag bits, a size >= 2^63), stops being parsed: it counts 0 further
 // messages (its bytes are still counted exactly by the emulator).
-// Messages of a CURVE-secured stream travel inside MESSAGE commands and are
-// not counted.
+//
+// Encrypted streams (CURVE, rfc.zeromq.org/spec/26): after the handshake
+// commands (HELLO, WELCOME, INITIATE, READY), every frame travels as one
+// MESSAGE command (a command whose body starts with "\x07MESSAGE") whose
+// flags, MORE included, are inside the ciphertext. Message boundaries are
+// then invisible on the wire, so each MESSAGE command counts as one frame
+// AND one message: a multipart message of k frames counts k. Meridian's
+// mirror messages are a header frame plus one frame per tensor slice, so
+// under CURVE `messages` counts frames (MIRROR_CLOCK: 1; MIRROR_UPDATE:
+// 1 + slices). Bytes stay exact either way.
 //
 // The parser never looks at a byte twice and holds no buffer: any split of
 // the stream into Consume() calls gives the same counts.
@@ -44,8 +52,10 @@ class ZmtpCounter {
   // True once a whole greeting has been seen.
   bool greeted() const { return greeted_; }
   uint64_t messages() const { return messages_; }
-  uint64_t frames() const { return frames_; }      // data frames
-  uint64_t commands() const { return commands_; }  // command frames
+  // Data frames, including MESSAGE commands (encrypted frames).
+  uint64_t frames() const { return frames_; }
+  // Other command frames (handshakes, heartbeats).
+  uint64_t commands() const { return commands_; }
   uint64_t bytes() const { return bytes_; }        // everything consumed
 
   static constexpr size_t kGreetingBytes = 64;
@@ -61,6 +71,11 @@ class ZmtpCounter {
   size_t size_bytes_left_ = 0;  // of an 8-byte size still to read
   uint64_t size_ = 0;
   uint64_t body_left_ = 0;
+  // The current command frame's name is still being compared with
+  // "\x07MESSAGE" (its first name_pos_ bytes matched so far).
+  bool name_pending_ = false;
+  uint64_t name_pos_ = 0;
+  bool message_command_ = false;  // the current command is a MESSAGE
   uint64_t messages_ = 0;
   uint64_t frames_ = 0;
   uint64_t commands_ = 0;

@@ -51,6 +51,12 @@ struct WanemOptions {
   // direction every sample_period_s to this file.
   std::string traffic_csv;
   double sample_period_s = 1.0;
+  // "HOST:PORT" of the metrics endpoint (per link direction: bytes,
+  // messages, queued bytes, bandwidth, latency; port 0: any free port);
+  // empty or "none": no endpoint. When set, the ready line also says
+  // " metrics=<bound HOST:PORT>". A bind failure is logged and wanem runs
+  // on without one.
+  std::string metrics_address;
   const Clock* clock = SystemClock();
 };
 
@@ -64,7 +70,8 @@ Result<WanemOptions> OneLinkWanemOptions(
     std::string_view queue_limit = {});
 
 // The job form: every link of `job` (ResolveJobLinks), no routes, control
-// at job.wan().control_address() unless `control` is non-empty. When
+// at job.wan().control_address() unless `control` is non-empty, metrics at
+// job.wan().metrics_address(). When
 // job.wan().emulate() is false every link is passthrough (bytes are still
 // counted, nothing is shaped).
 Result<WanemOptions> JobWanemOptions(const pb::JobConfig& job,

@@ -19,6 +19,9 @@ struct WorkerOptions {
   uint32_t index = 0;  // worker index inside the site
   // Site server endpoint; empty: the site's address from the job.
   std::string connect;
+  // "HOST:PORT" of the worker's own metrics endpoint; empty or "none": no
+  // endpoint (the default: the site server exports every worker's counts).
+  std::string metrics_address;
   // When it becomes true the worker leaves (BYE) after its current step.
   // May be null. Not owned.
   const std::atomic<bool>* stop_requested = nullptr;

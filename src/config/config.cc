@@ -20,6 +20,7 @@
 #include <system_error>
 #include <utility>
 
+#include "meridian/metrics.h"
 #include "meridian/wan_presets.h"
 #include "meridian/wan_units.h"
 
@@ -256,6 +257,17 @@ void ValidateSites(const pb::JobConfig& config, const IssueReporter& root) {
             "must be a ZeroMQ endpoint starting with tcp://, ipc:// or "
             "inproc://, got '" +
                 site.address() + "'");
+    r.Check(IsEndpoint(site.mirror_address()), "mirror_address",
+            "must be a ZeroMQ endpoint starting with tcp://, ipc:// or "
+            "inproc://, got '" +
+                site.mirror_address() + "'");
+    if (!site.metrics_address().empty()) {
+      const Result<MetricsAddress> metrics =
+          ParseMetricsAddress(site.metrics_address());
+      if (!metrics.ok()) {
+        r.Report("metrics_address", metrics.status().message());
+      }
+    }
     // With every group's count >= 1 this also guarantees >= 1 worker.
     r.Check(site.workers_size() > 0, "workers",
             "a site needs at least one worker group, e.g. workers { count: "
@@ -355,6 +367,39 @@ void ValidateWan(const pb::JobConfig& config, const IssueReporter& r,
           "must be a ZeroMQ endpoint starting with tcp://, ipc:// or "
           "inproc://, got '" +
               wan.control_address() + "'");
+  if (!wan.metrics_address().empty()) {
+    const Result<MetricsAddress> metrics =
+        ParseMetricsAddress(wan.metrics_address());
+    if (!metrics.ok()) {
+      r.Report("metrics_address", metrics.status().message());
+    }
+  }
+  if (!wan.wanem_host().empty()) {
+    r.Check(wan.wanem_host().find_first_of(":/ ") == std::string::npos,
+            "wanem_host",
+            "must be a host name or IPv4 address (no scheme, no port), got '" +
+                wan.wanem_host() + "'");
+    // Two ports per ordered pair of sites (sync and worker routes).
+    const uint64_t sites = static_cast<uint64_t>(config.site_size());
+    const uint64_t last = uint64_t{wan.route_base_port()} + 2 * sites * sites;
+    r.Check(wan.route_base_port() > 0 && last <= 65536, "route_base_port",
+            "routes need ports " + std::to_string(wan.route_base_port()) +
+                ".." + std::to_string(last - 1) +
+                " (2 x sites^2 of them), which must lie in 1..65535");
+    for (int i = 0; i < config.site_size(); ++i) {
+      const pb::SiteConfig& site = config.site(i);
+      const IssueReporter s = root.Nested("site", i);
+      for (const auto& [field, value] :
+           {std::pair<const char*, const std::string&>{"address",
+                                                       site.address()},
+            {"mirror_address", site.mirror_address()}}) {
+        s.Check(value.rfind("tcp://", 0) == 0, field,
+                "must be a tcp:// endpoint when wan.wanem_host routes the "
+                "sites through a standalone wanem, got '" +
+                    value + "'");
+      }
+    }
+  }
   std::map<std::pair<int, int>, int> first_use;
   for (int i = 0; i < wan.link_size(); ++i) {
     const pb::LinkConfig& link = wan.link(i);
@@ -490,6 +535,75 @@ void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
     if (HasServer(site) && !placed.contains(site.name())) {
       r.Report("group", "site '" + site.name() + "' is in no group");
     }
+  }
+}
+
+// A Z85-encoded 32-byte CURVE key: 40 characters of the Z85 alphabet,
+// every 5-character group at most 2^32 - 1 (what zmq_z85_decode accepts).
+// (security.h's IsZ85Key is the same check; config does not link ZeroMQ.)
+bool IsCurveKey(std::string_view key) {
+  constexpr std::string_view kZ85 =
+      "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/"
+      "*?&<>()[]{}@%$#";
+  if (key.size() != 40) return false;
+  for (size_t group = 0; group < key.size(); group += 5) {
+    uint64_t value = 0;
+    for (size_t i = group; i < group + 5; ++i) {
+      const size_t digit = kZ85.find(key[i]);
+      if (digit == std::string_view::npos) return false;
+      value = value * 85 + digit;
+    }
+    if (value > 0xFFFFFFFFull) return false;
+  }
+  return true;
+}
+
+// Public keys are well-formed and distinct. With CURVE on, the sites that
+// sync either all list a key or none does: `meridian run` then generates
+// ephemeral keys, and a site started alone refuses to run without keys.
+void ValidateSecurity(const pb::JobConfig& config, const IssueReporter& root) {
+  std::map<std::string, std::string> first_use;  // key -> site name
+  for (int i = 0; i < config.site_size(); ++i) {
+    const pb::SiteConfig& site = config.site(i);
+    if (!site.has_curve_public_key()) continue;
+    const IssueReporter r = root.Nested("site", i);
+    const std::string& key = site.curve_public_key();
+    if (!IsCurveKey(key)) {
+      r.Report("curve_public_key",
+               "must be a CURVE public key: 40 characters of the Z85 "
+               "alphabet, as `meridian keygen` prints it (got " +
+                   std::to_string(key.size()) + " characters)");
+      continue;
+    }
+    const auto [it, inserted] = first_use.emplace(key, site.name());
+    r.Check(inserted, "curve_public_key",
+            "duplicates the key of site '" + it->second +
+                "'; every site needs its own key pair");
+  }
+  if (!config.security().curve()) return;
+  std::vector<int> syncing;
+  for (int i = 0; i < config.site_size(); ++i) {
+    if (HasServer(config.site(i))) syncing.push_back(i);
+  }
+  if (config.sync().kind() == pb::SYNC_NONE || syncing.size() < 2) return;
+  std::string listed;
+  for (int i : syncing) {
+    if (config.site(i).has_curve_public_key()) {
+      listed = config.site(i).name();
+      break;
+    }
+  }
+  if (listed.empty()) return;
+  for (int i : syncing) {
+    const pb::SiteConfig& site = config.site(i);
+    root.Nested("site", i)
+        .Check(site.has_curve_public_key(), "curve_public_key",
+               "is missing while site '" + listed +
+                   "' lists one: with security.curve on, every site that "
+                   "syncs needs its key (`meridian keygen --site " +
+                   site.name() +
+                   " --out DIR` prints the line), or set security { curve: "
+                   "false }");
   }
 }
 
@@ -722,6 +836,7 @@ std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config) {
   ValidatePolicy(config.policy(), root.Nested("policy"));
   ValidateWan(config, root.Nested("wan"), root);
   ValidateSync(config, root.Nested("sync"));
+  ValidateSecurity(config, root);
   root.Real("target_accuracy", config.target_accuracy(), kUnitInterval);
   root.Real("time_budget_s", config.time_budget_s(), kPositive);
   return issues;

@@ -118,6 +118,10 @@ Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
   }
   Envelope envelope;
   envelope.routing_id = std::move(routing_id);
+  // Metadata of the connection; null when no ZAP handler admitted it.
+  if (const char* user_id = zmq_msg_gets(frames[first].handle(), "User-Id")) {
+    envelope.user_id = user_id;
+  }
   envelope.header = std::move(header);
   envelope.payload.reserve(frames.size() - first - 1);
   for (size_t i = first + 1; i < frames.size(); ++i) {

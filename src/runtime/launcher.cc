@@ -3,8 +3,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <google/protobuf/text_format.h>
+
 #include <algorithm>
+#include <cstring>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -15,6 +20,7 @@
 #include "meridian/clock.h"
 #include "meridian/config.h"
 #include "meridian/log.h"
+#include "meridian/security.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
 #include "meridian/wan_control.h"
@@ -53,37 +59,75 @@ struct SiteProgress {
   int64_t clock = 0;  // from the status reply's header
 };
 
-std::string FormatProgress(const std::vector<SiteProgress>& sites,
-                           double wall_s) {
-  std::string line;
+// One site's progress, without its name.
+std::string FormatSiteProgress(const SiteProgress& site) {
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "[%6.1f s]", wall_s);
-  line += buf;
-  for (const SiteProgress& site : sites) {
-    if (!site.status) {
-      std::snprintf(buf, sizeof(buf), " %s: starting", site.name.c_str());
-    } else if (site.status->workers_joined() <
-               site.status->workers_expected()) {
-      std::snprintf(buf, sizeof(buf), " %s: %u/%u workers joined",
-                    site.name.c_str(), site.status->workers_joined(),
-                    site.status->workers_expected());
-    } else {
-      const pb::EvalPoint& eval = site.status->last_eval();
-      std::snprintf(buf, sizeof(buf),
-                    " %s: train %.1f s  acc %.4f  loss %.4f  %.0f commits/s",
-                    site.name.c_str(), site.status->elapsed_s(),
-                    eval.accuracy(), eval.loss(), site.status->commits_per_s());
-      if (site.status->has_theta()) {
-        line += buf;
-        std::snprintf(buf, sizeof(buf),
-                      "  clock %lld  theta %.3g  WAN %.1f MB  |",
-                      static_cast<long long>(site.clock), site.status->theta(),
-                      site.status->wan_bytes_sent() / 1e6);
-      }
-    }
+  if (!site.status) return "starting";
+  if (site.status->workers_joined() < site.status->workers_expected()) {
+    std::snprintf(buf, sizeof(buf), "%u/%u workers joined",
+                  site.status->workers_joined(),
+                  site.status->workers_expected());
+    return buf;
+  }
+  const pb::EvalPoint& eval = site.status->last_eval();
+  std::snprintf(buf, sizeof(buf),
+                "train %.1f s  acc %.4f  loss %.4f  %.0f commits/s",
+                site.status->elapsed_s(), eval.accuracy(), eval.loss(),
+                site.status->commits_per_s());
+  std::string line = buf;
+  if (site.status->has_theta()) {
+    std::snprintf(buf, sizeof(buf), "  clock %lld  theta %.3g  WAN %.1f MB",
+                  static_cast<long long>(site.clock), site.status->theta(),
+                  site.status->wan_bytes_sent() / 1e6);
     line += buf;
   }
   return line;
+}
+
+// Every site on one line (logs, pipes): "[ t s] a: ...  | b: ...".
+std::string FormatProgress(const std::vector<SiteProgress>& sites,
+                           double wall_s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "[%6.1f s]", wall_s);
+  std::string line = buf;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    line += (i == 0 ? " " : "  | ") + sites[i].name + ": " +
+            FormatSiteProgress(sites[i]);
+  }
+  return line;
+}
+
+// One line per site (a terminal), names aligned, the time on the first.
+std::vector<std::string> FormatProgressLines(
+    const std::vector<SiteProgress>& sites, double wall_s) {
+  size_t width = 0;
+  for (const SiteProgress& site : sites) {
+    width = std::max(width, site.name.size());
+  }
+  char stamp[32];
+  std::snprintf(stamp, sizeof(stamp), "[%6.1f s]", wall_s);
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    std::string name = sites[i].name;
+    name.resize(width, ' ');
+    lines.push_back((i == 0 ? std::string(stamp)
+                            : std::string(std::strlen(stamp), ' ')) +
+                    " " + name + "  " + FormatSiteProgress(sites[i]));
+  }
+  return lines;
+}
+
+// Removes the "metrics=HOST:PORT" field from the fields of a ready line
+// and returns its value ("" without one).
+std::string TakeMetricsField(std::string* fields) {
+  const size_t at = fields->find("metrics=");
+  if (at == std::string::npos) return "";
+  size_t end = fields->find(' ', at);
+  if (end == std::string::npos) end = fields->size();
+  std::string value = fields->substr(at + 8, end - at - 8);
+  fields->erase(at, end - at);
+  while (!fields->empty() && fields->back() == ' ') fields->pop_back();
+  return value;
 }
 
 class JobRun {
@@ -93,13 +137,16 @@ class JobRun {
 
   Result<pb::RunReport> Run() {
     MERIDIAN_RETURN_IF_ERROR(PrepareOutDir());
+    MERIDIAN_RETURN_IF_ERROR(PrepareSecurity());
     Status started = StartChildren();
     if (!started.ok()) {
       StopAll(SIGTERM);
       WaitAll();
+      ForgetEphemeralKeys();
       return started;
     }
     Monitor();
+    ForgetEphemeralKeys();
     return Report();
   }
 
@@ -124,6 +171,106 @@ class JobRun {
     return Status::Ok();
   }
 
+  // CURVE between site servers (security.h). A job that lists the sites'
+  // public keys runs as is: each site reads <security.key_dir>/<site>.key.
+  // A job without keys gets ephemeral key pairs in OUT/keys/, and every
+  // role runs the derived job file OUT/job.pbtxt that lists them.
+  Status PrepareSecurity() {
+    std::vector<int> syncing;
+    for (int s = 0; s < job_.site_size(); ++s) {
+      if (HasServer(job_.site(s)) && job_.sync().kind() != pb::SYNC_NONE &&
+          !RoleOf(job_, s).Peers().empty()) {
+        syncing.push_back(s);
+      }
+    }
+    std::vector<int> remote_workers;  // sites whose workers cross the WAN
+    for (int s = 0; s < job_.site_size(); ++s) {
+      if (ServingSite(job_, s) != s) remote_workers.push_back(s);
+    }
+    if (syncing.empty() && remote_workers.empty()) return Status::Ok();
+    if (!job_.security().curve()) {
+      MLOG(WARNING) << "cross-site links are plaintext: security { curve: "
+                       "false }";
+      return Status::Ok();
+    }
+    for (int s : remote_workers) {
+      MLOG(WARNING) << "workers of site '" << job_.site(s).name()
+                    << "' reach site '" << job_.site(s).server_site()
+                    << "''s server in plaintext (server_site, the "
+                       "BSP-over-WAN baseline, is not encrypted)";
+    }
+    if (syncing.empty()) return Status::Ok();
+    // One machine, one key file per site: a key file meant for a single
+    // role must not reach every site.
+    if (std::getenv(kSecretKeyEnv) != nullptr) {
+      MLOG(WARNING) << "ignoring $" << kSecretKeyEnv
+                    << ": each site reads its own key file";
+      ::unsetenv(kSecretKeyEnv);
+    }
+    const bool listed = std::any_of(syncing.begin(), syncing.end(), [&](int s) {
+      return job_.site(s).has_curve_public_key();
+    });
+    if (listed) {
+      if (job_.security().key_dir().empty()) {
+        return FailedPreconditionError(
+            "the job lists the sites' curve_public_key but no security { "
+            "key_dir }: `meridian run` reads each site's secret key from "
+            "<key_dir>/<site>.key");
+      }
+      MLOG(INFO) << "CURVE on: links between site servers are encrypted; "
+                    "sites read their secret keys from "
+                 << job_.security().key_dir();
+      return Status::Ok();
+    }
+    std::error_code error;
+    const std::string key_dir =
+        std::filesystem::absolute(options_.out_dir + "/keys", error).string();
+    pb::JobConfig derived = job_;
+    for (int s : syncing) {
+      const std::string& name = job_.site(s).name();
+      // Ephemeral: the keys of an earlier run into this directory go.
+      std::filesystem::remove(key_dir + "/" + name + ".key", error);
+      std::filesystem::remove(key_dir + "/" + name + ".pub", error);
+      MERIDIAN_ASSIGN_OR_RETURN(CurveKeyPair pair, GenerateCurveKeyPair());
+      MERIDIAN_RETURN_IF_ERROR(WriteCurveKeyFiles(key_dir, name, pair));
+      ephemeral_keys_.push_back(key_dir + "/" + name + ".key");
+      derived.mutable_site(s)->set_curve_public_key(pair.public_key);
+    }
+    derived.mutable_security()->set_key_dir(key_dir);
+    std::string text;
+    if (!google::protobuf::TextFormat::PrintToString(derived, &text)) {
+      return InternalError("cannot print the derived job file");
+    }
+    std::string path = options_.out_dir + "/job.pbtxt";
+    if (std::filesystem::equivalent(options_.config_path, path, error)) {
+      path = options_.out_dir + "/job-curve.pbtxt";  // never the input
+    }
+    {
+      std::ofstream out(path, std::ios::trunc);
+      out << "# Written by `meridian run` from " << options_.config_path
+          << ": the job with ephemeral CURVE keys (secret halves in "
+          << key_dir << ").\n"
+          << text;
+      if (!out) return InvalidArgumentError("cannot write '" + path + "'");
+    }
+    options_.config_path = path;
+    MLOG(INFO) << "CURVE on: generated ephemeral key pairs for "
+               << syncing.size() << " sites in " << key_dir
+               << "; every role runs " << path << " (the job plus their "
+               << "public keys)";
+    return Status::Ok();
+  }
+
+  // Every child has exited: the secret halves of ephemeral keys go (the
+  // public halves stay with the derived job file).
+  void ForgetEphemeralKeys() {
+    std::error_code error;
+    for (const std::string& path : ephemeral_keys_) {
+      std::filesystem::remove(path, error);
+    }
+    ephemeral_keys_.clear();
+  }
+
   std::string SummaryPath(const std::string& site) const {
     return options_.out_dir + "/site-" + site + ".json";
   }
@@ -133,6 +280,7 @@ class JobRun {
     const std::string logs = options_.out_dir + "/logs/";
     MERIDIAN_RETURN_IF_ERROR(StartSiteServers());
     MERIDIAN_RETURN_IF_ERROR(StartWanem());
+    MERIDIAN_RETURN_IF_ERROR(WriteEndpoints());
     MERIDIAN_RETURN_IF_ERROR(IntroducePeers());
     for (int s = 0; s < job_.site_size(); ++s) {
       const pb::SiteConfig& site = job_.site(s);
@@ -170,7 +318,7 @@ class JobRun {
               {binary_, "site", "--config", options_.config_path, "--site",
                site.name(), "--bind", "tcp://127.0.0.1:*", "--mirror-bind",
                "tcp://127.0.0.1:*", "--out", options_.out_dir, "--ready-fd",
-               std::to_string(kReadyFd)},
+               std::to_string(kReadyFd), "--metrics", "127.0.0.1:0"},
               logs + "site-" + site.name() + ".log"));
       sites_.push_back(std::move(child));
       server_site_index_.push_back(s);
@@ -189,9 +337,12 @@ class JobRun {
                                 server.log_path() + " ends with:\n" +
                                 server.LogTail(kLogTailLines));
       }
-      // "ready <worker endpoint> [<mirror endpoint>]"
+      // "ready <worker endpoint> [<mirror endpoint>] [metrics=<address>]"
       const int s = server_site_index_[i];
-      std::istringstream fields(line->substr(6));
+      std::string rest = line->substr(6);
+      AddMetricsEndpoint(server.name(), "site", job_.site(s).name(),
+                         TakeMetricsField(&rest));
+      std::istringstream fields(rest);
       fields >> server_endpoints_[s] >> mirror_endpoints_[s];
       progress_.push_back(
           SiteProgress{job_.site(s).name(), nullptr, std::nullopt});
@@ -202,6 +353,26 @@ class JobRun {
           std::make_unique<RpcClient>(context_, server_endpoints_[s], self);
     }
     return Status::Ok();
+  }
+
+  // Records where a child serves its metrics ("" = it has no endpoint).
+  void AddMetricsEndpoint(const std::string& name, const std::string& role,
+                          const std::string& site,
+                          const std::string& address) {
+    if (address.empty()) return;
+    pb::ProcessEndpoint* entry = endpoints_.add_process();
+    entry->set_name(name);
+    entry->set_role(role);
+    entry->set_site(site);
+    entry->set_metrics_address(address);
+    entry->set_metrics_url("http://" + address + "/metrics");
+  }
+
+  // OUT/endpoints.json: every child's metrics endpoint (`meridian top
+  // --run OUT` reads it).
+  Status WriteEndpoints() {
+    endpoints_.set_job(job_.name());
+    return WriteJsonFile(endpoints_, options_.out_dir + "/endpoints.json");
   }
 
   // Tells every site server where its sync peers listen.
@@ -267,9 +438,11 @@ class JobRun {
         ChildProcess child,
         ChildProcess::Spawn("wanem",
                             {binary_, "wanem", "--config", options_.config_path,
+                             "--dynamic-routes",
                              "--control", "tcp://127.0.0.1:0", "--traffic-csv",
                              options_.out_dir + "/traffic.csv", "--ready-fd",
-                             std::to_string(kReadyFd)},
+                             std::to_string(kReadyFd), "--metrics",
+                             "127.0.0.1:0"},
                             options_.out_dir + "/logs/wanem.log"));
     wanem_.emplace(std::move(child));
     Result<std::string> line = wanem_->ReadReadyLine(kReadyTimeout);
@@ -281,7 +454,10 @@ class JobRun {
           "; " + wanem_->DescribeExit() + "); its log " + wanem_->log_path() +
           " ends with:\n" + wanem_->LogTail(kLogTailLines));
     }
-    wan_control_ = std::make_unique<wan::ControlClient>(line->substr(6));
+    // "ready <control endpoint> [metrics=<address>]"
+    std::string rest = line->substr(6);
+    AddMetricsEndpoint("wanem", "wanem", "", TakeMetricsField(&rest));
+    wan_control_ = std::make_unique<wan::ControlClient>(rest);
     MLOG(INFO) << "wanem shapes every link between sites; control at "
                << wan_control_->endpoint();
     return Status::Ok();
@@ -389,10 +565,20 @@ class JobRun {
         const bool tty = options_.progress != nullptr &&
                          ::isatty(::fileno(options_.progress));
         if (tty) {
-          std::fprintf(options_.progress, "\r\033[K%s",
-                       FormatProgress(progress_, now).c_str());
+          // Redraw the block of site lines in place: up to its first line,
+          // then each line cleared and rewritten.
+          const std::vector<std::string> lines =
+              FormatProgressLines(progress_, now);
+          std::string block;
+          if (progress_lines_ > 0) {
+            block += "\033[" + std::to_string(progress_lines_) + "A";
+          }
+          for (const std::string& line : lines) {
+            block += "\r\033[K" + line + "\n";
+          }
+          std::fputs(block.c_str(), options_.progress);
           std::fflush(options_.progress);
-          progress_line_open_ = true;
+          progress_lines_ = static_cast<int>(lines.size());
         } else if (options_.progress != nullptr && now >= next_plain) {
           next_plain = now + kPlainProgressPeriodS;
           std::fprintf(options_.progress, "%s\n",
@@ -402,7 +588,6 @@ class JobRun {
       }
       std::this_thread::sleep_for(kMonitorInterval);
     }
-    if (progress_line_open_) std::fprintf(options_.progress, "\n");
   }
 
   void PollProgress() {
@@ -489,7 +674,9 @@ class JobRun {
   }
 
   const pb::JobConfig& job_;
-  const RunOptions& options_;
+  // A copy: PrepareSecurity may point config_path at the derived job file.
+  RunOptions options_;
+  std::vector<std::string> ephemeral_keys_;  // secret key files we wrote
   Stopwatch wall_;
   zmq::context_t context_;
   std::string binary_;
@@ -505,7 +692,8 @@ class JobRun {
   bool stopping_ = false;
   bool terminated_ = false;
   bool interrupted_ = false;
-  bool progress_line_open_ = false;
+  int progress_lines_ = 0;  // lines of the live block drawn on a terminal
+  pb::RunEndpoints endpoints_;  // written to OUT/endpoints.json
   double kill_deadline_s_ = 0;
   std::string failure_;
 };
@@ -517,6 +705,62 @@ Result<pb::RunReport> RunJob(const pb::JobConfig& job,
   SetLogRole("launcher");
   JobRun run(job, options);
   return run.Run();
+}
+
+Status RunWithSiteWorkers(const std::string& config_path,
+                          const pb::JobConfig& job, const std::string& site,
+                          const std::string& log_dir, const std::string& binary,
+                          const std::function<Status()>& serve) {
+  MERIDIAN_ASSIGN_OR_RETURN(const int s, FindSite(job, site));
+  std::error_code error;
+  std::filesystem::create_directories(log_dir, error);
+  if (error) {
+    return InvalidArgumentError("cannot create log directory '" + log_dir +
+                                "': " + error.message());
+  }
+  const std::string self = binary.empty() ? SelfExecutable() : binary;
+  std::vector<ChildProcess> workers;
+  auto stop_workers = [&](double grace_s) {
+    Stopwatch waited;
+    int signal = 0;
+    while (true) {
+      bool all_done = true;
+      for (ChildProcess& worker : workers) all_done &= worker.Poll();
+      if (all_done) return;
+      if (waited.ElapsedSeconds() > grace_s && signal != SIGKILL) {
+        signal = signal == 0 ? SIGTERM : SIGKILL;
+        for (ChildProcess& worker : workers) worker.Signal(signal);
+        waited.Reset();
+        grace_s = kKillGraceS;
+      }
+      std::this_thread::sleep_for(kMonitorInterval);
+    }
+  };
+  for (uint32_t w = 0; w < SiteWorkerCount(job.site(s)); ++w) {
+    Result<ChildProcess> child = ChildProcess::Spawn(
+        "worker " + std::to_string(w) + " of site '" + site + "'",
+        {self, "worker", "--config", config_path, "--site", site, "--index",
+         std::to_string(w)},
+        log_dir + "/worker-" + site + "-" + std::to_string(w) + ".log");
+    if (!child.ok()) {
+      stop_workers(0);
+      return child.status();
+    }
+    workers.push_back(std::move(*child));
+  }
+  MLOG(INFO) << "started " << workers.size() << " workers of site '" << site
+             << "'; their logs are in " << log_dir;
+  Status served = serve();
+  stop_workers(kWorkerGraceS);
+  if (!served.ok()) return served;
+  for (ChildProcess& worker : workers) {
+    if (!worker.succeeded()) {
+      return UnavailableError(worker.name() + " " + worker.DescribeExit() +
+                              "; its log " + worker.log_path() +
+                              " ends with:\n" + worker.LogTail(kLogTailLines));
+    }
+  }
+  return Status::Ok();
 }
 
 const std::atomic<bool>* InstallStopSignalHandlers() {

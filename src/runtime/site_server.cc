@@ -13,6 +13,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "meridian/addresses.h"
 #include "meridian/config.h"
 #include "meridian/dataset.h"
 #include "meridian/log.h"
@@ -23,6 +24,8 @@
 #include "meridian/sync.h"
 #include "meridian/transport.h"
 #include "meridian/report.h"
+#include "meridian/metrics.h"
+#include "runtime/site_metrics.h"
 #include "runtime/sync_engine.h"
 
 namespace meridian {
@@ -63,6 +66,8 @@ std::vector<uint32_t> LossSampleIndices(size_t total, uint64_t count,
 constexpr double kSyncFinishTimeoutS = 60.0;
 // Window of the commits-per-second figure in status replies.
 constexpr double kRateWindowS = 5.0;
+// How often the event loop copies its counters into the metrics registry.
+constexpr double kMetricsPeriodS = 0.25;
 
 struct WorkerSlot {
   bool joined = false;
@@ -126,8 +131,9 @@ class SiteServer::Impl {
     std::vector<float> initial(model_->layout().num_elements());
     model_->Initialize(job_.seed(), initial);
     MERIDIAN_RETURN_IF_ERROR(store_.Assign(initial));
-    const std::string bind =
-        options_.bind.empty() ? site_config_.address() : options_.bind;
+    const std::string bind = options_.bind.empty()
+                                 ? BindEndpointFor(site_config_.address())
+                                 : options_.bind;
     try {
       socket_.set(zmq::sockopt::linger, 0);
       // Fail loudly (EHOSTUNREACH) instead of dropping a reply to a worker
@@ -148,9 +154,15 @@ class SiteServer::Impl {
       sync.store = &store_;
       sync.context = &context_;
       sync.mirror_bind = options_.mirror_bind;
+      sync.secret_key_file = options_.secret_key_file;
       sync.clock = clock_;
       MERIDIAN_ASSIGN_OR_RETURN(sync_, SyncEngine::Create(std::move(sync)));
     }
+    metrics_server_ = StartMetricsServerOrWarn(
+        &metrics_registry_,
+        options_.metrics_address.empty() ? site_config_.metrics_address()
+                                         : options_.metrics_address,
+        "site '" + site_config_.name() + "'");
     MLOG(INFO) << "site server listening on " << endpoint_ << " for "
                << workers_.size() << " workers; model "
                << model_->layout().DebugString() << " ("
@@ -168,6 +180,9 @@ class SiteServer::Impl {
   }
   std::string mirror_endpoint() const {
     return sync_ ? sync_->mirror_endpoint() : std::string();
+  }
+  std::string metrics_address() const {
+    return metrics_server_ ? metrics_server_->address() : std::string();
   }
   const pb::SiteSummary& summary() const { return summary_; }
 
@@ -249,6 +264,7 @@ class SiteServer::Impl {
     }
     start_s_ = Now();
     training_ = true;
+    waiting_notice_.Reset();
     policy_->Start(static_cast<uint32_t>(workers_.size()), clock_->Now());
     MLOG(INFO) << "all " << workers_.size() << " workers joined; training";
     for (uint32_t i = 0; i < workers_.size(); ++i) SendWelcome(i);
@@ -345,6 +361,7 @@ class SiteServer::Impl {
                << last.loss() << " after " << commits_.load() << " commits ("
                << stop_reason_ << ")";
     WriteSummary();
+    PublishMetrics(/*force=*/true);
   }
 
   void WriteSummary() {
@@ -405,6 +422,8 @@ class SiteServer::Impl {
       ReleaseHeld();
     }
     SampleRate();
+    NoteWaiting();
+    PublishMetrics();
     return Status::Ok();
   }
 
@@ -613,6 +632,7 @@ class SiteServer::Impl {
                                 ", newer than the site's " +
                                 std::to_string(store_.version())});
     }
+    staleness_.Add(store_.version() - commit.base_version());
     slot->stats = commit.stats();
     slot->awaiting_reply = true;
     slot->read_ranges.clear();  // a commit is answered with the whole model
@@ -678,6 +698,7 @@ class SiteServer::Impl {
     workers_[*worker].read_ranges.assign(pull.ranges().begin(),
                                          pull.ranges().end());
     workers_[*worker].awaiting_reply = true;
+    ++pulls_;
     if (finished_ || !training_) return SendModel(*worker);
     Execute(policy_->OnPull(*worker, clock_->Now()));
   }
@@ -911,6 +932,79 @@ class SiteServer::Impl {
     }
   }
 
+  // Says, at growing intervals, what the site is still waiting for: its
+  // workers before training, peers that have not introduced themselves
+  // during it (their updates are queued meanwhile).
+  void NoteWaiting() {
+    const double now = clock_->NowSeconds();
+    if (!training_ && !finished_) {
+      if (JoinedCount() < workers_.size() && waiting_notice_.Due(now)) {
+        MLOG(INFO) << "waiting for workers: " << JoinedCount() << " of "
+                   << workers_.size() << " joined (listening on " << endpoint_
+                   << ")";
+      }
+      return;
+    }
+    if (!sync_) return;
+    const std::vector<std::string> silent = sync_->silent_peers();
+    if (silent.empty()) {
+      waiting_notice_.Reset();
+      return;
+    }
+    if (!waiting_notice_.Due(now)) return;
+    std::string names;
+    for (const std::string& peer : silent) {
+      names += (names.empty() ? "" : ", ") + peer;
+    }
+    MLOG(INFO) << "waiting for peer sites " << names
+               << ": not heard from yet; updates for them are queued";
+  }
+
+  // Copies the counters into the metrics registry (which the metrics
+  // server's thread renders), at most every kMetricsPeriodS unless `force`.
+  void PublishMetrics(bool force = false) {
+    if (!metrics_server_) return;
+    const double now = Now();
+    if (!force && now < next_metrics_s_) return;
+    next_metrics_s_ = now + kMetricsPeriodS;
+    if (now - staleness_window_start_s_ >= kRateWindowS) {
+      staleness_.Roll();
+      staleness_window_start_s_ = now;
+    }
+    SiteMetricsSnapshot s;
+    s.training = training_;
+    s.finished = finished_;
+    s.training_s = training_ ? (finished_ ? training_s_.load() : Elapsed()) : 0;
+    s.workers_joined = JoinedCount();
+    s.workers_expected = static_cast<uint32_t>(workers_.size());
+    s.commits = commits_.load();
+    s.commits_per_s = CommitRate();
+    s.pulls = pulls_;
+    s.rejected = rejected_;
+    s.model_version = store_.version();
+    s.clock = static_cast<int64_t>(policy_->clock());
+    {
+      std::lock_guard<std::mutex> lock(eval_mu_);
+      if (!timeline_.empty()) {
+        s.has_eval = true;
+        s.accuracy = timeline_.back().accuracy();
+        s.loss = timeline_.back().loss();
+        s.eval_t_s = timeline_.back().t_s();
+      }
+    }
+    for (const WorkerSlot& slot : workers_) {
+      s.waiting_workers += slot.awaiting_reply && !slot.left;
+      s.held_replies += slot.held;
+      s.workers.push_back({slot.Name(), slot.stats.steps(),
+                           slot.stats.commits(), slot.stats.blocked_s()});
+    }
+    s.barrier_commits = aggregate_.count();
+    s.staleness_mean = staleness_.mean();
+    s.staleness_max = staleness_.max();
+    s.sync = sync_.get();
+    site_metrics_.Publish(s);
+  }
+
   void SampleRate() {
     const double now = Now();
     if (!rate_samples_.empty() && now - rate_samples_.back().first < 0.5) {
@@ -1062,6 +1156,7 @@ class SiteServer::Impl {
 
   // Event-loop state.
   bool training_ = false;
+  WaitNotice waiting_notice_;
   bool finished_ = false;
   int64_t last_clock_ = 0;  // the clock the sync was last told about
   // Read by the evaluator thread too, hence atomic.
@@ -1071,6 +1166,16 @@ class SiteServer::Impl {
   std::string stop_reason_;
   uint64_t rejected_ = 0;
   std::deque<std::pair<double, uint64_t>> rate_samples_;
+  uint64_t pulls_ = 0;
+  StalenessWindow staleness_;
+  double staleness_window_start_s_ = 0;
+
+  // Metrics: the event loop publishes into the registry, the server's
+  // thread renders it (declared in this order so the server stops first).
+  MetricsRegistry metrics_registry_;
+  SiteMetrics site_metrics_{&metrics_registry_, site_config_.name()};
+  std::unique_ptr<MetricsServer> metrics_server_;
+  double next_metrics_s_ = 0;
 
   // Evaluator state, guarded by eval_mu_.
   std::mutex eval_mu_;
@@ -1135,6 +1240,9 @@ const std::string& SiteServer::endpoint() const { return impl_->endpoint(); }
 std::vector<float> SiteServer::Snapshot() const { return impl_->Snapshot(); }
 std::string SiteServer::mirror_endpoint() const {
   return impl_->mirror_endpoint();
+}
+std::string SiteServer::metrics_address() const {
+  return impl_->metrics_address();
 }
 Status SiteServer::Run() { return impl_->Run(); }
 const pb::SiteSummary& SiteServer::summary() const { return impl_->summary(); }

@@ -5,10 +5,12 @@
 #include <map>
 #include <optional>
 
+#include "meridian/addresses.h"
 #include "meridian/compression.h"
 #include "meridian/config.h"
 #include "meridian/log.h"
 #include "meridian/message.h"
+#include "meridian/security.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
 #include "meridian/wan_presets.h"
@@ -43,6 +45,8 @@ struct Incoming {
   std::string routing_id;  // of the connection that said MIRROR_HELLO
   bool hello = false;
   bool final = false;
+  uint64_t bytes = 0;  // of its mirror messages (metrics)
+  uint64_t messages = 0;
 };
 
 // One encoded update: a slice and a payload frame per tensor that changed.
@@ -115,9 +119,11 @@ class SyncEngine::Impl {
       }
     }
 
-    const std::string bind = options_.mirror_bind.empty()
-                                 ? job_.site(site_index_).mirror_address()
-                                 : options_.mirror_bind;
+    const std::string bind =
+        options_.mirror_bind.empty()
+            ? BindEndpointFor(job_.site(site_index_).mirror_address())
+            : options_.mirror_bind;
+    MERIDIAN_RETURN_IF_ERROR(SecureMirror());
     try {
       mirror_.set(zmq::sockopt::linger, 0);
       mirror_.set(zmq::sockopt::router_mandatory, 1);
@@ -132,7 +138,7 @@ class SyncEngine::Impl {
       Channel channel;
       channel.site = peer;
       channel.name = job_.site(peer).name();
-      channel.endpoint = job_.site(peer).mirror_address();
+      channel.endpoint = PeerMirrorEndpoint(job_, site_index_, peer);
       channels_.push_back(std::move(channel));
       incoming_[job_.site(peer).name()] = Incoming{};
     }
@@ -148,9 +154,50 @@ class SyncEngine::Impl {
 
   const std::string& mirror_endpoint() const { return mirror_endpoint_; }
 
+  // With security.curve: loads the keys, starts the ZAP handler (before
+  // the mirror socket binds, so no connection is ever admitted without
+  // it) and makes the mirror socket a CURVE server. Channels become CURVE
+  // clients as they open. Without: says the links are plaintext.
+  Status SecureMirror() {
+    if (!job_.security().curve()) {
+      MLOG(WARNING) << "cross-site links are plaintext: security { curve: "
+                       "false }";
+      return Status::Ok();
+    }
+    const std::vector<int> peers = role_.Peers();
+    MERIDIAN_ASSIGN_OR_RETURN(
+        SiteCurveKeys keys,
+        LoadSiteCurveKeys(job_, site_index_, peers, options_.secret_key_file));
+    std::map<std::string, std::string> allowed;
+    for (const auto& [site, key] : keys.peers) allowed[key] = site;
+    MERIDIAN_ASSIGN_OR_RETURN(
+        zap_, ZapHandler::Start(*options_.context, std::move(allowed),
+                                "mirror socket of site '" + name_ + "'"));
+    MERIDIAN_RETURN_IF_ERROR(MakeCurveServer(mirror_, keys.own)
+                                 .WithContext("mirror socket of site '" +
+                                              name_ + "'"));
+    MLOG(INFO) << "CURVE on: links to and from " << PeerList()
+               << " are encrypted; admitting only their keys; this site's "
+                  "public key "
+               << keys.own.public_key;
+    curve_.emplace(std::move(keys));
+    return Status::Ok();
+  }
+
   std::vector<std::string> peers() const {
     std::vector<std::string> names;
     for (const Channel& channel : channels_) names.push_back(channel.name);
+    return names;
+  }
+
+  std::vector<std::string> silent_peers() const {
+    std::vector<std::string> names;
+    for (const Channel& channel : channels_) {
+      auto it = incoming_.find(channel.name);
+      if (it == incoming_.end() || !it->second.hello) {
+        names.push_back(channel.name + " (" + channel.endpoint + ")");
+      }
+    }
     return names;
   }
 
@@ -275,6 +322,26 @@ class SyncEngine::Impl {
   }
   int64_t slowest_peer_clock() const {
     return channels_.empty() ? local_clock_ : clocks_.Min();
+  }
+
+  std::vector<SyncEngine::PeerCounters> peer_counters() const {
+    std::map<std::string, SyncEngine::PeerCounters> peers;
+    for (const Channel& channel : channels_) {
+      peers[channel.name].bytes_sent = channel.bytes;
+    }
+    for (const auto& [site, in] : incoming_) {
+      SyncEngine::PeerCounters& peer = peers[site];
+      peer.bytes_received = in.bytes;
+      peer.messages_received = in.messages;
+      peer.connected = in.hello;
+      peer.clock = clocks_.ClockOf(site).value_or(0);
+    }
+    std::vector<SyncEngine::PeerCounters> out;
+    for (auto& [site, peer] : peers) {
+      peer.site = site;
+      out.push_back(std::move(peer));
+    }
+    return out;
   }
 
   pb::SyncSummary Summary() const {
@@ -424,6 +491,12 @@ class SyncEngine::Impl {
       // Never drop: while a link is slow or partitioned, updates wait in
       // the queue (the DS bound keeps it finite).
       socket->set(zmq::sockopt::sndhwm, 0);
+      if (curve_) {
+        const std::string& peer_key = curve_->peers.at(channel.name);
+        MERIDIAN_RETURN_IF_ERROR(
+            MakeCurveClient(*socket, curve_->own, peer_key)
+                .WithContext("channel to site '" + channel.name + "'"));
+      }
       socket->connect(channel.endpoint);
       channel.socket = std::move(socket);
     } catch (const zmq::error_t& error) {
@@ -778,7 +851,19 @@ class SyncEngine::Impl {
                      "'" + site + "' is not a site that '" + name_ +
                          "' syncs with (its peers: " + PeerList() + ")"});
     }
+    if (curve_ && message.user_id != site) {
+      // Any listed key is admitted; a peer may speak only for its own site.
+      return Refuse(message.routing_id, header,
+                    {pb::ERROR_UNKNOWN_SENDER,
+                     "a connection authenticated as site '" + message.user_id +
+                         "' sent a message as site '" + site + "'"});
+    }
     Incoming& in = it->second;
+    in.bytes += header.ByteSizeLong();
+    for (const zmq::message_t& frame : message.payload) {
+      in.bytes += frame.size();
+    }
+    ++in.messages;
     if (header.type() == pb::MIRROR_HELLO) {
       Result<ModelLayout> layout =
           ModelLayout::FromSpecs(header.mirror_hello().layout());
@@ -959,6 +1044,11 @@ class SyncEngine::Impl {
   BlockedKeys blocked_;
   pb::Endpoint self_;
 
+  // CURVE (security.curve): this site's keys and its peers' public keys,
+  // and the ZAP handler of the context that admits only those peers. The
+  // handler is declared before mirror_ so that it outlives the socket.
+  std::optional<SiteCurveKeys> curve_;
+  std::unique_ptr<ZapHandler> zap_;
   zmq::socket_t mirror_;
   std::string mirror_endpoint_;
   std::vector<Channel> channels_;
@@ -1019,6 +1109,9 @@ const std::string& SyncEngine::mirror_endpoint() const {
   return impl_->mirror_endpoint();
 }
 std::vector<std::string> SyncEngine::peers() const { return impl_->peers(); }
+std::vector<std::string> SyncEngine::silent_peers() const {
+  return impl_->silent_peers();
+}
 Status SyncEngine::SetPeerEndpoints(
     const std::map<std::string, std::string>& endpoints) {
   return impl_->SetPeerEndpoints(endpoints);
@@ -1047,5 +1140,8 @@ int64_t SyncEngine::slowest_peer_clock() const {
   return impl_->slowest_peer_clock();
 }
 pb::SyncSummary SyncEngine::Summary() const { return impl_->Summary(); }
+std::vector<SyncEngine::PeerCounters> SyncEngine::peer_counters() const {
+  return impl_->peer_counters();
+}
 
 }  // namespace meridian

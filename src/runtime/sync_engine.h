@@ -27,6 +27,9 @@ struct SyncEngineOptions {
   zmq::context_t* context = nullptr;   // not owned
   // Endpoint of the mirror socket; empty: the site's mirror_address.
   std::string mirror_bind;
+  // With security.curve on: the site's secret key file; empty: as
+  // SecretKeyPath (security.h) finds it ($MERIDIAN_SECRET_KEY, key_dir).
+  std::string secret_key_file;
   Clock* clock = SystemClock();
 };
 
@@ -44,6 +47,9 @@ class SyncEngine {
   const std::string& mirror_endpoint() const;
   // Sites this one exchanges messages with (by name).
   std::vector<std::string> peers() const;
+  // Peers that have not introduced themselves (MIRROR_HELLO) yet, each as
+  // "name (endpoint this site connects to)".
+  std::vector<std::string> silent_peers() const;
 
   // Overrides where to reach peers' mirror sockets (default: their
   // mirror_address in the job file). Unknown sites are an error.
@@ -86,6 +92,20 @@ class SyncEngine {
   uint64_t bytes_sent() const;
   int64_t slowest_peer_clock() const;
   pb::SyncSummary Summary() const;
+
+  // Per peer site (the cross-site link directions as this site sees
+  // them): bytes handed to the channel towards it, bytes (header + payload
+  // frames) of the mirror messages received from it once it is known, and
+  // its last announced clock. For the metrics endpoint.
+  struct PeerCounters {
+    std::string site;
+    uint64_t bytes_sent = 0;
+    uint64_t bytes_received = 0;
+    uint64_t messages_received = 0;
+    int64_t clock = 0;
+    bool connected = false;  // it introduced itself (MIRROR_HELLO)
+  };
+  std::vector<PeerCounters> peer_counters() const;
 
  private:
   class Impl;

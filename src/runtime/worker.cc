@@ -9,9 +9,11 @@
 #include <zmq.hpp>
 
 #include "meridian/clock.h"
+#include "meridian/addresses.h"
 #include "meridian/config.h"
 #include "meridian/dataset.h"
 #include "meridian/log.h"
+#include "meridian/metrics.h"
 #include "meridian/message.h"
 #include "meridian/model.h"
 #include "meridian/optimizer.h"
@@ -25,10 +27,16 @@ namespace {
 // gone. Barriers can legitimately hold a reply while slow peers catch up,
 // so this is generous.
 constexpr auto kReplyTimeout = std::chrono::seconds(120);
+// Backoff while the site server does not answer yet (it may start after
+// the worker when roles are started by hand or in containers).
+constexpr auto kFirstProbeWait = std::chrono::seconds(1);
+constexpr auto kMaxProbeWait = std::chrono::seconds(30);
 // Consecutive refused commits after which the worker gives up.
 constexpr int kMaxConsecutiveRejections = 5;
 // Smoothing of the reported training loss and commit overhead.
 constexpr double kEmaWeight = 0.1;
+// How often the training loop updates the metrics registry.
+constexpr double kMetricsPeriodS = 0.5;
 
 double Ema(double previous, double sample, bool first) {
   return first ? sample : (1 - kEmaWeight) * previous + kEmaWeight * sample;
@@ -65,10 +73,12 @@ class Worker::Impl {
   const pb::WorkerStats& stats() const { return stats_; }
 
   Status Run() {
+    MERIDIAN_RETURN_IF_ERROR(AwaitServer());
     MERIDIAN_RETURN_IF_ERROR(Join());
     while (true) {
       if (StopRequested()) return Leave("stop requested");
       const bool commit_now = TrainOneStep();
+      PublishMetrics();
       if (!commit_now) continue;
       Result<bool> keep_going = Commit();
       if (!keep_going.ok()) {
@@ -88,7 +98,7 @@ class Worker::Impl {
   // server_site names.
   std::string Endpoint() const {
     if (!options_.connect.empty()) return options_.connect;
-    return job_.site(ServingSite(job_, site_index_)).address();
+    return WorkerServerEndpoint(job_, site_index_);
   }
 
   pb::Endpoint Self() const {
@@ -109,6 +119,33 @@ class Worker::Impl {
     // workers, so a worker waits at least that long for its WELCOME.
     return std::chrono::milliseconds(
         static_cast<int64_t>((job_.server().join_timeout_s() + 30.0) * 1000));
+  }
+
+  // Probes the site server until it answers, waiting 1, 2, 4 ... 30 s for
+  // each answer and logging every miss; any reply (even an ERROR) means it
+  // is up. Returns Cancelled when a stop is requested meanwhile.
+  Status AwaitServer() {
+    std::chrono::milliseconds wait = kFirstProbeWait;
+    for (int attempt = 1;; ++attempt) {
+      pb::Header probe;
+      probe.set_type(pb::STATUS_REQUEST);
+      Result<Envelope> reply = client_.Call(probe, {}, wait);
+      if (reply.ok()) {
+        if (attempt > 1) MLOG(INFO) << "site server at " << Endpoint() << " is up";
+        return Status::Ok();
+      }
+      if (reply.status().code() == StatusCode::kCancelled || StopRequested()) {
+        return CancelledError("stopped while waiting for the site server");
+      }
+      const auto next = std::min<std::chrono::milliseconds>(wait * 2,
+                                                             kMaxProbeWait);
+      MLOG(WARNING) << "waiting for site server '"
+                    << job_.site(ServingSite(job_, site_index_)).name()
+                    << "' at " << Endpoint() << ": no answer within "
+                    << wait.count() / 1000.0 << " s (attempt " << attempt
+                    << "; next wait " << next.count() / 1000.0 << " s)";
+      wait = next;
+    }
   }
 
   Status Join() {
@@ -322,6 +359,63 @@ class Worker::Impl {
 
   zmq::context_t context_;
   RpcClient client_;
+
+  // Metrics endpoint (off unless asked for): the training loop publishes,
+  // the server's thread renders.
+  MetricsRegistry metrics_registry_;
+  std::unique_ptr<MetricsServer> metrics_server_;
+  double metrics_last_s_ = -1;
+  uint64_t metrics_last_steps_ = 0;
+
+ public:
+  void StartMetrics() {
+    metrics_server_ = StartMetricsServerOrWarn(
+        &metrics_registry_, options_.metrics_address,
+        "worker " + std::to_string(options_.index) + " of site '" +
+            site_config_.name() + "'");
+  }
+
+ private:
+  // Copies the worker's statistics into the registry, every
+  // kMetricsPeriodS at most.
+  void PublishMetrics() {
+    if (!metrics_server_) return;
+    const double now = clock_->NowSeconds();
+    if (metrics_last_s_ >= 0 && now - metrics_last_s_ < kMetricsPeriodS) {
+      return;
+    }
+    const MetricLabels labels = {{"site", site_config_.name()},
+                                 {"worker", std::to_string(options_.index)}};
+    MetricsRegistry& r = metrics_registry_;
+    r.Counter("meridian_worker_steps_total", "Local SGD steps", labels)
+        ->Set(static_cast<double>(stats_.steps()));
+    r.Counter("meridian_worker_commits_total", "Commits answered", labels)
+        ->Set(static_cast<double>(stats_.commits()));
+    if (metrics_last_s_ >= 0 && now > metrics_last_s_) {
+      r.Gauge("meridian_worker_samples_per_second",
+              "Training samples per second since the previous update",
+              labels)
+          ->Set(static_cast<double>(stats_.steps() - metrics_last_steps_) *
+                static_cast<double>(batch_labels_.size()) /
+                (now - metrics_last_s_));
+    }
+    r.Gauge("meridian_worker_loss", "Training loss (moving average)", labels)
+        ->Set(stats_.last_loss());
+    r.Counter("meridian_worker_compute_seconds_total",
+              "Seconds computing gradients and steps", labels)
+        ->Set(stats_.compute_s());
+    r.Counter("meridian_worker_device_wait_seconds_total",
+              "Seconds waiting out an emulated device's step time", labels)
+        ->Set(stats_.device_wait_s());
+    r.Counter("meridian_worker_blocked_seconds_total",
+              "Seconds waiting for commit answers", labels)
+        ->Set(stats_.blocked_s());
+    r.Gauge("meridian_worker_commit_round_trip_seconds",
+            "Commit round trip (moving average)", labels)
+        ->Set(stats_.commit_overhead_s());
+    metrics_last_s_ = now;
+    metrics_last_steps_ = stats_.steps();
+  }
 };
 
 Result<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
@@ -353,6 +447,7 @@ Result<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
       MakeModel(job.model(), static_cast<int>(raw.train_images.dim()), 10));
   auto impl = std::make_unique<Impl>(std::move(options), site_index,
                                      std::move(data), std::move(model));
+  impl->StartMetrics();
   return std::unique_ptr<Worker>(new Worker(std::move(impl)));
 }
 

@@ -8,6 +8,8 @@
 //  - the per-call return values add up to messages();
 //  - the counts agree with a simple whole-buffer reference parser;
 //  - messages <= frames, and once a stream is not ZMTP it stays so;
+//  - a MESSAGE command (CURVE's encrypted frame) counts as a frame and a
+//    message, any other command as a command;
 //  - skipping opaque bytes (SkipOpaque, as the zero-copy path does) counts
 //    the same as consuming them.
 
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -70,8 +73,16 @@ Counts Reference(const uint8_t* data, size_t size) {
       return c;
     }
     if (length > size - pos) return c;  // body cut off
+    // A command whose name is MESSAGE carries one encrypted frame (CURVE):
+    // a frame and a message.
+    const bool message_command =
+        (flags & 0x04) && length >= 8 &&
+        std::memcmp(data + pos, "\x07MESSAGE", 8) == 0;
     pos += static_cast<size_t>(length);
-    if (flags & 0x04) {
+    if (message_command) {
+      ++c.frames;
+      ++c.messages;
+    } else if (flags & 0x04) {
       ++c.commands;
     } else {
       ++c.frames;

@@ -24,6 +24,18 @@ std::string WriteText(const std::string& text) {
   return path;
 }
 
+// A valid two-worker job on generated data; empty on failure.
+std::string WriteSmallJob() {
+  const std::string data = testing::MakeTempDir("cli-data");
+  testing::SyntheticDataOptions options;
+  options.train_samples = 100;
+  options.test_samples = 20;
+  if (!testing::WriteSyntheticIdx(data, options).ok()) return "";
+  const std::string path = testing::MakeTempDir("cli-job") + "/job.pbtxt";
+  if (!testing::WriteJobFile(testing::SmallJob(data, 2), path).ok()) return "";
+  return path;
+}
+
 class ShippedConfigTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ShippedConfigTest, Validates) {
@@ -154,13 +166,8 @@ TEST(CliTest, MissingDataDirectoryIsNamed) {
 }
 
 TEST(CliTest, UnknownSiteAndWorkerAreNamed) {
-  const std::string data = testing::MakeTempDir("cli-data");
-  testing::SyntheticDataOptions options;
-  options.train_samples = 100;
-  options.test_samples = 20;
-  ASSERT_TRUE(testing::WriteSyntheticIdx(data, options).ok());
-  const std::string path = testing::MakeTempDir("cli-job") + "/job.pbtxt";
-  ASSERT_TRUE(testing::WriteJobFile(testing::SmallJob(data, 2), path).ok());
+  const std::string path = WriteSmallJob();
+  ASSERT_FALSE(path.empty());
   CommandResult result =
       Meridian("worker --config " + path + " --site nowhere --index 0");
   EXPECT_EQ(result.exit_code, 1) << result.output;
@@ -171,6 +178,29 @@ TEST(CliTest, UnknownSiteAndWorkerAreNamed) {
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_NE(result.output.find("no worker 7"), std::string::npos)
       << result.output;
+}
+
+TEST(CliTest, BadAddressOverridesAndLinksAreNamed) {
+  const std::string path = WriteSmallJob();
+  ASSERT_FALSE(path.empty());
+
+  CommandResult result = testing::RunCommand(
+      "MERIDIAN_SITE_SITE_A_ADDRESS=10.0.0.1:7100 " +
+      std::string(MERIDIAN_BINARY) + " validate " + path);
+  EXPECT_FALSE(result.crashed);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("MERIDIAN_SITE_SITE_A_ADDRESS"),
+            std::string::npos)
+      << result.output;
+
+  result = Meridian("wanem --config " + path + " --link site-a-nowhere");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("site-a-nowhere"), std::string::npos)
+      << result.output;
+  result = Meridian("wanem --listen 127.0.0.1:0 --forward 127.0.0.1:1 "
+                    "--link a-b");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("--link"), std::string::npos) << result.output;
 }
 
 TEST(CliTest, BadCommandLinesAreUsageErrors) {

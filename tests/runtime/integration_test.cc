@@ -285,6 +285,8 @@ TEST_F(IntegrationTest, ThreeSitesThroughWanemConvergeAndCountEveryByte) {
   }
   EXPECT_GT(report.wan_reduction(), 1.0);
   EXPECT_EQ(CountProcesses(path), 0);
+  // Under CURVE the children run the launcher's derived job file.
+  EXPECT_EQ(CountProcesses(out + "/job.pbtxt"), 0) << "orphaned children";
 }
 
 

@@ -35,6 +35,8 @@ class MirrorInputTest : public ::testing::Test {
     b->add_workers()->set_count(1);
     job_.mutable_server()->set_eval_period_s(30);
     job_.set_time_budget_s(60);
+    // Plaintext: the test is the peer (CURVE: secure_sync_test.cc).
+    job_.mutable_security()->set_curve(false);
     ASSERT_TRUE(ValidateJobConfig(job_).empty());
     SiteServerOptions options_a;
     options_a.job = job_;

@@ -16,6 +16,7 @@
 #include "meridian/site_server.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
+#include "testing/scripted_worker.h"
 #include "testing/test_data.h"
 
 namespace meridian {
@@ -56,6 +57,8 @@ class SyncConservationTest : public ::testing::TestWithParam<Topology> {
     }
     job.set_time_budget_s(120);
     job.mutable_server()->set_eval_period_s(30);
+    // Plaintext (the same over CURVE: secure_sync_test.cc).
+    job.mutable_security()->set_curve(false);
     pb::SyncConfig* sync = job.mutable_sync();
     sync->set_kind(pb::GAIA);
     sync->set_threshold(0.3);  // most changes wait, some go
@@ -83,61 +86,6 @@ class SyncConservationTest : public ::testing::TestWithParam<Topology> {
 
 std::string* SyncConservationTest::data_dir_ = nullptr;
 
-pb::Endpoint WorkerOf(const std::string& site) {
-  pb::Endpoint self;
-  self.set_site(site);
-  self.set_role(pb::ROLE_WORKER);
-  self.set_id(0);
-  return self;
-}
-
-// Joins, commits kCommits pseudo-random updates (recording their sum) and
-// leaves.
-Status RunScriptedWorker(zmq::context_t& context, const std::string& endpoint,
-                         const std::string& site, const ModelLayout& layout,
-                         uint64_t seed, std::vector<double>* sum) {
-  RpcClient client(context, endpoint, WorkerOf(site));
-  pb::Header hello;
-  hello.set_type(pb::HELLO);
-  hello.mutable_hello()->set_worker_index(0);
-  layout.ToSpecs(hello.mutable_hello()->mutable_layout());
-  MERIDIAN_ASSIGN_OR_RETURN(Envelope reply, client.Call(hello, {}, kTimeout));
-  if (reply.header.type() != pb::WELCOME) {
-    return InternalError("no WELCOME: " + DescribeHeader(reply.header));
-  }
-  uint64_t version = reply.header.welcome().model_version();
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.01f);
-  sum->assign(layout.num_elements(), 0.0);
-  for (int c = 0; c < kCommits; ++c) {
-    pb::Header commit;
-    commit.set_type(pb::COMMIT);
-    AddLayoutSlices(layout, &commit);
-    commit.mutable_commit()->set_base_version(version);
-    commit.mutable_commit()->set_local_steps(1);
-    std::vector<zmq::message_t> frames;
-    for (const TensorInfo& tensor : layout.tensors()) {
-      std::vector<float> values(tensor.size);
-      for (uint64_t k = 0; k < tensor.size; ++k) {
-        // Sparse-ish: most elements do not change in a given commit.
-        values[k] = (rng() % 4 == 0) ? normal(rng) : 0.0f;
-        (*sum)[tensor.offset + k] += values[k];
-      }
-      frames.push_back(CopyFloatFrame(values));
-    }
-    MERIDIAN_ASSIGN_OR_RETURN(reply,
-                              client.Call(commit, std::move(frames), kTimeout));
-    if (reply.header.type() != pb::MODEL) {
-      return InternalError("commit refused: " + DescribeHeader(reply.header) +
-                           " " + reply.header.error().message());
-    }
-    version = reply.header.model().version();
-  }
-  pb::Header bye;
-  bye.set_type(pb::BYE);
-  bye.mutable_bye();
-  return client.Call(bye, {}, kTimeout).status();
-}
 
 TEST_P(SyncConservationTest, EverySiteEndsWithEveryUpdateOnce) {
   const Topology topology = GetParam();
@@ -186,8 +134,9 @@ TEST_P(SyncConservationTest, EverySiteEndsWithEveryUpdateOnce) {
   for (size_t s = 0; s < servers.size(); ++s) {
     workers.emplace_back([&, s] {
       worker_status[s] =
-          RunScriptedWorker(context, servers[s]->endpoint(), job.site(s).name(),
-                            layout, 1000 + s, &sums[s]);
+          testing::RunScriptedWorker(context, servers[s]->endpoint(),
+                                     job.site(s).name(), layout, kCommits,
+                                     1000 + s, &sums[s], kTimeout);
     });
   }
   for (std::thread& t : workers) t.join();

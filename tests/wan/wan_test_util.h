@@ -26,22 +26,17 @@ inline double SecondsSince(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
-// A listening socket on 127.0.0.1 with a free port.
+// A listening socket on 127.0.0.1 with a free port (-1 / 0 when the
+// machine has none to give).
 struct Listener {
   int fd = -1;
   int port = 0;
   Listener() {
-    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    ::listen(fd, 16);
-    socklen_t len = sizeof(addr);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    port = ntohs(addr.sin_port);
+    Result<int> listening = ListenTcp(HostPort{"127.0.0.1", 0});
+    if (!listening.ok()) return;
+    fd = *listening;
+    Result<std::string> local = LocalAddress(fd);
+    if (local.ok()) port = std::stoi(local->substr(local->rfind(':') + 1));
   }
   ~Listener() {
     if (fd >= 0) ::close(fd);
@@ -64,22 +59,13 @@ inline int DeadPort() {
   return port;
 }
 
+// A connected socket (TCP_NODELAY) to "host:port"; -1 when nothing
+// listens there.
 inline int Connect(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  const std::string host = address.substr(0, colon);
-  const int port = std::stoi(address.substr(colon + 1));
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
+  Result<HostPort> parsed = ParseHostPort(address, /*allow_port_zero=*/false);
+  if (!parsed.ok()) return -1;
+  Result<int> fd = ConnectTcp(*parsed, std::chrono::seconds(5));
+  return fd.ok() ? *fd : -1;
 }
 
 // Sends all of `data`.

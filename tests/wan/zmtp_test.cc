@@ -146,5 +146,57 @@ TEST(ZmtpTest, HugeDeclaredFrameOnlyWaitsForBytes) {
   EXPECT_TRUE(counter.is_zmtp());
 }
 
+// A CURVE stream: handshake commands, then one MESSAGE command per frame
+// (flags encrypted). Each MESSAGE counts as a frame and a message; other
+// commands (including one named like MESSAGE but not it) as commands; a
+// MESSAGE command split anywhere, or skipped unseen after its name, counts
+// the same.
+TEST(ZmtpTest, CurveMessageCommandsCountOncePerFrame) {
+  std::string s = Greeting();
+  s.replace(12, 5, "CURVE");
+  s += Frame("\x05HELLO" + std::string(194, '\0'), false, true);
+  s += Frame("\x08INITIATE" + std::string(300, 'i'), false, true);
+  s += Frame("\x07MESSAGX" + std::string(40, 'm'), false, true);  // not it
+  s += Frame("\x07MESSAG", false, true);  // too short to be a MESSAGE
+  for (int i = 0; i < 5; ++i) {
+    s += Frame("\x07MESSAGE" + std::string(8 + 17 + 100 * i, 'c'), false,
+               true, /*force_long=*/i == 4);
+  }
+  s += Frame("\x07MESSAGE" + std::string(70000, 'c'), false, true);  // long
+  for (size_t step : {1u, 3u, 8u, 9u, 64u, 100000u}) {
+    ZmtpCounter counter;
+    uint64_t total = 0;
+    for (size_t pos = 0; pos < s.size(); pos += step) {
+      const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+      total += counter.Consume({p + pos, std::min(step, s.size() - pos)});
+    }
+    EXPECT_EQ(total, 6u) << "step " << step;
+    EXPECT_EQ(counter.frames(), 6u);
+    EXPECT_EQ(counter.commands(), 4u);
+    EXPECT_EQ(counter.bytes(), s.size());
+    EXPECT_TRUE(counter.is_zmtp());
+  }
+  // The name is framing; the ciphertext after it may be skipped unseen.
+  ZmtpCounter skipping;
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  size_t pos = 0;
+  uint64_t total = 0;
+  while (pos < s.size()) {
+    const uint64_t opaque = skipping.OpaqueBytesAhead();
+    if (opaque > 0) {
+      const size_t n = static_cast<size_t>(
+          std::min<uint64_t>(opaque, s.size() - pos));
+      total += skipping.SkipOpaque(n);
+      pos += n;
+    } else {
+      total += skipping.Consume({p + pos, 1});
+      ++pos;
+    }
+  }
+  EXPECT_EQ(total, 6u);
+  EXPECT_EQ(skipping.commands(), 4u);
+  EXPECT_EQ(skipping.bytes(), s.size());
+}
+
 }  // namespace
 }  // namespace meridian::wan

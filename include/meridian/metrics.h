@@ -1,0 +1,151 @@
+// Process metrics: a thread-safe registry of named counters and gauges with
+// labels, rendered in the Prometheus text exposition format (version 0.0.4),
+// and a small HTTP server (cpp-httplib) that serves it at GET /metrics.
+//
+// A role keeps a MetricsRegistry, takes a MetricCell* for every series it
+// exports once, and updates the cells from its own threads (a relaxed atomic
+// store: cheap enough for an event loop). The server renders the registry
+// on its own thread at every scrape. Every metric name starts with
+// "meridian_"; counters end in "_total".
+#ifndef MERIDIAN_METRICS_H_
+#define MERIDIAN_METRICS_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "meridian/status.h"
+
+namespace meridian {
+
+// Label name -> value, in the order given (rendered sorted by name).
+using MetricLabels = std::vector<std::pair<std::string, std::string>>;
+
+enum class MetricType { kCounter, kGauge };
+
+// One time series. Set/Add are safe from any thread; readers see each
+// update whole.
+class MetricCell {
+ public:
+  void Set(double value) { value_.store(value, std::memory_order_relaxed); }
+  void Add(double delta);
+  double value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<double> value_{0};
+};
+
+class MetricsRegistry {
+ public:
+  MetricsRegistry() = default;
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  // The cell of series (name, labels), created (at 0) on first use. The
+  // first call for a name fixes the family's help text and type. Characters
+  // a Prometheus name may not hold become '_' (metric names:
+  // [a-zA-Z_:][a-zA-Z0-9_:]*, label names: [a-zA-Z_][a-zA-Z0-9_]*); label
+  // values are free text (escaped when rendered). The pointer stays valid as
+  // long as the registry. Thread-safe.
+  MetricCell* Counter(std::string_view name, std::string_view help,
+                      const MetricLabels& labels = {});
+  MetricCell* Gauge(std::string_view name, std::string_view help,
+                    const MetricLabels& labels = {});
+
+  // Text exposition format: per family (sorted by name) "# HELP", "# TYPE"
+  // and one line per series (sorted by labels). Thread-safe.
+  std::string RenderText() const;
+
+ private:
+  struct Family {
+    std::string help;
+    MetricType type = MetricType::kGauge;
+    // Rendered label set ("{a=\"x\"}" or "") -> cell.
+    std::map<std::string, std::unique_ptr<MetricCell>> series;
+  };
+  MetricCell* Get(std::string_view name, std::string_view help, MetricType type,
+                  const MetricLabels& labels);
+
+  mutable std::mutex mu_;
+  std::map<std::string, Family> families_;
+};
+
+// Escapes a label value for the text format: backslash, double quote and
+// newline become \\, \" and \n.
+std::string EscapeLabelValue(std::string_view value);
+// A metric value as the text format writes it: the shortest decimal that
+// reads back exactly, "NaN", "+Inf" or "-Inf".
+std::string FormatMetricValue(double value);
+
+// One line of a scrape.
+struct MetricSample {
+  std::string name;
+  MetricLabels labels;
+  double value = 0;
+  // The value of label `key`, or "" when absent.
+  std::string Label(std::string_view key) const;
+};
+
+// Parses the text exposition format (comment lines skipped, timestamps
+// ignored). Errors name the line and what is wrong with it.
+Result<std::vector<MetricSample>> ParseMetricsText(std::string_view text);
+
+// A metrics endpoint address "HOST:PORT" ("http://" and a trailing
+// "/metrics" are accepted and dropped). HOST "*" means every interface
+// (0.0.0.0); PORT 0 asks for any free port.
+struct MetricsAddress {
+  std::string host;
+  int port = 0;
+  std::string ToString() const;  // "host:port"
+};
+Result<MetricsAddress> ParseMetricsAddress(std::string_view text);
+
+// Serves GET /metrics (the registry's RenderText) and 404 on any other
+// path, on a background thread, until Stop() or destruction.
+class MetricsServer {
+ public:
+  // Binds `address` (ParseMetricsAddress) and starts serving. Errors: a
+  // malformed address (InvalidArgument) or one that cannot be bound, e.g.
+  // in use (Unavailable, naming the address). `registry` must outlive the
+  // server.
+  static Result<std::unique_ptr<MetricsServer>> Start(
+      const MetricsRegistry* registry, std::string_view address);
+  ~MetricsServer();
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+  // Stops accepting and joins the serving thread. Idempotent.
+  void Stop();
+  // The bound "host:port" (the port resolved when 0 was asked for).
+  const std::string& address() const;
+  // "http://host:port/metrics", 0.0.0.0 shown as 127.0.0.1.
+  std::string url() const;
+
+ private:
+  class Impl;
+  explicit MetricsServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Starts a server for a role when `address` is set ("" or "none": no
+// endpoint, returns null). A failure is logged as a warning naming `who`
+// and the address, and returns null: a role runs on without metrics rather
+// than fail.
+std::unique_ptr<MetricsServer> StartMetricsServerOrWarn(
+    const MetricsRegistry* registry, std::string_view address,
+    std::string_view who);
+
+// GET http://<address>/metrics, waiting at most `timeout_s` to connect and
+// as long for the answer. Errors: unreachable (Unavailable), an HTTP status
+// other than 200 (DataLoss), a malformed address (InvalidArgument).
+Result<std::string> FetchMetricsText(std::string_view address,
+                                     double timeout_s);
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_METRICS_H_

@@ -1,0 +1,655 @@
+#include "meridian/plots.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "meridian/meridian.pb.h"
+#include "meridian/report.h"
+#include "runtime/process.h"
+
+namespace meridian {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr auto kGnuplotTimeout = std::chrono::seconds(120);
+constexpr const char* kGnuplotPackage = "gnuplot-nox";
+
+struct EvalRow {
+  std::string site;
+  double t_s = 0;
+  double accuracy = 0;
+};
+
+struct TrafficRow {
+  double t_s = 0;
+  std::string from;
+  std::string to;
+  double bytes = 0;  // delivered so far (a cumulative counter)
+};
+
+struct Run {
+  std::string dir;
+  std::string label;
+  pb::RunReport report;
+  std::vector<EvalRow> timeline;
+  std::vector<TrafficRow> traffic;
+  // traffic.csv time of the start of training (see plots.h).
+  double traffic_offset_s = 0;
+  double first_bytes_t_s = 0;  // traffic.csv time of the first bytes
+  bool has_traffic = false;
+};
+
+std::vector<std::string> SplitCsv(const std::string& line) {
+  std::vector<std::string> fields;
+  std::string field;
+  std::istringstream in(line);
+  while (std::getline(in, field, ',')) fields.push_back(field);
+  if (!line.empty() && line.back() == ',') fields.emplace_back();
+  return fields;
+}
+
+bool ParseNumber(const std::string& text, double* value) {
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  const auto [ptr, error] = std::from_chars(begin, end, *value);
+  return !text.empty() && error == std::errc() && ptr == end &&
+         std::isfinite(*value);
+}
+
+// Reads a CSV file whose header starts with `columns`; calls `row` with
+// each line's fields (at least columns.size() of them). Errors name the
+// file and line.
+Status ReadCsv(
+    const std::string& path, const std::vector<std::string>& columns,
+    const std::function<Status(const std::vector<std::string>&)>& row) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("cannot read '" + path + "'");
+  std::string expected;
+  for (const std::string& column : columns) {
+    expected += (expected.empty() ? "" : ",") + column;
+  }
+  std::string line;
+  int number = 0;
+  auto bad = [&](const std::string& why) {
+    return InvalidArgumentError("'" + path + "' line " +
+                                std::to_string(number) + ": " + why);
+  };
+  while (std::getline(in, line)) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (number == 1) {
+      if (line.rfind(expected, 0) != 0) {
+        return bad("expected a header starting with '" + expected + "', got '" +
+                   line.substr(0, 80) + "'");
+      }
+      continue;
+    }
+    if (line.empty()) continue;
+    const std::vector<std::string> fields = SplitCsv(line);
+    if (fields.size() < columns.size()) {
+      return bad("expected " + std::to_string(columns.size()) +
+                 " or more fields (" + expected + "), got '" +
+                 line.substr(0, 80) + "'");
+    }
+    if (Status status = row(fields); !status.ok()) {
+      return bad(status.message() + " in '" + line.substr(0, 80) + "'");
+    }
+  }
+  if (number == 0) {
+    return InvalidArgumentError("'" + path + "' is empty (expected a header '" +
+                                expected + "')");
+  }
+  return Status::Ok();
+}
+
+Status ReadTimeline(const std::string& path, std::vector<EvalRow>* rows) {
+  return ReadCsv(path, {"site", "t_s", "accuracy"},
+                 [&](const std::vector<std::string>& f) {
+                   EvalRow row;
+                   row.site = f[0];
+                   if (row.site.empty()) return InvalidArgumentError("no site");
+                   if (!ParseNumber(f[1], &row.t_s)) {
+                     return InvalidArgumentError("t_s is not a number");
+                   }
+                   if (!ParseNumber(f[2], &row.accuracy)) {
+                     return InvalidArgumentError("accuracy is not a number");
+                   }
+                   rows->push_back(std::move(row));
+                   return Status::Ok();
+                 });
+}
+
+Status ReadTraffic(const std::string& path, std::vector<TrafficRow>* rows) {
+  return ReadCsv(path, {"t_s", "link", "from_site", "to_site", "bytes"},
+                 [&](const std::vector<std::string>& f) {
+                   TrafficRow row;
+                   if (!ParseNumber(f[0], &row.t_s)) {
+                     return InvalidArgumentError("t_s is not a number");
+                   }
+                   row.from = f[2];
+                   row.to = f[3];
+                   if (!ParseNumber(f[4], &row.bytes)) {
+                     return InvalidArgumentError("bytes is not a number");
+                   }
+                   rows->push_back(std::move(row));
+                   return Status::Ok();
+                 });
+}
+
+// Total bytes per sample time, in time order.
+std::vector<std::pair<double, double>> TotalBytes(const Run& run) {
+  std::map<double, double> total;
+  for (const TrafficRow& row : run.traffic) total[row.t_s] += row.bytes;
+  return {total.begin(), total.end()};
+}
+
+// Cumulative WAN bytes at `t_s` of training (linear between samples).
+double BytesAt(const std::vector<std::pair<double, double>>& total,
+               double offset_s, double t_s) {
+  if (total.empty()) return 0;
+  const double t = t_s + offset_s;
+  if (t <= total.front().first) return total.front().second;
+  for (size_t i = 1; i < total.size(); ++i) {
+    if (t <= total[i].first) {
+      const auto& [t0, b0] = total[i - 1];
+      const auto& [t1, b1] = total[i];
+      return t1 > t0 ? b0 + (b1 - b0) * (t - t0) / (t1 - t0) : b1;
+    }
+  }
+  return total.back().second;
+}
+
+Result<Run> LoadRun(const std::string& dir) {
+  Run run;
+  run.dir = dir;
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) {
+    return NotFoundError("'" + dir + "' is not a run directory");
+  }
+  MERIDIAN_RETURN_IF_ERROR(ReadJsonFile(dir + "/report.json", &run.report));
+  const std::string timeline = dir + "/timeline.csv";
+  if (fs::exists(timeline, error)) {
+    MERIDIAN_RETURN_IF_ERROR(ReadTimeline(timeline, &run.timeline));
+  } else {
+    // The same evaluations are in the report.
+    for (const pb::SiteSummary& site : run.report.sites()) {
+      for (const pb::EvalPoint& point : site.timeline()) {
+        run.timeline.push_back({site.name(), point.t_s(), point.accuracy()});
+      }
+    }
+  }
+  const std::string traffic = dir + "/traffic.csv";
+  if (fs::exists(traffic, error)) {
+    MERIDIAN_RETURN_IF_ERROR(ReadTraffic(traffic, &run.traffic));
+  }
+  const auto total = TotalBytes(run);
+  for (size_t i = 0; i < total.size(); ++i) {
+    if (total[i].second > 0) {
+      run.has_traffic = true;
+      run.first_bytes_t_s = total[i].first;
+      run.traffic_offset_s =
+          i == 0 ? total[i].first : (total[i - 1].first + total[i].first) / 2;
+      break;
+    }
+  }
+  return run;
+}
+
+// A double-quoted gnuplot string.
+std::string Quote(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string Fmt(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", value);
+  return buf;
+}
+
+// A data file of blocks (gnuplot's `index`) and the plot clauses that
+// draw them.
+class Blocks {
+ public:
+  explicit Blocks(std::string file) : file_(std::move(file)) {}
+  // Starts a block drawn `style` with legend `title`.
+  void Begin(const std::string& title, const std::string& style,
+             const std::string& columns = "1:2") {
+    if (count_ > 0) data_ += "\n\n";
+    data_ += "# " + title + "\n";
+    clauses_.push_back(Quote(file_) + " index " + std::to_string(count_) +
+                       " using " + columns + " " + style + " title " +
+                       Quote(title));
+    ++count_;
+  }
+  void Row(const std::string& row) { data_ += row + "\n"; }
+  int count() const { return count_; }
+  const std::string& file() const { return file_; }
+  const std::string& data() const { return data_; }
+  // "plot a, b, ..." for the blocks [first, last) (last < 0: to the end).
+  std::string Plot(int first = 0, int last = -1) const {
+    if (last < 0 || last > count_) last = count_;
+    std::string out = "plot ";
+    for (int i = first; i < last; ++i) {
+      out += (i > first ? ", \\\n     " : "") + clauses_[i];
+    }
+    return out + "\n";
+  }
+
+ private:
+  std::string file_;
+  std::string data_;
+  std::vector<std::string> clauses_;
+  int count_ = 0;
+};
+
+Status WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.flush();
+  if (!out) return InvalidArgumentError("cannot write '" + path + "'");
+  return Status::Ok();
+}
+
+std::string Terminal(int width, int height) {
+  return "set terminal pngcairo noenhanced size " + std::to_string(width) +
+         "," + std::to_string(height) + " font \",11\"\n";
+}
+
+// Resolves the gnuplot executable; "" when there is none.
+std::string FindExecutable(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    return ::access(name.c_str(), X_OK) == 0 ? name : "";
+  }
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    if (dir.empty()) continue;
+    const std::string candidate = dir + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// Line colour `colour` (gnuplot's first eight linetypes, cycling) and dash
+// type `dash`.
+std::string LineStyle(size_t colour, size_t dash) {
+  return "lc " + std::to_string(colour % 8 + 1) + " dt " +
+         std::to_string(dash % 5 + 1);
+}
+
+struct Plot {
+  std::string png;
+  std::string description;
+};
+
+}  // namespace
+
+Result<PlotResult> RenderReport(const PlotOptions& options) {
+  if (options.run_dirs.empty()) {
+    return InvalidArgumentError("no run directories given");
+  }
+  std::vector<Run> runs;
+  for (const std::string& dir : options.run_dirs) {
+    MERIDIAN_ASSIGN_OR_RETURN(Run run, LoadRun(dir));
+    runs.push_back(std::move(run));
+  }
+  // Legends: the directory's name, or the path as given when two agree.
+  std::map<std::string, int> seen;
+  for (Run& run : runs) {
+    run.label = fs::path(run.dir).lexically_normal().filename().string();
+    if (run.label.empty()) {
+      run.label = fs::path(run.dir)
+                      .lexically_normal()
+                      .parent_path()
+                      .filename()
+                      .string();
+    }
+    if (run.label.empty()) run.label = run.dir;
+    ++seen[run.label];
+  }
+  for (Run& run : runs) {
+    if (seen[run.label] > 1) run.label = run.dir;
+  }
+  const bool many = runs.size() > 1;
+
+  PlotResult result;
+  result.out_dir =
+      options.out_dir.empty() ? runs.front().dir + "/plots" : options.out_dir;
+  std::error_code error;
+  fs::create_directories(result.out_dir, error);
+  if (error || !fs::is_directory(result.out_dir)) {
+    return InvalidArgumentError("cannot create output directory '" +
+                                result.out_dir + "'");
+  }
+  const std::string out = result.out_dir + "/";
+
+  std::string script =
+      "# Meridian report plots: run `gnuplot plots.gp` in this directory.\n"
+      "set encoding utf8\nset grid\nset key outside right top\n"
+      "# Eight well-separated colours (matplotlib's tab10).\n"
+      "set linetype 1 lc rgb \"#1f77b4\"\nset linetype 2 lc rgb \"#ff7f0e\"\n"
+      "set linetype 3 lc rgb \"#2ca02c\"\nset linetype 4 lc rgb \"#d62728\"\n"
+      "set linetype 5 lc rgb \"#9467bd\"\nset linetype 6 lc rgb \"#8c564b\"\n"
+      "set linetype 7 lc rgb \"#e377c2\"\nset linetype 8 lc rgb \"#7f7f7f\"\n"
+      "set linetype cycle 8\n";
+  std::vector<Plot> plots;
+  std::vector<std::string> notes;
+
+  // Accuracy over training time, per site.
+  {
+    Blocks blocks("accuracy_vs_time.dat");
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const Run& run = runs[r];
+      std::map<std::string, std::vector<const EvalRow*>> by_site;
+      std::vector<std::string> order;
+      for (const EvalRow& row : run.timeline) {
+        if (by_site[row.site].empty()) order.push_back(row.site);
+        by_site[row.site].push_back(&row);
+      }
+      for (size_t i = 0; i < order.size(); ++i) {
+        const std::string& site = order[i];
+        // Several runs: a colour per run, a dash type per site.
+        blocks.Begin(many ? run.label + ": " + site : site,
+                     "with linespoints pt 7 ps 0.5 lw 2 " +
+                         (many ? LineStyle(r, i) : LineStyle(i, 0)));
+        for (const EvalRow* row : by_site[site]) {
+          blocks.Row(Fmt(row->t_s) + " " + Fmt(row->accuracy));
+        }
+      }
+    }
+    if (blocks.count() > 0) {
+      MERIDIAN_RETURN_IF_ERROR(WriteText(out + blocks.file(), blocks.data()));
+      script += "\n# Test accuracy per site over training time\n" +
+                Terminal(1100, 650) +
+                "set output \"accuracy_vs_time.png\"\n"
+                "set title \"Test accuracy per site\"\n"
+                "set xlabel \"training time (s)\"\n"
+                "set ylabel \"test accuracy (fraction correct)\"\n"
+                "unset logscale x\nset xrange [0:*]\nset autoscale xfixmax\n"
+                "set yrange [*:*]\nset format x \"%g\"\n" +
+                blocks.Plot();
+      plots.push_back({"accuracy_vs_time.png",
+                       "test accuracy of every site over training time"});
+    } else {
+      notes.push_back("No evaluations in the runs: no accuracy plots.");
+    }
+  }
+
+  // Cumulative WAN bytes per link direction, a panel per run with traffic.
+  std::vector<const Run*> with_traffic;
+  for (const Run& run : runs) {
+    if (run.has_traffic) {
+      with_traffic.push_back(&run);
+    } else {
+      notes.push_back("Run " + run.label +
+                      " has no WAN traffic (no traffic.csv, or no bytes in "
+                      "it): it is left out of the WAN plots.");
+    }
+  }
+  if (!with_traffic.empty()) {
+    Blocks blocks("wan_bytes_vs_time.dat");
+    std::vector<int> first_block;
+    for (const Run* run : with_traffic) {
+      first_block.push_back(blocks.count());
+      std::map<std::pair<std::string, std::string>, std::vector<TrafficRow>>
+          directions;
+      for (const TrafficRow& row : run->traffic) {
+        directions[{row.from, row.to}].push_back(row);
+      }
+      size_t shown = 0;
+      for (const auto& [direction, rows] : directions) {
+        if (rows.empty() || rows.back().bytes <= 0) continue;  // idle
+        blocks.Begin(direction.first + " -> " + direction.second,
+                     "with lines lw 2 " + LineStyle(shown % 8, shown / 8));
+        ++shown;
+        for (const TrafficRow& row : rows) {
+          blocks.Row(Fmt(row.t_s - run->traffic_offset_s) + " " +
+                     Fmt(row.bytes / 1e6));
+        }
+      }
+    }
+    first_block.push_back(blocks.count());
+    MERIDIAN_RETURN_IF_ERROR(WriteText(out + blocks.file(), blocks.data()));
+    const int panels = static_cast<int>(with_traffic.size());
+    script +=
+        "\n# Cumulative WAN bytes per link direction (a panel per run)\n" +
+        Terminal(1100, std::max(650, 420 * panels)) +
+        "set output \"wan_bytes_vs_time.png\"\n"
+        "set xlabel \"training time (s)\"\n"
+        "set ylabel \"cumulative WAN bytes (MB)\"\n"
+        "unset logscale x\nset xrange [0:*]\nset autoscale xfixmax\n"
+        "set yrange [0:*]\nset format x \"%g\"\n";
+    if (panels > 1) {
+      script += "set multiplot layout " + std::to_string(panels) +
+                ",1 title \"Cumulative WAN bytes per link direction\"\n";
+    }
+    for (int p = 0; p < panels; ++p) {
+      std::string title = with_traffic[p]->label;
+      if (panels == 1) {
+        title = "Cumulative WAN bytes per link direction" +
+                (many ? " (" + title + ")" : std::string());
+      }
+      script += "set title " + Quote(title) + "\n";
+      script += blocks.Plot(first_block[p], first_block[p + 1]);
+    }
+    if (panels > 1) script += "unset multiplot\n";
+    plots.push_back({"wan_bytes_vs_time.png",
+                     "cumulative WAN megabytes per link direction over "
+                     "training time"});
+
+    // Accuracy against cumulative WAN bytes, runs overlaid.
+    Blocks curve("accuracy_vs_wan_bytes.dat");
+    for (const Run* run : with_traffic) {
+      const auto total = TotalBytes(*run);
+      std::map<std::string, std::vector<const EvalRow*>> by_site;
+      for (const EvalRow& row : run->timeline) {
+        by_site[row.site].push_back(&row);
+      }
+      size_t evals = SIZE_MAX;
+      for (const auto& [site, rows] : by_site) {
+        evals = std::min(evals, rows.size());
+      }
+      if (by_site.empty() || evals == 0) continue;
+      std::vector<std::string> rows;
+      for (size_t k = 0; k < evals; ++k) {
+        double t = 0;
+        double accuracy = 0;
+        for (const auto& [site, site_rows] : by_site) {
+          t += site_rows[k]->t_s;
+          accuracy += site_rows[k]->accuracy;
+        }
+        t /= by_site.size();
+        accuracy /= by_site.size();
+        const double bytes = BytesAt(total, run->traffic_offset_s, t);
+        // Evaluations before the first sample with bytes fall in an
+        // interval the samples do not resolve: left out.
+        if (t + run->traffic_offset_s < run->first_bytes_t_s) continue;
+        if (bytes > 0) rows.push_back(Fmt(bytes / 1e6) + " " + Fmt(accuracy));
+      }
+      if (rows.empty()) continue;
+      curve.Begin(run->label, "with linespoints pt 7 ps 0.6 lw 2");
+      for (const std::string& row : rows) curve.Row(row);
+    }
+    if (curve.count() > 0) {
+      MERIDIAN_RETURN_IF_ERROR(WriteText(out + curve.file(), curve.data()));
+      script +=
+          "\n# Mean test accuracy over sites against cumulative WAN "
+          "bytes (runs overlaid)\n" +
+          Terminal(1100, 650) +
+          "set output \"accuracy_vs_wan_bytes.png\"\n"
+          "set title \"Accuracy against WAN traffic\"\n"
+          "set xlabel \"cumulative WAN bytes (MB, log scale)\"\n"
+          "set ylabel \"mean test accuracy over sites (fraction)\"\n"
+          "set xrange [*:*]\nset logscale x 10\nset format x \"%g\"\n"
+          "set yrange [*:*]\n" +
+          curve.Plot() + "unset logscale x\n";
+      plots.push_back({"accuracy_vs_wan_bytes.png",
+                       "mean test accuracy over sites against the WAN "
+                       "megabytes sent so far, runs overlaid (log x): the "
+                       "traffic-reduction picture"});
+    }
+  }
+
+  // Commit rate per worker.
+  {
+    Blocks bars("commit_rate.dat");
+    int x = 0;
+    int workers = 0;
+    for (const Run& run : runs) {
+      std::map<std::pair<std::string, uint32_t>, double> training_s;
+      for (const pb::SiteSummary& site : run.report.sites()) {
+        for (const pb::WorkerSummary& worker : site.workers()) {
+          training_s[{worker.site(), worker.index()}] = site.training_s();
+        }
+      }
+      std::vector<std::string> rows;
+      for (const pb::WorkerSummary& worker : run.report.workers()) {
+        const double seconds = training_s[{worker.site(), worker.index()}];
+        if (!(seconds > 0)) continue;
+        rows.push_back(
+            std::to_string(x++) + " " + Fmt(worker.commits() / seconds) + " " +
+            Quote(worker.site() + "/" + std::to_string(worker.index())));
+      }
+      if (rows.empty()) continue;
+      bars.Begin(run.label, "with boxes", "1:2:xtic(3)");
+      for (const std::string& row : rows) bars.Row(row);
+      workers += static_cast<int>(rows.size());
+      ++x;  // a gap between runs
+    }
+    if (bars.count() > 0) {
+      MERIDIAN_RETURN_IF_ERROR(WriteText(out + bars.file(), bars.data()));
+      script += "\n# Commits per second of training, per worker\n" +
+                Terminal(std::max(1100, 28 * workers + 300), 650) +
+                "set output \"commit_rate.png\"\n"
+                "set title \"Commit rate per worker\"\n"
+                "set xlabel \"worker (site/index)\"\n"
+                "set ylabel \"commits per second of training\"\n"
+                "unset logscale x\nset yrange [0:*]\nset format x \"%g\"\n"
+                "set style fill solid 0.7 border -1\nset boxwidth 0.8\n"
+                "set xrange [-1:" +
+                std::to_string(x - 1) + "]\n" +
+                (workers > 12 ? "set xtics rotate by 90 right\n" : "") +
+                bars.Plot() + "set xtics norotate\nset xrange [*:*]\n";
+      plots.push_back({"commit_rate.png",
+                       "commits per second of training of every worker "
+                       "(its commits over its site's training time)"});
+    } else {
+      notes.push_back(
+          "No worker statistics in the reports: no commit rate "
+          "plot.");
+    }
+  }
+  script += "unset output\n";
+  MERIDIAN_RETURN_IF_ERROR(WriteText(out + "plots.gp", script));
+
+  // summary.md: the comparison table, the plots, per-link traffic.
+  std::string summary = "# Meridian report\n\n";
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string table,
+                            CompareRuns(options.run_dirs));
+  summary += "## Runs\n\n" + table + "\n";
+  for (const Run& run : runs) {
+    summary += "- " + run.label + ": job '" + run.report.job() + "', " +
+               run.report.policy() + ", outcome: " + run.report.outcome();
+    if (run.report.wan_reduction() > 0) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%.0f", run.report.wan_reduction());
+      summary += std::string(", WAN reduction ") + buf +
+                 "× (BSP over the WAN would have sent " + buf +
+                 " times its WAN bytes)";
+    }
+    summary += "\n";
+  }
+  summary += "\n## Plots\n\n";
+  for (const Plot& plot : plots) {
+    summary +=
+        "- [`" + plot.png + "`](" + plot.png + "): " + plot.description + "\n";
+  }
+  for (const std::string& note : notes) summary += "\n" + note + "\n";
+  bool links = false;
+  for (const Run& run : runs) links = links || run.report.links_size() > 0;
+  if (links) {
+    summary +=
+        "\n## WAN traffic per link direction\n\n"
+        "| run | from | to | MB | messages |\n|---|---|---|---|---|\n";
+    for (const Run& run : runs) {
+      for (const pb::LinkTraffic& link : run.report.links()) {
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), "%.2f | %.0f", link.bytes() / 1e6,
+                      link.messages());
+        summary += "| " + run.label + " | " + link.from_site() + " | " +
+                   link.to_site() + " | " + buf + " |\n";
+      }
+    }
+  }
+  summary +=
+      "\nData and script beside the images: `*.dat`, `plots.gp` "
+      "(re-render with `gnuplot plots.gp` in this directory). WAN "
+      "samples are aligned to training time by the first sample "
+      "with bytes (within one sample period).\n";
+  result.summary_path = out + "summary.md";
+  MERIDIAN_RETURN_IF_ERROR(WriteText(result.summary_path, summary));
+
+  // Render.
+  const std::string gnuplot = FindExecutable(options.gnuplot);
+  if (gnuplot.empty()) {
+    return FailedPreconditionError(
+        "gnuplot not found ('" + options.gnuplot +
+        "' is not in $PATH): install the Debian package " + kGnuplotPackage +
+        " (apt-get install " + kGnuplotPackage +
+        "), then run `gnuplot "
+        "plots.gp` in " +
+        result.out_dir +
+        "; the data files, plots.gp and summary.md are written there");
+  }
+  const std::string absolute = fs::absolute(result.out_dir).string();
+  for (const Plot& plot : plots) fs::remove(out + plot.png, error);
+  MERIDIAN_ASSIGN_OR_RETURN(
+      ChildProcess child,
+      ChildProcess::Spawn(
+          "gnuplot",
+          {gnuplot, "-e", "cd " + Quote(absolute), absolute + "/plots.gp"},
+          out + "gnuplot.log"));
+  const auto deadline = std::chrono::steady_clock::now() + kGnuplotTimeout;
+  while (!child.Poll()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      child.Signal(SIGKILL);
+      return InternalError("gnuplot did not finish within 120 s; see " + out +
+                           "gnuplot.log");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!child.succeeded()) {
+    return InternalError("gnuplot " + child.DescribeExit() + " on " + out +
+                         "plots.gp; its output ends with:\n" +
+                         child.LogTail(10));
+  }
+  for (const Plot& plot : plots) {
+    const std::string path = out + plot.png;
+    if (!fs::exists(path, error) || fs::file_size(path, error) == 0) {
+      return InternalError("gnuplot wrote no " + path + "; see " + out +
+                           "gnuplot.log");
+    }
+    result.pngs.push_back(path);
+  }
+  return result;
+}
+
+}  // namespace meridian

@@ -1,0 +1,419 @@
+// Live site servers (threads of this process, real ZeroMQ sockets on
+// loopback) with CURVE on: two sites sync every update exactly once over
+// encrypted links; a peer with a key the job does not list is refused (its
+// updates never reach the model) while the site keeps serving; a site
+// without its keys refuses to start, saying how to fix it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <thread>
+#include <zmq.hpp>
+
+#include "meridian/compression.h"
+#include "meridian/config.h"
+#include "meridian/message.h"
+#include "meridian/model.h"
+#include "meridian/security.h"
+#include "meridian/site_server.h"
+#include "meridian/sync.h"
+#include "meridian/transport.h"
+#include "testing/scripted_worker.h"
+#include "testing/test_data.h"
+
+namespace meridian {
+namespace {
+
+using std::chrono::milliseconds;
+constexpr milliseconds kTimeout(20000);
+constexpr int kCommits = 20;
+
+class SecureSyncTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_dir_ = new std::string(testing::MakeTempDir("secure-data"));
+    testing::SyntheticDataOptions options;
+    options.train_samples = 200;
+    options.test_samples = 50;
+    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+  }
+
+  void SetUp() override {
+    ::unsetenv(kSecretKeyEnv);
+    key_dir_ = testing::MakeTempDir("secure-keys");
+    for (const char* name : {"a", "b"}) {
+      Result<CurveKeyPair> pair = GenerateCurveKeyPair();
+      ASSERT_TRUE(pair.ok()) << pair.status();
+      ASSERT_TRUE(WriteCurveKeyFiles(key_dir_, name, *pair).ok());
+      keys_[name] = *pair;
+    }
+  }
+
+  // Two sites a and b, one worker each, GAIA with CURVE and their keys.
+  pb::JobConfig Job() {
+    pb::JobConfig job = testing::SmallJob(*data_dir_, 1, /*hidden=*/8);
+    job.clear_site();
+    for (const char* name : {"a", "b"}) {
+      pb::SiteConfig* site = job.add_site();
+      site->set_name(name);
+      site->add_workers()->set_count(1);
+      site->set_curve_public_key(keys_[name].public_key);
+    }
+    job.mutable_security()->set_key_dir(key_dir_);
+    job.set_time_budget_s(120);
+    job.mutable_server()->set_eval_period_s(30);
+    pb::SyncConfig* sync = job.mutable_sync();
+    sync->set_kind(pb::GAIA);
+    sync->set_threshold(0.3);
+    sync->set_max_clock_skew(2);
+    sync->mutable_compression()->set_value_coding(pb::VALUE_INT8);
+    sync->mutable_compression()->set_block_size(16);
+    sync->mutable_compression()->set_zstd_level(1);
+    EXPECT_TRUE(ValidateJobConfig(job).empty())
+        << FormatConfigIssues("job", ValidateJobConfig(job));
+    return job;
+  }
+
+  static Result<std::unique_ptr<SiteServer>> Server(const pb::JobConfig& job,
+                                                    const std::string& site) {
+    SiteServerOptions options;
+    options.job = job;
+    options.site = site;
+    options.bind = "tcp://127.0.0.1:*";
+    options.mirror_bind = "tcp://127.0.0.1:*";
+    return SiteServer::Create(std::move(options));
+  }
+
+  static std::string* data_dir_;
+  std::string key_dir_;
+  std::map<std::string, CurveKeyPair> keys_;
+};
+
+std::string* SecureSyncTest::data_dir_ = nullptr;
+
+pb::Endpoint Launcher() {
+  pb::Endpoint self;
+  self.set_role(pb::ROLE_LAUNCHER);
+  return self;
+}
+
+
+TEST_F(SecureSyncTest, TwoSitesSyncEveryUpdateOnceOverCurve) {
+  const pb::JobConfig job = Job();
+  std::vector<std::unique_ptr<SiteServer>> servers;
+  for (const char* name : {"a", "b"}) {
+    Result<std::unique_ptr<SiteServer>> server = Server(job, name);
+    ASSERT_TRUE(server.ok()) << server.status();
+    servers.push_back(std::move(*server));
+  }
+  std::vector<Status> run_status(servers.size());
+  std::vector<std::thread> threads;
+  for (size_t s = 0; s < servers.size(); ++s) {
+    threads.emplace_back([&, s] { run_status[s] = servers[s]->Run(); });
+  }
+  zmq::context_t context;
+  for (size_t s = 0; s < servers.size(); ++s) {
+    pb::Header request;
+    request.set_type(pb::SET_PEERS);
+    pb::Peer* peer = request.mutable_peers()->add_peer();
+    peer->set_site(job.site(1 - s).name());
+    peer->set_endpoint(servers[1 - s]->mirror_endpoint());
+    RpcClient control(context, servers[s]->endpoint(), Launcher());
+    Result<Envelope> reply = control.Call(request, {}, kTimeout);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_EQ(reply->header.type(), pb::STATUS_REPLY)
+        << reply->header.error().message();
+  }
+  Result<std::unique_ptr<Model>> model = MakeModel(job.model(), 784, 10);
+  ASSERT_TRUE(model.ok());
+  const ModelLayout& layout = (*model)->layout();
+  std::vector<std::vector<double>> sums(servers.size());
+  std::vector<Status> worker_status(servers.size());
+  std::vector<std::thread> workers;
+  for (size_t s = 0; s < servers.size(); ++s) {
+    workers.emplace_back([&, s] {
+      worker_status[s] =
+          testing::RunScriptedWorker(context, servers[s]->endpoint(),
+                                     job.site(s).name(), layout, kCommits,
+                                     2000 + s, &sums[s], kTimeout);
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  for (std::thread& t : threads) t.join();
+  for (size_t s = 0; s < servers.size(); ++s) {
+    ASSERT_TRUE(worker_status[s].ok()) << worker_status[s];
+    ASSERT_TRUE(run_status[s].ok()) << run_status[s];
+    EXPECT_TRUE(servers[s]->summary().sync().flushed())
+        << job.site(s).name() << " missed a final flush";
+    EXPECT_EQ(servers[s]->summary().sync().rejected(), 0);
+    EXPECT_GT(servers[s]->summary().sync().entries_received(), 0);
+  }
+  std::vector<float> initial(layout.num_elements());
+  (*model)->Initialize(job.seed(), initial);
+  std::vector<double> expected(initial.begin(), initial.end());
+  const double contributing = TotalWorkerCount(job);  // MEAN apply rule
+  for (const auto& sum : sums) {
+    for (size_t i = 0; i < expected.size(); ++i) {
+      expected[i] += sum[i] / contributing;
+    }
+  }
+  for (size_t s = 0; s < servers.size(); ++s) {
+    const std::vector<float> final_model = servers[s]->Snapshot();
+    ASSERT_EQ(final_model.size(), expected.size());
+    size_t wrong = 0;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      if (std::abs(final_model[i] - expected[i]) > 1e-4 && wrong++ < 3) {
+        ADD_FAILURE() << job.site(s).name() << " element " << i << ": "
+                      << final_model[i] << " != " << expected[i];
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << job.site(s).name();
+  }
+}
+
+// A hand-written peer of site a's mirror socket, claiming to be site b.
+class MirrorPeer {
+ public:
+  MirrorPeer(zmq::context_t& context, const std::string& endpoint,
+             const CurveKeyPair& own, const std::string& server_key)
+      : socket_(context, zmq::socket_type::dealer) {
+    socket_.set(zmq::sockopt::linger, 0);
+    EXPECT_TRUE(MakeCurveClient(socket_, own, server_key).ok());
+    socket_.connect(endpoint);
+  }
+
+  void Send(pb::Header header, std::vector<zmq::message_t> frames = {}) {
+    pb::Endpoint sender;
+    sender.set_site("b");
+    sender.set_role(pb::ROLE_SITE_SERVER);
+    header.set_protocol_version(kProtocolVersion);
+    *header.mutable_sender() = sender;
+    header.set_sequence(++sequence_);
+    ASSERT_TRUE(SendMessage(socket_, header, std::move(frames)).ok());
+  }
+
+  void Hello(const ModelLayout& layout) {
+    pb::Header hello;
+    hello.set_type(pb::MIRROR_HELLO);
+    layout.ToSpecs(hello.mutable_mirror_hello()->mutable_layout());
+    Send(hello);
+  }
+
+  // Clock 1's update: +`value` on the first 3 elements of fc0.bias.
+  void Update(const ModelLayout& layout, float value) {
+    pb::Header header;
+    header.set_type(pb::MIRROR_UPDATE);
+    header.set_clock(1);
+    header.mutable_mirror_update()->set_origin_site("b");
+    header.mutable_mirror_update()->set_entries(3);
+    const TensorInfo* bias = layout.Find("fc0.bias");
+    pb::CompressionConfig config;
+    config.set_value_coding(pb::VALUE_FP32);
+    Result<UpdateEncoder> encoder = UpdateEncoder::Create(config);
+    ASSERT_TRUE(encoder.ok());
+    const std::vector<uint32_t> indices = {0, 1, 2};
+    const std::vector<float> values(3, value);
+    Result<EncodedUpdate> encoded =
+        encoder->EncodeSparse(bias->size, indices, values, {});
+    ASSERT_TRUE(encoded.ok());
+    pb::TensorSlice* slice = header.add_slices();
+    slice->set_tensor("fc0.bias");
+    slice->set_offset(0);
+    slice->set_length(bias->size);
+    slice->set_codec(pb::CODEC_PIPELINE);
+    slice->set_payload_bytes(encoded->bytes.size());
+    std::vector<zmq::message_t> frames;
+    frames.emplace_back(encoded->bytes.data(), encoded->bytes.size());
+    Send(header, std::move(frames));
+  }
+
+  void Clock(int64_t clock, bool final) {
+    pb::Header header;
+    header.set_type(pb::MIRROR_CLOCK);
+    header.set_clock(clock);
+    header.mutable_mirror_clock()->set_clock(clock);
+    header.mutable_mirror_clock()->set_final(final);
+    Send(header);
+  }
+
+  bool ReplyWithin(milliseconds timeout) {
+    Result<Received> reply = ReceiveMessage(socket_, false, timeout);
+    return reply.ok() && !reply->timed_out();
+  }
+
+ private:
+  zmq::socket_t socket_;
+  uint64_t sequence_ = 0;
+};
+
+TEST_F(SecureSyncTest, PeerWithAnUnlistedKeyIsRefusedAndTheModelUntouched) {
+  const pb::JobConfig job = Job();
+  Result<std::unique_ptr<SiteServer>> created = Server(job, "a");
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<SiteServer> server = std::move(*created);
+  const std::vector<float> initial = server->Snapshot();
+  Status run_status;
+  std::thread thread([&] { run_status = server->Run(); });
+  Result<std::unique_ptr<Model>> model = MakeModel(job.model(), 784, 10);
+  ASSERT_TRUE(model.ok());
+  const ModelLayout& layout = (*model)->layout();
+
+  zmq::context_t context;
+  // Site b's mirror socket as site a reaches it: a CURVE server with b's
+  // keys, admitting a.
+  Result<std::unique_ptr<ZapHandler>> zap = ZapHandler::Start(
+      context, {{keys_["a"].public_key, "a"}}, "test's site b");
+  ASSERT_TRUE(zap.ok()) << zap.status();
+  zmq::socket_t b_mirror(context, zmq::socket_type::router);
+  b_mirror.set(zmq::sockopt::linger, 0);
+  ASSERT_TRUE(MakeCurveServer(b_mirror, keys_["b"]).ok());
+  b_mirror.bind("tcp://127.0.0.1:*");
+  {
+    pb::Header request;
+    request.set_type(pb::SET_PEERS);
+    pb::Peer* entry = request.mutable_peers()->add_peer();
+    entry->set_site("b");
+    entry->set_endpoint(b_mirror.get(zmq::sockopt::last_endpoint));
+    RpcClient control(context, server->endpoint(), Launcher());
+    Result<Envelope> reply = control.Call(request, {}, kTimeout);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+  }
+  ::testing::internal::CaptureStderr();
+  {
+    // An impostor: claims to be b, holds a key the job does not list.
+    Result<CurveKeyPair> stranger = GenerateCurveKeyPair();
+    ASSERT_TRUE(stranger.ok());
+    MirrorPeer impostor(context, server->mirror_endpoint(), *stranger,
+                        keys_["a"].public_key);
+    impostor.Hello(layout);
+    impostor.Update(layout, 1.0f);
+    impostor.Clock(1, /*final=*/true);
+    EXPECT_FALSE(impostor.ReplyWithin(milliseconds(2000)));
+    EXPECT_EQ(server->Snapshot(), initial);
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("refused a CURVE connection from 127.0.0.1"),
+            std::string::npos)
+      << log;
+
+  // The real b (a listed key) still gets through: the site kept serving.
+  MirrorPeer peer(context, server->mirror_endpoint(), keys_["b"],
+                  keys_["a"].public_key);
+  peer.Hello(layout);
+  peer.Update(layout, 1.0f);
+  const TensorInfo* bias = layout.Find("fc0.bias");
+  std::vector<float> now = server->Snapshot();
+  for (int i = 0; i < 1000 && now == initial; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+    now = server->Snapshot();
+  }
+  ASSERT_NE(now, initial) << "the listed peer's update was not applied";
+  for (size_t i = 0; i < now.size(); ++i) {
+    const bool touched = i >= bias->offset && i < bias->offset + 3;
+    if (touched) {
+      EXPECT_GT(now[i], initial[i]) << i;
+    } else {
+      EXPECT_EQ(now[i], initial[i]) << i;
+    }
+  }
+  // a's worker joins (training starts), then b ends its job (final
+  // flush): site a finishes too.
+  pb::Endpoint worker;
+  worker.set_site("a");
+  worker.set_role(pb::ROLE_WORKER);
+  worker.set_id(0);
+  RpcClient client(context, server->endpoint(), worker);
+  pb::Header hello;
+  hello.set_type(pb::HELLO);
+  hello.mutable_hello()->set_worker_index(0);
+  layout.ToSpecs(hello.mutable_hello()->mutable_layout());
+  Result<Envelope> welcome = client.Call(hello, {}, kTimeout);
+  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  EXPECT_EQ(welcome->header.type(), pb::WELCOME);
+  peer.Clock(1, /*final=*/true);
+  thread.join();
+  EXPECT_TRUE(run_status.ok()) << run_status;
+  EXPECT_TRUE(server->summary().stopped_by_peer());
+  // a's own messages reached b's (CURVE) mirror socket, its HELLO first.
+  Result<Received> from_a = ReceiveMessage(b_mirror, true, kTimeout);
+  ASSERT_TRUE(from_a.ok() && from_a->message) << "nothing from site a";
+  EXPECT_EQ(from_a->message->header.type(), pb::MIRROR_HELLO);
+  EXPECT_EQ(from_a->message->header.sender().site(), "a");
+  EXPECT_EQ((*zap)->admitted(), 1u);
+  EXPECT_EQ(server->summary().sync().rejected(), 0);
+}
+
+TEST_F(SecureSyncTest, ListedPeerCannotSpeakForAnotherSite) {
+  // Three sites: c holds a listed key but claims to be b.
+  pb::JobConfig job = Job();
+  Result<CurveKeyPair> c_keys = GenerateCurveKeyPair();
+  ASSERT_TRUE(c_keys.ok());
+  pb::SiteConfig* c = job.add_site();
+  c->set_name("c");
+  c->add_workers()->set_count(1);
+  c->set_curve_public_key(c_keys->public_key);
+  ASSERT_TRUE(ValidateJobConfig(job).empty());
+  Result<std::unique_ptr<SiteServer>> created = Server(job, "a");
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<SiteServer> server = std::move(*created);
+  const std::vector<float> initial = server->Snapshot();
+  Status run_status;
+  std::thread thread([&] { run_status = server->Run(); });
+  Result<std::unique_ptr<Model>> model = MakeModel(job.model(), 784, 10);
+  ASSERT_TRUE(model.ok());
+  const ModelLayout& layout = (*model)->layout();
+
+  zmq::context_t context;
+  ::testing::internal::CaptureStderr();
+  {
+    MirrorPeer impostor(context, server->mirror_endpoint(), *c_keys,
+                        keys_["a"].public_key);  // sends as "b"
+    impostor.Hello(layout);
+    impostor.Update(layout, 1.0f);
+    // Refused with an ERROR reply; nothing applied.
+    EXPECT_TRUE(impostor.ReplyWithin(kTimeout));
+    std::this_thread::sleep_for(milliseconds(200));
+    EXPECT_EQ(server->Snapshot(), initial);
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("authenticated as site 'c' sent a message as site 'b'"),
+            std::string::npos)
+      << log;
+  pb::Header shutdown;
+  shutdown.set_type(pb::SHUTDOWN);
+  shutdown.mutable_shutdown()->set_reason("test over");
+  RpcClient control(context, server->endpoint(), Launcher());
+  EXPECT_TRUE(control.Call(shutdown, {}, kTimeout).ok());
+  thread.join();
+  EXPECT_TRUE(run_status.ok()) << run_status;
+  EXPECT_EQ(server->Snapshot(), initial);
+}
+
+TEST_F(SecureSyncTest, SiteWithoutItsKeysRefusesToStart) {
+  pb::JobConfig job = Job();
+  // No key file for a under this directory.
+  job.mutable_security()->set_key_dir(testing::MakeTempDir("empty-keys"));
+  Result<std::unique_ptr<SiteServer>> no_file = Server(job, "a");
+  ASSERT_FALSE(no_file.ok());
+  EXPECT_NE(no_file.status().message().find("a.key"), std::string::npos)
+      << no_file.status();
+  // No keys in the job at all: the error says how to make them.
+  job.mutable_site(0)->clear_curve_public_key();
+  job.mutable_site(1)->clear_curve_public_key();
+  Result<std::unique_ptr<SiteServer>> no_keys = Server(job, "a");
+  ASSERT_FALSE(no_keys.ok());
+  EXPECT_NE(no_keys.status().message().find("meridian keygen"),
+            std::string::npos)
+      << no_keys.status();
+  // CURVE off: the site runs in plaintext (and says so in its log).
+  job.mutable_security()->set_curve(false);
+  ::testing::internal::CaptureStderr();
+  Result<std::unique_ptr<SiteServer>> plain = Server(job, "a");
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NE(log.find("cross-site links are plaintext"), std::string::npos)
+      << log;
+}
+
+}  // namespace
+}  // namespace meridian
