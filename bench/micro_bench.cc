@@ -57,6 +57,7 @@
 #include "meridian/site_server.h"
 #include "meridian/status.h"
 #include "meridian/transport.h"
+#include "bench_util.h"
 #include "testing/test_data.h"
 
 namespace meridian {
@@ -663,57 +664,8 @@ void PrintSummary(const Reporter& reporter, std::ostream& out) {
   table.Print(out);
 }
 
-template <typename Reporter>
-bool AnyError(const Reporter& reporter) {
-  return std::any_of(reporter.results().begin(), reporter.results().end(),
-                     [](const auto& entry) { return entry.second.error; });
-}
-
-// The value of --name=value (or "true" for a bare --name) in argv, read
-// before benchmark::Initialize consumes the flags: with a custom display
-// reporter, Google Benchmark no longer applies the output flags itself.
-std::optional<std::string> FlagValue(int argc, char** argv,
-                                     std::string_view name) {
-  std::optional<std::string> value;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (!arg.starts_with("--") || arg.substr(2, name.size()) != name) continue;
-    arg.remove_prefix(2 + name.size());
-    if (arg.empty()) {
-      value = "true";
-    } else if (arg.front() == '=') {
-      value = std::string(arg.substr(1));
-    }
-  }
-  return value;
-}
-
-bool IsTrue(std::string_view value) {
-  return value == "true" || value == "yes" || value == "1" || value == "t" ||
-         value == "y" || value == "on";
-}
-
-// Console options as Google Benchmark derives them from its flags.
-benchmark::ConsoleReporter::OutputOptions ConsoleOptions(int argc,
-                                                         char** argv) {
-  int options = benchmark::ConsoleReporter::OO_None;
-  const std::string color =
-      FlagValue(argc, argv, "benchmark_color").value_or("auto");
-  bool use_color = false;
-  if (color == "auto") {
-    const char* term = std::getenv("TERM");
-    use_color = ::isatty(STDOUT_FILENO) != 0 && term != nullptr &&
-                std::string_view(term) != "dumb";
-  } else {
-    use_color = IsTrue(color) || color == "force";
-  }
-  if (use_color) options |= benchmark::ConsoleReporter::OO_Color;
-  if (IsTrue(
-          FlagValue(argc, argv, "benchmark_counters_tabular").value_or(""))) {
-    options |= benchmark::ConsoleReporter::OO_Tabular;
-  }
-  return static_cast<benchmark::ConsoleReporter::OutputOptions>(options);
-}
+using bench::AnyError;
+using bench::ConsoleOptions;
 
 // Runs the selected benchmarks with `reporter`, stops the site, prints the
 // summary. Returns the process exit status.
@@ -739,7 +691,7 @@ int main(int argc, char** argv) {
   // The site server logs every join and leave; keep the console for results.
   meridian::SetLogLevel(meridian::LogLevel::kWarning);
   const std::string format =
-      meridian::FlagValue(argc, argv, "benchmark_format").value_or("console");
+      meridian::bench::FlagValue(argc, argv, "benchmark_format").value_or("console");
   const auto console_options = meridian::ConsoleOptions(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

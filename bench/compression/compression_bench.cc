@@ -38,6 +38,7 @@
 #include "meridian/compression.h"
 #include "meridian/meridian.pb.h"
 #include "meridian/status.h"
+#include "bench_util.h"
 
 namespace meridian {
 namespace {
@@ -366,56 +367,8 @@ class SummaryTable {
   int missed_ = 0;
 };
 
-template <typename Reporter>
-bool AnyError(const Reporter& reporter) {
-  return std::any_of(reporter.results().begin(), reporter.results().end(),
-                     [](const auto& entry) { return entry.second.error; });
-}
-
-// The value of --name=value (or "true" for a bare --name) in argv, read
-// before benchmark::Initialize consumes the flags: with a custom display
-// reporter, Google Benchmark no longer applies the output flags itself.
-std::optional<std::string> FlagValue(int argc, char** argv,
-                                     std::string_view name) {
-  std::optional<std::string> value;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (!arg.starts_with("--") || arg.substr(2, name.size()) != name) continue;
-    arg.remove_prefix(2 + name.size());
-    if (arg.empty()) {
-      value = "true";
-    } else if (arg.front() == '=') {
-      value = std::string(arg.substr(1));
-    }
-  }
-  return value;
-}
-
-bool IsTrue(std::string_view value) {
-  return value == "true" || value == "yes" || value == "1" || value == "t" ||
-         value == "y" || value == "on";
-}
-
-benchmark::ConsoleReporter::OutputOptions ConsoleOptions(int argc,
-                                                         char** argv) {
-  int options = benchmark::ConsoleReporter::OO_None;
-  const std::string color =
-      FlagValue(argc, argv, "benchmark_color").value_or("auto");
-  bool use_color = false;
-  if (color == "auto") {
-    const char* term = std::getenv("TERM");
-    use_color = ::isatty(STDOUT_FILENO) != 0 && term != nullptr &&
-                std::string_view(term) != "dumb";
-  } else {
-    use_color = IsTrue(color) || color == "force";
-  }
-  if (use_color) options |= benchmark::ConsoleReporter::OO_Color;
-  if (IsTrue(
-          FlagValue(argc, argv, "benchmark_counters_tabular").value_or(""))) {
-    options |= benchmark::ConsoleReporter::OO_Tabular;
-  }
-  return static_cast<benchmark::ConsoleReporter::OutputOptions>(options);
-}
+using bench::AnyError;
+using bench::ConsoleOptions;
 
 template <typename Reporter>
 int RunAll(Reporter& reporter, std::ostream& summary_out) {
@@ -432,7 +385,7 @@ int RunAll(Reporter& reporter, std::ostream& summary_out) {
 
 int main(int argc, char** argv) {
   const std::string format =
-      meridian::FlagValue(argc, argv, "benchmark_format").value_or("console");
+      meridian::bench::FlagValue(argc, argv, "benchmark_format").value_or("console");
   const auto console_options = meridian::ConsoleOptions(argc, argv);
   meridian::RegisterAll();
   benchmark::Initialize(&argc, argv);
