@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "meridian/wan_control.h"
+#include "runtime/process.h"  // src/: ChildProcess
 #include "socket_util.h"  // wan/: ListenTcp, ConnectTcp, WriteAll
 
 namespace {
@@ -272,42 +273,21 @@ class Wanem {
  public:
   Wanem(const std::string& binary, const std::vector<std::string>& flags,
         const std::string& log_path) {
-    int ready[2];
-    if (::pipe2(ready, O_CLOEXEC) != 0) Die("pipe");
     std::vector<std::string> argv = {binary, "wanem"};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.insert(argv.end(),
-                {"--control", "tcp://127.0.0.1:0", "--ready-fd", "3"});
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ < 0) Die("fork");
-    if (pid_ == 0) {
-      const int log = ::open(log_path.c_str(),
-                             O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (log >= 0) {
-        ::dup2(log, STDOUT_FILENO);
-        ::dup2(log, STDERR_FILENO);
-      }
-      ::dup2(ready[1], 3);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    ::close(ready[1]);
-    std::string line;
-    char c;
-    pollfd item{ready[0], POLLIN, 0};
-    while (::poll(&item, 1, 10000) > 0 && ::read(ready[0], &c, 1) == 1 &&
-           c != '\n') {
-      line += c;
-    }
-    ::close(ready[0]);
-    if (line.rfind("ready ", 0) != 0) {
+    argv.insert(argv.end(), {"--control", "tcp://127.0.0.1:0", "--ready-fd",
+                             std::to_string(meridian::kReadyFd)});
+    Result<meridian::ChildProcess> child =
+        meridian::ChildProcess::Spawn("wanem", argv, log_path);
+    if (!child.ok()) Die("cannot start wanem: " + child.status().message());
+    child_.emplace(std::move(*child));
+    Result<std::string> line =
+        child_->ReadReadyLine(std::chrono::milliseconds(10000));
+    if (!line.ok() || line->rfind("ready ", 0) != 0) {
       Stop();
       Die("wanem did not start (log: " + log_path + ")");
     }
-    control_ = line.substr(6);
+    control_ = line->substr(6);
     meridian::wan::ControlClient client(control_);
     auto status = client.GetStatus();
     if (!status.ok() || status->links_size() == 0 ||
@@ -331,16 +311,18 @@ class Wanem {
 
   const Endpoint& listen() const { return listen_; }
 
+  // SIGTERM, then waits for the exit (SIGKILL after 10 s).
   void Stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
+    if (!child_) return;
+    child_->Signal(SIGTERM);
+    for (int i = 0; i < 1000 && !child_->Poll(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    child_.reset();  // kills and reaps a child still running
   }
 
  private:
-  pid_t pid_ = -1;
+  std::optional<meridian::ChildProcess> child_;
   std::string control_;
   Endpoint listen_;
 };

@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <zmq.hpp>
 
 #include "meridian/wan_control.h"
+#include "runtime/process.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
 #include "wan/wan_test_util.h"
@@ -29,67 +31,45 @@ CommandResult Meridian(const std::string& args) {
                                          args);
 }
 
-// A `meridian wanem ...` child with --ready-fd 3 and its log in a file.
+// A `meridian wanem ...` child (ChildProcess, the launcher's) with
+// --ready-fd and its log in a file.
 class WanemProcess {
  public:
   explicit WanemProcess(std::vector<std::string> flags) {
-    log_path_ = ::meridian::testing::MakeTempDir("wanem") + "/wanem.log";
-    int ready[2];
-    EXPECT_EQ(::pipe2(ready, O_CLOEXEC), 0);
     std::vector<std::string> argv = {MERIDIAN_BINARY, "wanem"};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.insert(argv.end(), {"--ready-fd", "3"});
-    std::vector<char*> args;
-    for (std::string& arg : argv) args.push_back(arg.data());
-    args.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int log = ::open(log_path_.c_str(),
-                             O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      ::dup2(log, STDOUT_FILENO);
-      ::dup2(log, STDERR_FILENO);
-      ::dup2(ready[1], 3);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    ::close(ready[1]);
-    std::string line;
-    char c;
-    pollfd item{ready[0], POLLIN, 0};
-    while (::poll(&item, 1, 10000) > 0 && ::read(ready[0], &c, 1) == 1 &&
-           c != '\n') {
-      line += c;
-    }
-    ::close(ready[0]);
-    EXPECT_EQ(line.rfind("ready ", 0), 0u) << line << "\n" << Log();
-    if (line.size() > 6) endpoint_ = line.substr(6);
-  }
-
-  ~WanemProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
+    argv.insert(argv.end(), {"--ready-fd", std::to_string(kReadyFd)});
+    Result<ChildProcess> child = ChildProcess::Spawn(
+        "wanem", argv,
+        ::meridian::testing::MakeTempDir("wanem") + "/wanem.log");
+    EXPECT_TRUE(child.ok()) << child.status();
+    if (!child.ok()) return;
+    child_.emplace(std::move(*child));
+    Result<std::string> line =
+        child_->ReadReadyLine(std::chrono::milliseconds(10000));
+    EXPECT_TRUE(line.ok() && line->rfind("ready ", 0) == 0)
+        << (line.ok() ? *line : line.status().message()) << "\n"
+        << Log();
+    if (line.ok() && line->size() > 6) endpoint_ = line->substr(6);
   }
 
   // Sends SIGTERM; returns the exit code (-1 if it did not exit by itself
-  // within `seconds`).
+  // within `seconds`, or was killed by a signal).
   int Terminate(double seconds = 5) {
-    ::kill(pid_, SIGTERM);
+    if (!child_) return -1;
+    child_->Signal(SIGTERM);
     const auto start = SteadyClock::now();
-    while (SecondsSince(start) < seconds) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
+    while (!child_->Poll() && SecondsSince(start) < seconds) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    return -1;
+    if (!child_->exited()) return -1;
+    const int status = child_->exit_status();
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
 
   std::string Log() const {
-    std::ifstream in(log_path_);
+    if (!child_) return "";
+    std::ifstream in(child_->log_path());
     std::stringstream text;
     text << in.rdbuf();
     return text.str();
@@ -98,9 +78,8 @@ class WanemProcess {
   const std::string& endpoint() const { return endpoint_; }
 
  private:
-  pid_t pid_ = -1;
+  std::optional<ChildProcess> child_;  // killed and reaped on destruction
   std::string endpoint_;
-  std::string log_path_;
 };
 
 std::string TwoSiteJob(const std::string& wan) {
