@@ -324,9 +324,9 @@ Status AddStaticRoutes(const pb::JobConfig& job, const std::string& link,
   }
   for (const StaticRoute& route : StaticRoutes(job)) {
     if (!link.empty() && route.link != link) continue;
-    options->routes.push_back(
-        wan::RouteSpec{route.link, route.from_site, route.listen,
-                       route.forward});
+    options->routes.push_back(wan::RouteSpec{route.link, route.from_site,
+                                             route.listen, route.forward,
+                                             /*allow_unresolved=*/true});
   }
   return Status::Ok();
 }

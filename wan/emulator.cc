@@ -258,7 +258,11 @@ class Emulator::Impl {
     Result<HostPort> forward = ParseHostPort(spec.forward, false);
     if (!forward.ok()) return forward.status().WithContext("forward");
     if (Status resolved = ResolveTcp(*forward); !resolved.ok()) {
-      return resolved.WithContext("forward");
+      if (!spec.allow_unresolved) return resolved.WithContext("forward");
+      MLOG(WARNING) << "route " << spec.link << " from " << spec.from_site
+                    << ": forward address " << spec.forward
+                    << " does not resolve yet (" << resolved.message()
+                    << "); looked up again on each connection";
     }
     route->forward = *forward;
 

@@ -442,6 +442,15 @@ TEST(EmulatorTest, BadRequestsAreClearErrors) {
   EXPECT_FALSE(
       emulator->AddRoute({"a-b", "a", "127.0.0.1:0", "no.such.host.invalid:5"})
           .ok());
+  // A standalone wanem's route waits for its forward host to exist.
+  Result<std::string> later = emulator->AddRoute(
+      {"a-b", "a", "127.0.0.1:0", "no.such.host.invalid:5", true});
+  ASSERT_TRUE(later.ok()) << later.status();
+  const int client = Connect(*later);
+  ASSERT_GE(client, 0) << "the route listens";
+  EXPECT_LE(testing::PeerState(client, 5000), 0)
+      << "the connection is closed: nothing to forward to";
+  ::close(client);
   Listener busy;
   EXPECT_EQ(emulator->AddRoute({"a-b", "a", busy.address(), "1.2.3.4:5"})
                 .status()
