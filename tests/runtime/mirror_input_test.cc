@@ -13,6 +13,7 @@
 #include "meridian/model.h"
 #include "meridian/site_server.h"
 #include "meridian/transport.h"
+#include "testing/mirror_messages.h"
 #include "testing/test_data.h"
 
 namespace meridian {
@@ -112,26 +113,9 @@ class MirrorInputTest : public ::testing::Test {
   pb::Header Update(const std::string& site, int64_t clock, float value,
                     std::vector<zmq::message_t>* frames) {
     pb::Header header = From(pb::MIRROR_UPDATE, site);
-    header.set_clock(clock);
-    header.mutable_mirror_update()->set_origin_site(site);
-    const TensorInfo* bias = layout_.Find("fc0.bias");
-    pb::CompressionConfig config;
-    config.set_value_coding(pb::VALUE_FP32);
-    Result<UpdateEncoder> encoder = UpdateEncoder::Create(config);
-    EXPECT_TRUE(encoder.ok());
-    const std::vector<uint32_t> indices = {0, 1, 2};
-    const std::vector<float> values(3, value);
-    Result<EncodedUpdate> encoded =
-        encoder->EncodeSparse(bias->size, indices, values, {});
-    EXPECT_TRUE(encoded.ok());
-    pb::TensorSlice* slice = header.add_slices();
-    slice->set_tensor("fc0.bias");
-    slice->set_offset(0);
-    slice->set_length(bias->size);
-    slice->set_codec(pb::CODEC_PIPELINE);
-    slice->set_payload_bytes(encoded->bytes.size());
-    frames->emplace_back(encoded->bytes.data(), encoded->bytes.size());
-    header.mutable_mirror_update()->set_entries(3);
+    EXPECT_TRUE(
+        testing::MakeBiasUpdate(layout_, clock, site, value, &header, frames)
+            .ok());
     return header;
   }
 

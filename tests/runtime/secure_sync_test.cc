@@ -18,6 +18,7 @@
 #include "meridian/site_server.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
+#include "testing/mirror_messages.h"
 #include "testing/scripted_worker.h"
 #include "testing/test_data.h"
 
@@ -202,28 +203,9 @@ class MirrorPeer {
   // Clock 1's update: +`value` on the first 3 elements of fc0.bias.
   void Update(const ModelLayout& layout, float value) {
     pb::Header header;
-    header.set_type(pb::MIRROR_UPDATE);
-    header.set_clock(1);
-    header.mutable_mirror_update()->set_origin_site("b");
-    header.mutable_mirror_update()->set_entries(3);
-    const TensorInfo* bias = layout.Find("fc0.bias");
-    pb::CompressionConfig config;
-    config.set_value_coding(pb::VALUE_FP32);
-    Result<UpdateEncoder> encoder = UpdateEncoder::Create(config);
-    ASSERT_TRUE(encoder.ok());
-    const std::vector<uint32_t> indices = {0, 1, 2};
-    const std::vector<float> values(3, value);
-    Result<EncodedUpdate> encoded =
-        encoder->EncodeSparse(bias->size, indices, values, {});
-    ASSERT_TRUE(encoded.ok());
-    pb::TensorSlice* slice = header.add_slices();
-    slice->set_tensor("fc0.bias");
-    slice->set_offset(0);
-    slice->set_length(bias->size);
-    slice->set_codec(pb::CODEC_PIPELINE);
-    slice->set_payload_bytes(encoded->bytes.size());
     std::vector<zmq::message_t> frames;
-    frames.emplace_back(encoded->bytes.data(), encoded->bytes.size());
+    ASSERT_TRUE(
+        testing::MakeBiasUpdate(layout, 1, "b", value, &header, &frames).ok());
     Send(header, std::move(frames));
   }
 
