@@ -936,22 +936,24 @@ class SiteServer::Impl {
   // workers before training, peers that have not introduced themselves
   // during it (their updates are queued meanwhile).
   void NoteWaiting() {
-    const double now = clock_->NowSeconds();
-    if (!training_ && !finished_) {
-      if (JoinedCount() < workers_.size() && waiting_notice_.Due(now)) {
+    // Called on every turn of the event loop: one comparison until a line
+    // is due, nothing at all once every peer has been heard from (a peer
+    // that said MIRROR_HELLO stays heard).
+    if (all_peers_heard_ || finished_ || !waiting_notice_.Due(Now())) return;
+    if (!training_) {
+      if (JoinedCount() < workers_.size()) {
         MLOG(INFO) << "waiting for workers: " << JoinedCount() << " of "
                    << workers_.size() << " joined (listening on " << endpoint_
                    << ")";
       }
       return;
     }
-    if (!sync_) return;
-    const std::vector<std::string> silent = sync_->silent_peers();
+    const std::vector<std::string> silent =
+        sync_ ? sync_->silent_peers() : std::vector<std::string>();
     if (silent.empty()) {
-      waiting_notice_.Reset();
+      all_peers_heard_ = true;
       return;
     }
-    if (!waiting_notice_.Due(now)) return;
     std::string names;
     for (const std::string& peer : silent) {
       names += (names.empty() ? "" : ", ") + peer;
@@ -1156,7 +1158,8 @@ class SiteServer::Impl {
 
   // Event-loop state.
   bool training_ = false;
-  WaitNotice waiting_notice_;
+  WaitNotice waiting_notice_;  // for workers, then for peer sites
+  bool all_peers_heard_ = false;
   bool finished_ = false;
   int64_t last_clock_ = 0;  // the clock the sync was last told about
   // Read by the evaluator thread too, hence atomic.

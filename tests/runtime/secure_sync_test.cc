@@ -19,7 +19,7 @@
 #include "meridian/sync.h"
 #include "meridian/transport.h"
 #include "testing/mirror_messages.h"
-#include "testing/scripted_worker.h"
+#include "testing/live_sites.h"
 #include "testing/test_data.h"
 
 namespace meridian {
@@ -101,74 +101,20 @@ pb::Endpoint Launcher() {
 
 TEST_F(SecureSyncTest, TwoSitesSyncEveryUpdateOnceOverCurve) {
   const pb::JobConfig job = Job();
-  std::vector<std::unique_ptr<SiteServer>> servers;
-  for (const char* name : {"a", "b"}) {
-    Result<std::unique_ptr<SiteServer>> server = Server(job, name);
-    ASSERT_TRUE(server.ok()) << server.status();
-    servers.push_back(std::move(*server));
-  }
-  std::vector<Status> run_status(servers.size());
-  std::vector<std::thread> threads;
-  for (size_t s = 0; s < servers.size(); ++s) {
-    threads.emplace_back([&, s] { run_status[s] = servers[s]->Run(); });
-  }
-  zmq::context_t context;
-  for (size_t s = 0; s < servers.size(); ++s) {
-    pb::Header request;
-    request.set_type(pb::SET_PEERS);
-    pb::Peer* peer = request.mutable_peers()->add_peer();
-    peer->set_site(job.site(1 - s).name());
-    peer->set_endpoint(servers[1 - s]->mirror_endpoint());
-    RpcClient control(context, servers[s]->endpoint(), Launcher());
-    Result<Envelope> reply = control.Call(request, {}, kTimeout);
-    ASSERT_TRUE(reply.ok()) << reply.status();
-    ASSERT_EQ(reply->header.type(), pb::STATUS_REPLY)
-        << reply->header.error().message();
-  }
-  Result<std::unique_ptr<Model>> model = MakeModel(job.model(), 784, 10);
-  ASSERT_TRUE(model.ok());
-  const ModelLayout& layout = (*model)->layout();
-  std::vector<std::vector<double>> sums(servers.size());
-  std::vector<Status> worker_status(servers.size());
-  std::vector<std::thread> workers;
-  for (size_t s = 0; s < servers.size(); ++s) {
-    workers.emplace_back([&, s] {
-      worker_status[s] =
-          testing::RunScriptedWorker(context, servers[s]->endpoint(),
-                                     job.site(s).name(), layout, kCommits,
-                                     2000 + s, &sums[s], kTimeout);
-    });
-  }
-  for (std::thread& t : workers) t.join();
-  for (std::thread& t : threads) t.join();
-  for (size_t s = 0; s < servers.size(); ++s) {
-    ASSERT_TRUE(worker_status[s].ok()) << worker_status[s];
-    ASSERT_TRUE(run_status[s].ok()) << run_status[s];
-    EXPECT_TRUE(servers[s]->summary().sync().flushed())
+  Result<testing::LiveSitesRun> run =
+      testing::RunLiveSites(job, kCommits, /*seed_base=*/2000, kTimeout);
+  ASSERT_TRUE(run.ok()) << run.status();
+  for (size_t s = 0; s < run->servers.size(); ++s) {
+    const SiteServer& server = *run->servers[s];
+    EXPECT_TRUE(server.summary().sync().flushed())
         << job.site(s).name() << " missed a final flush";
-    EXPECT_EQ(servers[s]->summary().sync().rejected(), 0);
-    EXPECT_GT(servers[s]->summary().sync().entries_received(), 0);
-  }
-  std::vector<float> initial(layout.num_elements());
-  (*model)->Initialize(job.seed(), initial);
-  std::vector<double> expected(initial.begin(), initial.end());
-  const double contributing = TotalWorkerCount(job);  // MEAN apply rule
-  for (const auto& sum : sums) {
-    for (size_t i = 0; i < expected.size(); ++i) {
-      expected[i] += sum[i] / contributing;
-    }
-  }
-  for (size_t s = 0; s < servers.size(); ++s) {
-    const std::vector<float> final_model = servers[s]->Snapshot();
-    ASSERT_EQ(final_model.size(), expected.size());
-    size_t wrong = 0;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      if (std::abs(final_model[i] - expected[i]) > 1e-4 && wrong++ < 3) {
-        ADD_FAILURE() << job.site(s).name() << " element " << i << ": "
-                      << final_model[i] << " != " << expected[i];
-      }
-    }
-    EXPECT_EQ(wrong, 0u) << job.site(s).name();
+    EXPECT_EQ(server.summary().sync().rejected(), 0);
+    EXPECT_GT(server.summary().sync().entries_received(), 0);
+    std::string first;
+    EXPECT_EQ(testing::CountMismatches(server.Snapshot(), run->expected, 1e-4,
+                                       &first),
+              0u)
+        << job.site(s).name() << ":\n" << first;
   }
 }
 

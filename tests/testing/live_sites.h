@@ -1,0 +1,47 @@
+// Several live site servers syncing with each other (threads of the test
+// process, real ZeroMQ sockets on loopback), each fed by one scripted
+// worker: what the sync-conservation tests, in plaintext and over CURVE,
+// run before checking that every site ends with every update once.
+#ifndef MERIDIAN_TESTS_TESTING_LIVE_SITES_H_
+#define MERIDIAN_TESTS_TESTING_LIVE_SITES_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meridian/meridian.pb.h"
+#include "meridian/site_server.h"
+#include "meridian/status.h"
+
+namespace meridian::testing {
+
+struct LiveSitesRun {
+  // One per site, in job order, finished (Run returned).
+  std::vector<std::unique_ptr<SiteServer>> servers;
+  // The model every site should hold: the seeded initial model plus every
+  // committed update divided by the job's worker count (the MEAN rule).
+  std::vector<double> expected;
+};
+
+// Starts a server for every site of `job` (each runs its own; bound to
+// free loopback ports), tells each where its sync peers listen (what the
+// launcher does), runs one RunScriptedWorker per site (`commits` commits,
+// seed seed_base + site index) and waits until every server has finished.
+// The model dimensions are those of the synthetic data (784 in, 10 out).
+// Errors: a server that does not start, refuses its peers, or ends with an
+// error, or a worker that fails — every server has stopped by then.
+Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job, int commits,
+                                  uint64_t seed_base,
+                                  std::chrono::milliseconds timeout);
+
+// Elements of `model` farther than `tolerance` from `expected`; the first
+// few are described in `*first` (may be null).
+size_t CountMismatches(const std::vector<float>& model,
+                       const std::vector<double>& expected, double tolerance,
+                       std::string* first);
+
+}  // namespace meridian::testing
+
+#endif  // MERIDIAN_TESTS_TESTING_LIVE_SITES_H_
