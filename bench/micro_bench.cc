@@ -48,7 +48,9 @@
 
 #include "meridian/layout.h"
 #include "meridian/log.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/report.pb.h"
+#include "meridian/wire.pb.h"
 #include "meridian/message.h"
 #include "meridian/model.h"
 #include "meridian/optimizer.h"

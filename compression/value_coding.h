@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <span>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/status.h"
 
 namespace meridian::compression {

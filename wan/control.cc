@@ -8,7 +8,7 @@
 
 #include "meridian/log.h"
 #include "meridian/wan_control.h"
-#include "meridian/wan_emulator.h"
+#include "wan/emulator.h"
 #include "meridian/wan_units.h"
 
 namespace meridian::wan {

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "meridian/wan_control.h"
-#include "meridian/wan_model.h"
+#include "wan/model.h"
 
 namespace meridian::wan {
 namespace {

@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "meridian/log.h"
-#include "meridian/wan_emulator.h"
-#include "meridian/wan_shaper.h"
+#include "wan/emulator.h"
+#include "wan/shaper.h"
 #include "meridian/wan_units.h"
-#include "meridian/wan_zmtp.h"
-#include "socket_util.h"
+#include "wan/zmtp.h"
+#include "wan/socket_util.h"
 
 namespace meridian::wan {
 namespace {

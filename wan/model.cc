@@ -2,7 +2,7 @@
 #include <cmath>
 #include <string>
 
-#include "meridian/wan_model.h"
+#include "wan/model.h"
 #include "meridian/wan_units.h"
 
 namespace meridian::wan {

@@ -2,7 +2,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "meridian/wan_shaper.h"
+#include "wan/shaper.h"
 
 namespace meridian::wan {
 

@@ -1,4 +1,4 @@
-#include "socket_util.h"
+#include "wan/socket_util.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -7,7 +7,7 @@
 
 #include "meridian/clock.h"
 #include "meridian/status.h"
-#include "meridian/wan_model.h"
+#include "wan/model.h"
 
 namespace meridian::wan {
 

@@ -1,6 +1,6 @@
 #include <algorithm>
 
-#include "meridian/wan_zmtp.h"
+#include "wan/zmtp.h"
 
 namespace meridian::wan {
 namespace {
@@ -23,7 +23,7 @@ void ZmtpCounter::EndFrame() {
   if (flags_ & kCommand) {
     if (message_command_) {
       // One encrypted frame; its MORE flag is inside the ciphertext, so
-      // each counts as a message (see wan_zmtp.h).
+      // each counts as a message (see zmtp.h).
       ++frames_;
       ++messages_;
     } else {

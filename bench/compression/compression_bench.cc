@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "meridian/compression.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/status.h"
 #include "bench_util.h"
 

@@ -49,7 +49,7 @@
 
 #include "meridian/wan_control.h"
 #include "runtime/process.h"  // src/: ChildProcess
-#include "socket_util.h"  // wan/: ListenTcp, ConnectTcp, WriteAll
+#include "wan/socket_util.h"  // wan/: ListenTcp, ConnectTcp, WriteAll
 
 namespace {
 

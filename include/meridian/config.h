@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {

@@ -9,7 +9,8 @@
 #include <functional>
 #include <string>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/report.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/wire.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {

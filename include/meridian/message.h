@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "meridian/layout.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/wire.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {

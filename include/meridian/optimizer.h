@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 
 namespace meridian {
 

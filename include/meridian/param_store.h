@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "meridian/layout.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {

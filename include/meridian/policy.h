@@ -1,7 +1,7 @@
 // Intra-site scheduling: the one place that decides when a worker commits
 // (the plan it is sent) and when a commit or pull is answered. The policies
 // (pb::PolicyKind): BSP; ASYNC, which is TAP; SSP; FIXED_ADACOMM; ADACOMM;
-// and ADSP, whose tuning math lives in meridian/adsp.h.
+// and ADSP, whose tuning math lives in src/sched/adsp.h.
 //
 // Driving a policy (the site server's event loop):
 //   - Start() once every worker has joined; OnCommit/OnPull/OnLeave per
@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "meridian/clock.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/wire.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {

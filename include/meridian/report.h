@@ -8,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/report.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {

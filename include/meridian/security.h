@@ -36,7 +36,7 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {

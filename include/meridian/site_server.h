@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "meridian/clock.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/report.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {

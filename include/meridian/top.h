@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/metrics.h"
 #include "meridian/status.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/wire.pb.h"
 #include "meridian/message.h"
 #include "meridian/status.h"
 

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "meridian/clock.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/report.pb.h"
+#include "meridian/wan_control.pb.h"
 #include "meridian/status.h"
 
 namespace meridian::wan {

@@ -9,9 +9,9 @@
 #include <string_view>
 #include <vector>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/status.h"
-#include "meridian/wan_model.h"
+#include "wan/model.h"
 
 namespace meridian::wan {
 

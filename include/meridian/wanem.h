@@ -26,10 +26,11 @@
 #include <vector>
 
 #include "meridian/clock.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/wan_control.pb.h"
 #include "meridian/status.h"
-#include "meridian/wan_emulator.h"
-#include "meridian/wan_model.h"
+#include "wan/emulator.h"
+#include "wan/model.h"
 
 namespace meridian::wan {
 

@@ -8,7 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/wire.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {

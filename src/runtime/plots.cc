@@ -15,7 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/report.pb.h"
 #include "meridian/report.h"
 #include "runtime/process.h"
 

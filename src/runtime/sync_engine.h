@@ -14,7 +14,8 @@
 #include <zmq.hpp>
 
 #include "meridian/clock.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/report.pb.h"
 #include "meridian/param_store.h"
 #include "meridian/status.h"
 

@@ -1,4 +1,4 @@
-#include "meridian/adsp.h"
+#include "sched/adsp.h"
 
 #include <algorithm>
 #include <cmath>

@@ -5,7 +5,7 @@
 #include <limits>
 #include <utility>
 
-#include "meridian/adsp.h"
+#include "sched/adsp.h"
 
 namespace meridian {
 namespace {

@@ -13,7 +13,7 @@
 #include "compression/format.h"
 #include "compression/varint.h"
 #include "meridian/compression.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 
 namespace meridian::testing {
 

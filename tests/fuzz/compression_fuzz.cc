@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "meridian/compression.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/status.h"
 
 namespace {

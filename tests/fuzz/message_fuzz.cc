@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "meridian/layout.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/wire.pb.h"
 #include "meridian/message.h"
 
 namespace {

@@ -20,9 +20,9 @@
 #include <string>
 #include <string_view>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/wan_control.pb.h"
 #include "meridian/wan_control.h"
-#include "meridian/wan_model.h"
+#include "wan/model.h"
 #include "meridian/wan_units.h"
 
 namespace {

@@ -22,7 +22,7 @@
 #include <span>
 #include <vector>
 
-#include "meridian/wan_zmtp.h"
+#include "wan/zmtp.h"
 
 namespace {
 

@@ -4,7 +4,8 @@
 #include <fstream>
 #include <string>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/report.pb.h"
 #include "meridian/report.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"

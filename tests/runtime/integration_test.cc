@@ -18,7 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/report.pb.h"
 #include "meridian/report.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"

@@ -13,7 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/report.pb.h"
 #include "meridian/metrics.h"
 #include "meridian/report.h"
 #include "testing/processes.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/site_server.h"
 #include "meridian/status.h"
 

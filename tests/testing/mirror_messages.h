@@ -8,7 +8,7 @@
 #include <zmq.hpp>
 
 #include "meridian/layout.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/wire.pb.h"
 #include "meridian/status.h"
 
 namespace meridian::testing {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/status.h"
 
 namespace meridian::testing {

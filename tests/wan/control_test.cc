@@ -5,7 +5,7 @@
 #include <zmq.hpp>
 
 #include "meridian/wan_control.h"
-#include "meridian/wan_emulator.h"
+#include "wan/emulator.h"
 #include "wan/wan_test_util.h"
 
 namespace meridian::wan {

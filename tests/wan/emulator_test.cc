@@ -6,7 +6,7 @@
 #include <atomic>
 #include <thread>
 
-#include "meridian/wan_emulator.h"
+#include "wan/emulator.h"
 #include "wan/wan_test_util.h"
 
 namespace meridian::wan {

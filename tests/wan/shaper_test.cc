@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-#include "meridian/wan_shaper.h"
+#include "wan/shaper.h"
 
 namespace meridian::wan {
 namespace {

@@ -1,7 +1,7 @@
 // Units as tc writes them, and clear errors for anything else.
 #include <gtest/gtest.h>
 
-#include "meridian/wan_model.h"
+#include "wan/model.h"
 #include "meridian/wan_units.h"
 
 namespace meridian::wan {

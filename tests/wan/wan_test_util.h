@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "socket_util.h"  // wan/: WriteAll
+#include "wan/socket_util.h"  // wan/: WriteAll
 
 namespace meridian::wan::testing {
 

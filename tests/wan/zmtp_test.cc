@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "meridian/wan_zmtp.h"
+#include "wan/zmtp.h"
 
 namespace meridian::wan {
 namespace {

@@ -23,7 +23,7 @@
 //
 // Accounting happens where bytes cross: `bytes` counts what was written to
 // the far side's socket, `messages` the ZeroMQ messages (ZMTP 3.x framing,
-// see wan_zmtp.h) completed among those bytes. All methods are thread-safe.
+// see wan/zmtp.h) completed among those bytes. All methods are thread-safe.
 #ifndef MERIDIAN_WAN_EMULATOR_H_
 #define MERIDIAN_WAN_EMULATOR_H_
 
@@ -34,9 +34,10 @@
 #include <vector>
 
 #include "meridian/clock.h"
-#include "meridian/meridian.pb.h"
+#include "meridian/job.pb.h"
+#include "meridian/wan_control.pb.h"
 #include "meridian/status.h"
-#include "meridian/wan_model.h"
+#include "wan/model.h"
 
 namespace meridian::wan {
 

@@ -4,8 +4,8 @@
 // momentum mu, and ADACOMM's period rules. Spec: ../shared/reference/adsp.md.
 // Nothing here reads a clock or does I/O: callers pass the time in, so every
 // piece runs on virtual time in tests.
-#ifndef MERIDIAN_ADSP_H_
-#define MERIDIAN_ADSP_H_
+#ifndef MERIDIAN_SCHED_ADSP_H_
+#define MERIDIAN_SCHED_ADSP_H_
 
 #include <cstdint>
 #include <optional>
@@ -234,4 +234,4 @@ Result<uint32_t> ChooseAdacommTau0(std::span<const Tau0Trial> trials);
 
 }  // namespace meridian
 
-#endif  // MERIDIAN_ADSP_H_
+#endif  // MERIDIAN_SCHED_ADSP_H_

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "meridian/clock.h"
-#include "meridian/wan_model.h"
+#include "wan/model.h"
 
 namespace meridian::wan {
 
