@@ -246,11 +246,10 @@ int Site(const std::string& path, const std::string& site,
   }
   auto serve = [&] { return (*server)->Run(); };
   const Status status =
-      with_workers
-          ? RunWithSiteWorkers(path, job, site,
-                               (out_dir.empty() ? "." : out_dir) + "/logs", "",
-                               serve)
-          : serve();
+      with_workers ? RunWithSiteWorkers(
+                         path, job, site,
+                         (out_dir.empty() ? "." : out_dir) + "/logs", "", serve)
+                   : serve();
   if (!status.ok()) {
     MLOG(ERROR) << status;
     return kExitFailure;
@@ -415,240 +414,302 @@ int WanemCtl(const std::string& command, const WanemCtlFlags& flags) {
   return code;
 }
 
-int Main(int argc, char** argv) {
-  CLI::App app{
-      "Meridian: geo-distributed training with site parameter servers"};
-  app.require_subcommand(1);
-
+// Every flag of every subcommand. Subcommands that take the same flag
+// (--config, --out, --site, ...) share its variable; CLI11 fills only those
+// of the subcommand given.
+struct Flags {
   std::string config;
   std::string out_dir;
   std::string site;
-  std::string endpoint;
+  std::string endpoint;  // site --bind, worker --connect
   std::string mirror_bind;
   std::string metrics;
   uint32_t index = 0;
   int ready_fd = -1;
-
-  CLI::App* validate = app.add_subcommand(
-      "validate", "Check a job file; print every problem with line:column");
-  validate->add_option("FILE", config, "job file (text-format JobConfig)")
-      ->required();
-
-  CLI::App* run = app.add_subcommand(
-      "run", "Run a whole job on this machine: every role as a child process");
-  run->add_option("FILE", config, "job file")->required();
-  run->add_option("--out", out_dir,
-                  "output directory (default runs/<job>-<time>)");
-
+  std::string secret_key;
+  bool with_workers = false;
   std::vector<std::string> compare_dirs;
-  CLI::App* compare = app.add_subcommand(
-      "compare",
-      "Markdown table of runs: time to target, final accuracy, WAN bytes, "
-      "and each ratio against the first run");
-  compare
-      ->add_option("DIR", compare_dirs,
-                   "run directories, each holding a report.json")
-      ->required();
-
+  std::vector<std::string> report_dirs;
   std::string top_run;
   double top_interval = 2.0;
   bool top_once = false;
-  CLI::App* top = app.add_subcommand(
+  WanemFlags wanem;
+  WanemCtlFlags ctl;
+};
+
+// The subcommands, to tell which one was given.
+struct Commands {
+  CLI::App* validate = nullptr;
+  CLI::App* run = nullptr;
+  CLI::App* compare = nullptr;
+  CLI::App* top = nullptr;
+  CLI::App* report = nullptr;
+  CLI::App* site = nullptr;
+  CLI::App* keygen = nullptr;
+  CLI::App* worker = nullptr;
+  CLI::App* wanem = nullptr;
+  CLI::App* wanem_ctl = nullptr;
+};
+
+// The commands that work on job files and run directories: validate, run,
+// compare.
+void AddJobCommands(CLI::App* app, Flags* flags, Commands* commands) {
+  commands->validate = app->add_subcommand(
+      "validate", "Check a job file; print every problem with line:column");
+  commands->validate
+      ->add_option("FILE", flags->config, "job file (text-format JobConfig)")
+      ->required();
+
+  commands->run = app->add_subcommand(
+      "run", "Run a whole job on this machine: every role as a child process");
+  commands->run->add_option("FILE", flags->config, "job file")->required();
+  commands->run->add_option("--out", flags->out_dir,
+                            "output directory (default runs/<job>-<time>)");
+
+  commands->compare = app->add_subcommand(
+      "compare",
+      "Markdown table of runs: time to target, final accuracy, WAN bytes, "
+      "and each ratio against the first run");
+  commands->compare
+      ->add_option("DIR", flags->compare_dirs,
+                   "run directories, each holding a report.json")
+      ->required();
+}
+
+// The commands that observe runs: top (live) and report (afterwards).
+void AddObserveCommands(CLI::App* app, Flags* flags, Commands* commands) {
+  CLI::App* top = commands->top = app->add_subcommand(
       "top",
       "Live table of every site (state, training time, accuracy, clock, "
       "theta, commits/s, WAN MB, staleness, queue) from their metrics "
       "endpoints");
-  top->add_option("CONFIG", config,
+  top->add_option("CONFIG", flags->config,
                   "job file: scrape each site's metrics_address (and "
                   "wan.metrics_address)");
-  top->add_option("--run", top_run,
+  top->add_option("--run", flags->top_run,
                   "a directory of `meridian run`: scrape the processes in its "
                   "endpoints.json");
-  top->add_option("--interval", top_interval,
+  top->add_option("--interval", flags->top_interval,
                   "seconds between refreshes (default 2)");
-  top->add_flag("--once", top_once, "print the table once and exit");
+  top->add_flag("--once", flags->top_once, "print the table once and exit");
 
-  std::vector<std::string> report_dirs;
-  CLI::App* report = app.add_subcommand(
+  CLI::App* report = commands->report = app->add_subcommand(
       "report",
       "Plots (PNG, gnuplot) and summary.md of run directories: accuracy vs "
       "time, WAN bytes vs time, accuracy vs WAN bytes, commit rate");
   report
-      ->add_option("DIR", report_dirs,
+      ->add_option("DIR", flags->report_dirs,
                    "run directories, each holding a report.json")
       ->required();
-  report->add_option("--out", out_dir,
+  report->add_option("--out", flags->out_dir,
                      "directory for the plots (default: DIR/plots of the "
                      "first DIR)");
+}
 
-  CLI::App* site_cmd =
-      app.add_subcommand("site", "Run one site server of a job");
-  site_cmd->add_option("--config", config, "job file")->required();
-  site_cmd->add_option("--site", site, "site name in the job file")->required();
-  site_cmd->add_option("--bind", endpoint,
-                       "ZeroMQ endpoint to listen on (default: the site's "
-                       "address)");
-  site_cmd->add_option("--mirror-bind", mirror_bind,
-                       "ZeroMQ endpoint for peer sites' updates (default: "
-                       "the site's mirror_address)");
-  site_cmd->add_option("--out", out_dir,
-                       "directory for the site summary (site-<name>.json)");
-  site_cmd->add_option("--ready-fd", ready_fd,
-                       "write 'ready <endpoint>' to this fd once listening");
-  site_cmd->add_option("--metrics", metrics,
-                       "serve metrics (Prometheus text at /metrics) on "
-                       "HOST:PORT; port 0 picks one (default: the site's "
-                       "metrics_address; 'none': no endpoint)");
-  std::string secret_key;
-  site_cmd->add_option("--secret-key", secret_key,
-                       "the site's CURVE secret key file, mode 0600 "
-                       "(default: $MERIDIAN_SECRET_KEY, else "
-                       "<security.key_dir>/<site>.key)");
-  bool with_workers = false;
-  site_cmd->add_flag("--with-workers", with_workers,
-                     "also run the site's workers as child processes (logs "
-                     "in <out>/logs); one command per site");
+CLI::App* AddSiteCommand(CLI::App* app, Flags* flags) {
+  CLI::App* site = app->add_subcommand("site", "Run one site server of a job");
+  site->add_option("--config", flags->config, "job file")->required();
+  site->add_option("--site", flags->site, "site name in the job file")
+      ->required();
+  site->add_option("--bind", flags->endpoint,
+                   "ZeroMQ endpoint to listen on (default: the site's "
+                   "address)");
+  site->add_option("--mirror-bind", flags->mirror_bind,
+                   "ZeroMQ endpoint for peer sites' updates (default: "
+                   "the site's mirror_address)");
+  site->add_option("--out", flags->out_dir,
+                   "directory for the site summary (site-<name>.json)");
+  site->add_option("--ready-fd", flags->ready_fd,
+                   "write 'ready <endpoint>' to this fd once listening");
+  site->add_option("--metrics", flags->metrics,
+                   "serve metrics (Prometheus text at /metrics) on "
+                   "HOST:PORT; port 0 picks one (default: the site's "
+                   "metrics_address; 'none': no endpoint)");
+  site->add_option("--secret-key", flags->secret_key,
+                   "the site's CURVE secret key file, mode 0600 "
+                   "(default: $MERIDIAN_SECRET_KEY, else "
+                   "<security.key_dir>/<site>.key)");
+  site->add_flag("--with-workers", flags->with_workers,
+                 "also run the site's workers as child processes (logs "
+                 "in <out>/logs); one command per site");
+  return site;
+}
 
-  CLI::App* keygen = app.add_subcommand(
+// keygen, which prepares a site, and worker, the other role.
+void AddKeygenAndWorkerCommands(CLI::App* app, Flags* flags,
+                                Commands* commands) {
+  CLI::App* keygen = commands->keygen = app->add_subcommand(
       "keygen",
       "Write a site's CURVE key pair (DIR/NAME.key, mode 0600, and "
       "DIR/NAME.pub) and print the job-file line with its public key");
-  keygen->add_option("--site", site, "site name")->required();
-  keygen->add_option("--out", out_dir, "directory for the key files")
+  keygen->add_option("--site", flags->site, "site name")->required();
+  keygen->add_option("--out", flags->out_dir, "directory for the key files")
       ->required();
 
-  CLI::App* worker_cmd = app.add_subcommand("worker", "Run one worker");
-  worker_cmd->add_option("--config", config, "job file")->required();
-  worker_cmd->add_option("--site", site, "site name in the job file")
+  CLI::App* worker = commands->worker =
+      app->add_subcommand("worker", "Run one worker");
+  worker->add_option("--config", flags->config, "job file")->required();
+  worker->add_option("--site", flags->site, "site name in the job file")
       ->required();
-  worker_cmd->add_option("--index", index, "worker index inside the site")
+  worker->add_option("--index", flags->index, "worker index inside the site")
       ->required();
-  worker_cmd->add_option("--connect", endpoint,
-                         "site server endpoint (default: the site's "
-                         "address)");
-  worker_cmd->add_option("--metrics", metrics,
-                         "serve this worker's metrics on HOST:PORT (default: "
-                         "none; the site server exports every worker's "
-                         "counts)");
+  worker->add_option("--connect", flags->endpoint,
+                     "site server endpoint (default: the site's "
+                     "address)");
+  worker->add_option("--metrics", flags->metrics,
+                     "serve this worker's metrics on HOST:PORT (default: "
+                     "none; the site server exports every worker's "
+                     "counts)");
+}
 
-  WanemFlags wanem;
-  CLI::App* wanem_cmd = app.add_subcommand(
+CLI::App* AddWanemCommand(CLI::App* app, WanemFlags* wanem) {
+  CLI::App* cmd = app->add_subcommand(
       "wanem",
       "WAN link emulator: a TCP proxy that shapes bandwidth, latency, jitter "
       "and partitions and counts every byte and message");
-  wanem_cmd->add_option("--listen", wanem.listen,
-                        "one link: listen on HOST:PORT (port 0: any)");
-  wanem_cmd->add_option("--forward", wanem.forward,
-                        "one link: forward connections to HOST:PORT");
-  wanem_cmd->add_option("--bandwidth", wanem.bandwidth,
-                        "one link: rate per direction, e.g. 100mbit, 1gbit "
-                        "(default unlimited)");
-  wanem_cmd->add_option("--latency", wanem.latency,
-                        "one link: one-way latency, e.g. 40ms (default 0)");
-  wanem_cmd->add_option("--jitter", wanem.jitter,
-                        "one link: jitter, e.g. 5ms (default 0)");
-  wanem_cmd->add_option("--jitter-distribution", wanem.jitter_distribution,
-                        "one link: uniform (default) or normal");
-  wanem_cmd->add_option("--queue-limit", wanem.queue_limit,
-                        "one link: bytes held per direction before reading "
-                        "stops, e.g. 4mb (default 2 x bandwidth x delay, "
-                        ">= 1mb)");
-  wanem_cmd->add_option("--config", wanem.config,
-                        "job file: every link between its sites; with the "
-                        "job's wan.wanem_host it listens for every route its "
-                        "sites use, otherwise routes are added over the "
-                        "control endpoint");
-  wanem_cmd->add_option("--link", wanem.link,
-                        "with --config: only this link, e.g. us-eu");
-  wanem_cmd->add_flag("--dynamic-routes", wanem.dynamic_routes,
-                      "with --config: open no routes of wan.wanem_host; "
-                      "they are added over the control endpoint (what "
-                      "`meridian run` does)");
-  wanem_cmd->add_option("--control", wanem.control,
-                        "control endpoint (default: the job's "
-                        "wan.control_address, or tcp://127.0.0.1:7300; "
-                        "port 0 picks one; 'none' disables it)");
-  wanem_cmd->add_option("--ready-fd", wanem.ready_fd,
-                        "write 'ready <control endpoint>' to this fd once "
-                        "listening");
-  wanem_cmd->add_option("--traffic-csv", wanem.traffic_csv,
-                        "append per-link traffic samples to this file");
-  wanem_cmd->add_option("--metrics", wanem.metrics,
-                        "serve metrics (per link direction) on HOST:PORT; "
-                        "port 0 picks one (default: the job's "
-                        "wan.metrics_address; 'none': no endpoint)");
+  cmd->add_option("--listen", wanem->listen,
+                  "one link: listen on HOST:PORT (port 0: any)");
+  cmd->add_option("--forward", wanem->forward,
+                  "one link: forward connections to HOST:PORT");
+  cmd->add_option("--bandwidth", wanem->bandwidth,
+                  "one link: rate per direction, e.g. 100mbit, 1gbit "
+                  "(default unlimited)");
+  cmd->add_option("--latency", wanem->latency,
+                  "one link: one-way latency, e.g. 40ms (default 0)");
+  cmd->add_option("--jitter", wanem->jitter,
+                  "one link: jitter, e.g. 5ms (default 0)");
+  cmd->add_option("--jitter-distribution", wanem->jitter_distribution,
+                  "one link: uniform (default) or normal");
+  cmd->add_option("--queue-limit", wanem->queue_limit,
+                  "one link: bytes held per direction before reading "
+                  "stops, e.g. 4mb (default 2 x bandwidth x delay, "
+                  ">= 1mb)");
+  cmd->add_option("--config", wanem->config,
+                  "job file: every link between its sites; with the "
+                  "job's wan.wanem_host it listens for every route its "
+                  "sites use, otherwise routes are added over the "
+                  "control endpoint");
+  cmd->add_option("--link", wanem->link,
+                  "with --config: only this link, e.g. us-eu");
+  cmd->add_flag("--dynamic-routes", wanem->dynamic_routes,
+                "with --config: open no routes of wan.wanem_host; "
+                "they are added over the control endpoint (what "
+                "`meridian run` does)");
+  cmd->add_option("--control", wanem->control,
+                  "control endpoint (default: the job's "
+                  "wan.control_address, or tcp://127.0.0.1:7300; "
+                  "port 0 picks one; 'none' disables it)");
+  cmd->add_option("--ready-fd", wanem->ready_fd,
+                  "write 'ready <control endpoint>' to this fd once "
+                  "listening");
+  cmd->add_option("--traffic-csv", wanem->traffic_csv,
+                  "append per-link traffic samples to this file");
+  cmd->add_option("--metrics", wanem->metrics,
+                  "serve metrics (per link direction) on HOST:PORT; "
+                  "port 0 picks one (default: the job's "
+                  "wan.metrics_address; 'none': no endpoint)");
+  return cmd;
+}
 
-  WanemCtlFlags ctl_flags;
-  std::string ctl_command;
-  CLI::App* ctl = wanem_cmd->add_subcommand(
+// `wanem ctl` under `wanem`, with one subcommand per request; the request
+// is the name of the subcommand given.
+CLI::App* AddWanemCtlCommand(CLI::App* wanem, WanemCtlFlags* flags) {
+  CLI::App* ctl = wanem->add_subcommand(
       "ctl",
       "Control a running wanem: status, set, partition, heal, add-route");
   ctl->require_subcommand(1);
-  ctl->add_option("--control", ctl_flags.control,
+  ctl->add_option("--control", flags->control,
                   "wanem's control endpoint (default tcp://127.0.0.1:7300)");
-  CLI::App* ctl_status = ctl->add_subcommand("status", "Links and counters");
-  CLI::App* ctl_set =
+  CLI::App* status = ctl->add_subcommand("status", "Links and counters");
+  CLI::App* set =
       ctl->add_subcommand("set", "Change a link's model while it runs");
-  ctl_set->add_option("LINK", ctl_flags.link, "link name, e.g. a-b")
-      ->required();
-  ctl_set->add_option("--direction", ctl_flags.direction,
-                      "a-to-b, b-to-a or both (default both)");
-  ctl_set->add_option("--bandwidth", ctl_flags.bandwidth, "e.g. 100mbit");
-  ctl_set->add_option("--latency", ctl_flags.latency, "one-way, e.g. 40ms");
-  ctl_set->add_option("--jitter", ctl_flags.jitter, "e.g. 5ms");
-  ctl_set->add_option("--jitter-distribution", ctl_flags.jitter_distribution,
-                      "uniform or normal");
-  ctl_set->add_option("--queue-limit", ctl_flags.queue_limit, "e.g. 4mb");
-  CLI::App* ctl_partition = ctl->add_subcommand(
+  set->add_option("LINK", flags->link, "link name, e.g. a-b")->required();
+  set->add_option("--direction", flags->direction,
+                  "a-to-b, b-to-a or both (default both)");
+  set->add_option("--bandwidth", flags->bandwidth, "e.g. 100mbit");
+  set->add_option("--latency", flags->latency, "one-way, e.g. 40ms");
+  set->add_option("--jitter", flags->jitter, "e.g. 5ms");
+  set->add_option("--jitter-distribution", flags->jitter_distribution,
+                  "uniform or normal");
+  set->add_option("--queue-limit", flags->queue_limit, "e.g. 4mb");
+  CLI::App* partition = ctl->add_subcommand(
       "partition", "Hold a link's bytes (connections stay open)");
-  ctl_partition->add_option("LINK", ctl_flags.link, "link name")->required();
-  CLI::App* ctl_heal =
+  partition->add_option("LINK", flags->link, "link name")->required();
+  CLI::App* heal =
       ctl->add_subcommand("heal", "Resume a partitioned link, in order");
-  ctl_heal->add_option("LINK", ctl_flags.link, "link name")->required();
-  CLI::App* ctl_route = ctl->add_subcommand(
+  heal->add_option("LINK", flags->link, "link name")->required();
+  CLI::App* route = ctl->add_subcommand(
       "add-route", "Listen for connections from one site to the other");
-  ctl_route->add_option("LINK", ctl_flags.link, "link name")->required();
-  ctl_route->add_option("--from", ctl_flags.from, "the connecting site")
-      ->required();
-  ctl_route
-      ->add_option("--listen", ctl_flags.listen,
+  route->add_option("LINK", flags->link, "link name")->required();
+  route->add_option("--from", flags->from, "the connecting site")->required();
+  route
+      ->add_option("--listen", flags->listen,
                    "HOST:PORT to listen on (port 0: any)")
       ->required();
-  ctl_route
-      ->add_option("--forward", ctl_flags.forward,
-                   "HOST:PORT on the other site")
+  route->add_option("--forward", flags->forward, "HOST:PORT on the other site")
       ->required();
-  for (CLI::App* leaf :
-       {ctl_status, ctl_set, ctl_partition, ctl_heal, ctl_route}) {
+  for (CLI::App* leaf : {status, set, partition, heal, route}) {
     leaf->fallthrough();  // `ctl status --control X` works too
   }
+  return ctl;
+}
 
+// Adds every subcommand to `app`, in the order `--help` lists them.
+Commands AddCommands(CLI::App* app, Flags* flags) {
+  Commands commands;
+  AddJobCommands(app, flags, &commands);
+  AddObserveCommands(app, flags, &commands);
+  commands.site = AddSiteCommand(app, flags);
+  AddKeygenAndWorkerCommands(app, flags, &commands);
+  commands.wanem = AddWanemCommand(app, &flags->wanem);
+  commands.wanem_ctl = AddWanemCtlCommand(commands.wanem, &flags->ctl);
+  return commands;
+}
+
+// Runs the subcommand that was given; returns the exit code.
+int Dispatch(const Commands& commands, const Flags& flags) {
+  if (*commands.validate) return Validate(flags.config);
+  if (*commands.run) return Run(flags.config, flags.out_dir);
+  if (*commands.compare) return Compare(flags.compare_dirs);
+  if (*commands.site) {
+    return Site(flags.config, flags.site, flags.endpoint, flags.mirror_bind,
+                flags.out_dir, flags.ready_fd, flags.secret_key, flags.metrics,
+                flags.with_workers);
+  }
+  if (*commands.keygen) return Keygen(flags.site, flags.out_dir);
+  if (*commands.worker) {
+    return WorkerRole(flags.config, flags.site, flags.index, flags.endpoint,
+                      flags.metrics);
+  }
+  if (*commands.top) {
+    return Top(flags.config, flags.top_run, flags.top_interval, flags.top_once);
+  }
+  if (*commands.report) return Report(flags.report_dirs, flags.out_dir);
+  if (*commands.wanem) {
+    if (*commands.wanem_ctl) {
+      std::string command;
+      for (CLI::App* leaf : commands.wanem_ctl->get_subcommands()) {
+        command = leaf->get_name();
+      }
+      return WanemCtl(command, flags.ctl);
+    }
+    return Wanem(flags.wanem);
+  }
+  return kExitBadInput;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{
+      "Meridian: geo-distributed training with site parameter servers"};
+  app.require_subcommand(1);
+  Flags flags;
+  const Commands commands = AddCommands(&app, &flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return app.exit(error) == 0 ? 0 : kExitBadInput;
   }
-  if (*validate) return Validate(config);
-  if (*run) return Run(config, out_dir);
-  if (*compare) return Compare(compare_dirs);
-  if (*site_cmd) {
-    return Site(config, site, endpoint, mirror_bind, out_dir, ready_fd,
-                secret_key, metrics, with_workers);
-  }
-  if (*keygen) return Keygen(site, out_dir);
-  if (*worker_cmd) return WorkerRole(config, site, index, endpoint, metrics);
-  if (*top) return Top(config, top_run, top_interval, top_once);
-  if (*report) return Report(report_dirs, out_dir);
-  if (*wanem_cmd) {
-    if (*ctl) {
-      for (CLI::App* leaf : ctl->get_subcommands()) {
-        ctl_command = leaf->get_name();
-      }
-      return WanemCtl(ctl_command, ctl_flags);
-    }
-    return Wanem(wanem);
-  }
-  return kExitBadInput;
+  return Dispatch(commands, flags);
 }
 
 }  // namespace

@@ -15,8 +15,8 @@
 #include <sstream>
 #include <thread>
 
-#include "meridian/report.pb.h"
 #include "meridian/report.h"
+#include "meridian/report.pb.h"
 #include "runtime/process.h"
 
 namespace meridian {
@@ -300,20 +300,28 @@ struct Plot {
   std::string description;
 };
 
-}  // namespace
+// What the plot sections add up to: the gnuplot script, the images it
+// draws (summary.md lists them) and notes on what was left out.
+struct Figures {
+  std::string script;
+  std::vector<Plot> plots;
+  std::vector<std::string> notes;
+};
 
-Result<PlotResult> RenderReport(const PlotOptions& options) {
-  if (options.run_dirs.empty()) {
-    return InvalidArgumentError("no run directories given");
-  }
-  std::vector<Run> runs;
-  for (const std::string& dir : options.run_dirs) {
-    MERIDIAN_ASSIGN_OR_RETURN(Run run, LoadRun(dir));
-    runs.push_back(std::move(run));
-  }
-  // Legends: the directory's name, or the path as given when two agree.
+constexpr char kScriptHeader[] =
+    "# Meridian report plots: run `gnuplot plots.gp` in this directory.\n"
+    "set encoding utf8\nset grid\nset key outside right top\n"
+    "# Eight well-separated colours (matplotlib's tab10).\n"
+    "set linetype 1 lc rgb \"#1f77b4\"\nset linetype 2 lc rgb \"#ff7f0e\"\n"
+    "set linetype 3 lc rgb \"#2ca02c\"\nset linetype 4 lc rgb \"#d62728\"\n"
+    "set linetype 5 lc rgb \"#9467bd\"\nset linetype 6 lc rgb \"#8c564b\"\n"
+    "set linetype 7 lc rgb \"#e377c2\"\nset linetype 8 lc rgb \"#7f7f7f\"\n"
+    "set linetype cycle 8\n";
+
+// Legends: the directory's name, or the path as given when two agree.
+void LabelRuns(std::vector<Run>* runs) {
   std::map<std::string, int> seen;
-  for (Run& run : runs) {
+  for (Run& run : *runs) {
     run.label = fs::path(run.dir).lexically_normal().filename().string();
     if (run.label.empty()) {
       run.label = fs::path(run.dir)
@@ -325,301 +333,408 @@ Result<PlotResult> RenderReport(const PlotOptions& options) {
     if (run.label.empty()) run.label = run.dir;
     ++seen[run.label];
   }
-  for (Run& run : runs) {
+  for (Run& run : *runs) {
     if (seen[run.label] > 1) run.label = run.dir;
   }
-  const bool many = runs.size() > 1;
+}
 
-  PlotResult result;
-  result.out_dir =
-      options.out_dir.empty() ? runs.front().dir + "/plots" : options.out_dir;
+// Every run of `dirs`, labelled; the first error stops it.
+Result<std::vector<Run>> LoadRuns(const std::vector<std::string>& dirs) {
+  std::vector<Run> runs;
+  for (const std::string& dir : dirs) {
+    MERIDIAN_ASSIGN_OR_RETURN(Run run, LoadRun(dir));
+    runs.push_back(std::move(run));
+  }
+  LabelRuns(&runs);
+  return runs;
+}
+
+// Creates the output directory (options.out_dir, else <first run>/plots)
+// and returns its path.
+Result<std::string> MakeOutDir(const PlotOptions& options, const Run& first) {
+  const std::string out_dir =
+      options.out_dir.empty() ? first.dir + "/plots" : options.out_dir;
   std::error_code error;
-  fs::create_directories(result.out_dir, error);
-  if (error || !fs::is_directory(result.out_dir)) {
-    return InvalidArgumentError("cannot create output directory '" +
-                                result.out_dir + "'");
+  fs::create_directories(out_dir, error);
+  if (error || !fs::is_directory(out_dir)) {
+    return InvalidArgumentError("cannot create output directory '" + out_dir +
+                                "'");
   }
-  const std::string out = result.out_dir + "/";
+  return out_dir;
+}
 
-  std::string script =
-      "# Meridian report plots: run `gnuplot plots.gp` in this directory.\n"
-      "set encoding utf8\nset grid\nset key outside right top\n"
-      "# Eight well-separated colours (matplotlib's tab10).\n"
-      "set linetype 1 lc rgb \"#1f77b4\"\nset linetype 2 lc rgb \"#ff7f0e\"\n"
-      "set linetype 3 lc rgb \"#2ca02c\"\nset linetype 4 lc rgb \"#d62728\"\n"
-      "set linetype 5 lc rgb \"#9467bd\"\nset linetype 6 lc rgb \"#8c564b\"\n"
-      "set linetype 7 lc rgb \"#e377c2\"\nset linetype 8 lc rgb \"#7f7f7f\"\n"
-      "set linetype cycle 8\n";
-  std::vector<Plot> plots;
-  std::vector<std::string> notes;
-
-  // Accuracy over training time, per site.
-  {
-    Blocks blocks("accuracy_vs_time.dat");
-    for (size_t r = 0; r < runs.size(); ++r) {
-      const Run& run = runs[r];
-      std::map<std::string, std::vector<const EvalRow*>> by_site;
-      std::vector<std::string> order;
-      for (const EvalRow& row : run.timeline) {
-        if (by_site[row.site].empty()) order.push_back(row.site);
-        by_site[row.site].push_back(&row);
-      }
-      for (size_t i = 0; i < order.size(); ++i) {
-        const std::string& site = order[i];
-        // Several runs: a colour per run, a dash type per site.
-        blocks.Begin(many ? run.label + ": " + site : site,
-                     "with linespoints pt 7 ps 0.5 lw 2 " +
-                         (many ? LineStyle(r, i) : LineStyle(i, 0)));
-        for (const EvalRow* row : by_site[site]) {
-          blocks.Row(Fmt(row->t_s) + " " + Fmt(row->accuracy));
-        }
+// A block per site of every run, accuracy over training time. Several
+// runs: a colour per run, a dash type per site.
+Blocks AccuracyBlocks(const std::vector<Run>& runs) {
+  const bool many = runs.size() > 1;
+  Blocks blocks("accuracy_vs_time.dat");
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const Run& run = runs[r];
+    std::map<std::string, std::vector<const EvalRow*>> by_site;
+    std::vector<std::string> order;
+    for (const EvalRow& row : run.timeline) {
+      if (by_site[row.site].empty()) order.push_back(row.site);
+      by_site[row.site].push_back(&row);
+    }
+    for (size_t i = 0; i < order.size(); ++i) {
+      const std::string& site = order[i];
+      blocks.Begin(many ? run.label + ": " + site : site,
+                   "with linespoints pt 7 ps 0.5 lw 2 " +
+                       (many ? LineStyle(r, i) : LineStyle(i, 0)));
+      for (const EvalRow* row : by_site[site]) {
+        blocks.Row(Fmt(row->t_s) + " " + Fmt(row->accuracy));
       }
     }
-    if (blocks.count() > 0) {
-      MERIDIAN_RETURN_IF_ERROR(WriteText(out + blocks.file(), blocks.data()));
-      script += "\n# Test accuracy per site over training time\n" +
-                Terminal(1100, 650) +
-                "set output \"accuracy_vs_time.png\"\n"
-                "set title \"Test accuracy per site\"\n"
-                "set xlabel \"training time (s)\"\n"
-                "set ylabel \"test accuracy (fraction correct)\"\n"
-                "unset logscale x\nset xrange [0:*]\nset autoscale xfixmax\n"
-                "set yrange [*:*]\nset format x \"%g\"\n" +
-                blocks.Plot();
-      plots.push_back({"accuracy_vs_time.png",
-                       "test accuracy of every site over training time"});
-    } else {
-      notes.push_back("No evaluations in the runs: no accuracy plots.");
-    }
   }
+  return blocks;
+}
 
-  // Cumulative WAN bytes per link direction, a panel per run with traffic.
+// Accuracy over training time, per site. `out` ends with '/'.
+Status AddAccuracyPlot(const std::vector<Run>& runs, const std::string& out,
+                       Figures* figures) {
+  const Blocks blocks = AccuracyBlocks(runs);
+  if (blocks.count() == 0) {
+    figures->notes.push_back("No evaluations in the runs: no accuracy plots.");
+    return Status::Ok();
+  }
+  MERIDIAN_RETURN_IF_ERROR(WriteText(out + blocks.file(), blocks.data()));
+  figures->script += "\n# Test accuracy per site over training time\n" +
+                     Terminal(1100, 650) +
+                     "set output \"accuracy_vs_time.png\"\n"
+                     "set title \"Test accuracy per site\"\n"
+                     "set xlabel \"training time (s)\"\n"
+                     "set ylabel \"test accuracy (fraction correct)\"\n"
+                     "unset logscale x\nset xrange [0:*]\nset autoscale "
+                     "xfixmax\n"
+                     "set yrange [*:*]\nset format x \"%g\"\n" +
+                     blocks.Plot();
+  figures->plots.push_back({"accuracy_vs_time.png",
+                            "test accuracy of every site over training time"});
+  return Status::Ok();
+}
+
+// The runs that have WAN traffic; a note for each one that has none.
+std::vector<const Run*> RunsWithTraffic(const std::vector<Run>& runs,
+                                        std::vector<std::string>* notes) {
   std::vector<const Run*> with_traffic;
   for (const Run& run : runs) {
     if (run.has_traffic) {
       with_traffic.push_back(&run);
     } else {
-      notes.push_back("Run " + run.label +
-                      " has no WAN traffic (no traffic.csv, or no bytes in "
-                      "it): it is left out of the WAN plots.");
+      notes->push_back("Run " + run.label +
+                       " has no WAN traffic (no traffic.csv, or no bytes in "
+                       "it): it is left out of the WAN plots.");
     }
   }
-  if (!with_traffic.empty()) {
-    Blocks blocks("wan_bytes_vs_time.dat");
-    std::vector<int> first_block;
-    for (const Run* run : with_traffic) {
-      first_block.push_back(blocks.count());
-      std::map<std::pair<std::string, std::string>, std::vector<TrafficRow>>
-          directions;
-      for (const TrafficRow& row : run->traffic) {
-        directions[{row.from, row.to}].push_back(row);
-      }
-      size_t shown = 0;
-      for (const auto& [direction, rows] : directions) {
-        if (rows.empty() || rows.back().bytes <= 0) continue;  // idle
-        blocks.Begin(direction.first + " -> " + direction.second,
-                     "with lines lw 2 " + LineStyle(shown % 8, shown / 8));
-        ++shown;
-        for (const TrafficRow& row : rows) {
-          blocks.Row(Fmt(row.t_s - run->traffic_offset_s) + " " +
-                     Fmt(row.bytes / 1e6));
-        }
-      }
-    }
-    first_block.push_back(blocks.count());
-    MERIDIAN_RETURN_IF_ERROR(WriteText(out + blocks.file(), blocks.data()));
-    const int panels = static_cast<int>(with_traffic.size());
-    script +=
-        "\n# Cumulative WAN bytes per link direction (a panel per run)\n" +
-        Terminal(1100, std::max(650, 420 * panels)) +
-        "set output \"wan_bytes_vs_time.png\"\n"
-        "set xlabel \"training time (s)\"\n"
-        "set ylabel \"cumulative WAN bytes (MB)\"\n"
-        "unset logscale x\nset xrange [0:*]\nset autoscale xfixmax\n"
-        "set yrange [0:*]\nset format x \"%g\"\n";
-    if (panels > 1) {
-      script += "set multiplot layout " + std::to_string(panels) +
-                ",1 title \"Cumulative WAN bytes per link direction\"\n";
-    }
-    for (int p = 0; p < panels; ++p) {
-      std::string title = with_traffic[p]->label;
-      if (panels == 1) {
-        title = "Cumulative WAN bytes per link direction" +
-                (many ? " (" + title + ")" : std::string());
-      }
-      script += "set title " + Quote(title) + "\n";
-      script += blocks.Plot(first_block[p], first_block[p + 1]);
-    }
-    if (panels > 1) script += "unset multiplot\n";
-    plots.push_back({"wan_bytes_vs_time.png",
-                     "cumulative WAN megabytes per link direction over "
-                     "training time"});
+  return with_traffic;
+}
 
-    // Accuracy against cumulative WAN bytes, runs overlaid.
-    Blocks curve("accuracy_vs_wan_bytes.dat");
-    for (const Run* run : with_traffic) {
-      const auto total = TotalBytes(*run);
-      std::map<std::string, std::vector<const EvalRow*>> by_site;
-      for (const EvalRow& row : run->timeline) {
-        by_site[row.site].push_back(&row);
-      }
-      size_t evals = SIZE_MAX;
-      for (const auto& [site, rows] : by_site) {
-        evals = std::min(evals, rows.size());
-      }
-      if (by_site.empty() || evals == 0) continue;
-      std::vector<std::string> rows;
-      for (size_t k = 0; k < evals; ++k) {
-        double t = 0;
-        double accuracy = 0;
-        for (const auto& [site, site_rows] : by_site) {
-          t += site_rows[k]->t_s;
-          accuracy += site_rows[k]->accuracy;
-        }
-        t /= by_site.size();
-        accuracy /= by_site.size();
-        const double bytes = BytesAt(total, run->traffic_offset_s, t);
-        // Evaluations before the first sample with bytes fall in an
-        // interval the samples do not resolve: left out.
-        if (t + run->traffic_offset_s < run->first_bytes_t_s) continue;
-        if (bytes > 0) rows.push_back(Fmt(bytes / 1e6) + " " + Fmt(accuracy));
-      }
-      if (rows.empty()) continue;
-      curve.Begin(run->label, "with linespoints pt 7 ps 0.6 lw 2");
-      for (const std::string& row : rows) curve.Row(row);
+// A block per link direction that carried bytes, cumulative MB over
+// training time. first_block[p] is the first block of runs[p]'s panel;
+// one more entry, the block count, closes the last panel.
+Blocks WanBytesBlocks(const std::vector<const Run*>& runs,
+                      std::vector<int>* first_block) {
+  Blocks blocks("wan_bytes_vs_time.dat");
+  for (const Run* run : runs) {
+    first_block->push_back(blocks.count());
+    std::map<std::pair<std::string, std::string>, std::vector<TrafficRow>>
+        directions;
+    for (const TrafficRow& row : run->traffic) {
+      directions[{row.from, row.to}].push_back(row);
     }
-    if (curve.count() > 0) {
-      MERIDIAN_RETURN_IF_ERROR(WriteText(out + curve.file(), curve.data()));
-      script +=
-          "\n# Mean test accuracy over sites against cumulative WAN "
-          "bytes (runs overlaid)\n" +
-          Terminal(1100, 650) +
-          "set output \"accuracy_vs_wan_bytes.png\"\n"
-          "set title \"Accuracy against WAN traffic\"\n"
-          "set xlabel \"cumulative WAN bytes (MB, log scale)\"\n"
-          "set ylabel \"mean test accuracy over sites (fraction)\"\n"
-          "set xrange [*:*]\nset logscale x 10\nset format x \"%g\"\n"
-          "set yrange [*:*]\n" +
-          curve.Plot() + "unset logscale x\n";
-      plots.push_back({"accuracy_vs_wan_bytes.png",
-                       "mean test accuracy over sites against the WAN "
-                       "megabytes sent so far, runs overlaid (log x): the "
-                       "traffic-reduction picture"});
+    size_t shown = 0;
+    for (const auto& [direction, rows] : directions) {
+      if (rows.empty() || rows.back().bytes <= 0) continue;  // idle
+      blocks.Begin(direction.first + " -> " + direction.second,
+                   "with lines lw 2 " + LineStyle(shown % 8, shown / 8));
+      ++shown;
+      for (const TrafficRow& row : rows) {
+        blocks.Row(Fmt(row.t_s - run->traffic_offset_s) + " " +
+                   Fmt(row.bytes / 1e6));
+      }
     }
   }
+  first_block->push_back(blocks.count());
+  return blocks;
+}
 
-  // Commit rate per worker.
-  {
-    Blocks bars("commit_rate.dat");
-    int x = 0;
-    int workers = 0;
-    for (const Run& run : runs) {
-      std::map<std::pair<std::string, uint32_t>, double> training_s;
-      for (const pb::SiteSummary& site : run.report.sites()) {
-        for (const pb::WorkerSummary& worker : site.workers()) {
-          training_s[{worker.site(), worker.index()}] = site.training_s();
-        }
-      }
-      std::vector<std::string> rows;
-      for (const pb::WorkerSummary& worker : run.report.workers()) {
-        const double seconds = training_s[{worker.site(), worker.index()}];
-        if (!(seconds > 0)) continue;
-        rows.push_back(
-            std::to_string(x++) + " " + Fmt(worker.commits() / seconds) + " " +
-            Quote(worker.site() + "/" + std::to_string(worker.index())));
-      }
-      if (rows.empty()) continue;
-      bars.Begin(run.label, "with boxes", "1:2:xtic(3)");
-      for (const std::string& row : rows) bars.Row(row);
-      workers += static_cast<int>(rows.size());
-      ++x;  // a gap between runs
+// Cumulative WAN bytes per link direction, a panel per run with traffic.
+// `many`: the report has several runs (one panel then names its run).
+Status AddWanBytesPlot(const std::vector<const Run*>& with_traffic, bool many,
+                       const std::string& out, Figures* figures) {
+  std::vector<int> first_block;
+  const Blocks blocks = WanBytesBlocks(with_traffic, &first_block);
+  MERIDIAN_RETURN_IF_ERROR(WriteText(out + blocks.file(), blocks.data()));
+  const int panels = static_cast<int>(with_traffic.size());
+  std::string& script = figures->script;
+  script += "\n# Cumulative WAN bytes per link direction (a panel per run)\n" +
+            Terminal(1100, std::max(650, 420 * panels)) +
+            "set output \"wan_bytes_vs_time.png\"\n"
+            "set xlabel \"training time (s)\"\n"
+            "set ylabel \"cumulative WAN bytes (MB)\"\n"
+            "unset logscale x\nset xrange [0:*]\nset autoscale xfixmax\n"
+            "set yrange [0:*]\nset format x \"%g\"\n";
+  if (panels > 1) {
+    script += "set multiplot layout " + std::to_string(panels) +
+              ",1 title \"Cumulative WAN bytes per link direction\"\n";
+  }
+  for (int p = 0; p < panels; ++p) {
+    std::string title = with_traffic[p]->label;
+    if (panels == 1) {
+      title = "Cumulative WAN bytes per link direction" +
+              (many ? " (" + title + ")" : std::string());
     }
-    if (bars.count() > 0) {
-      MERIDIAN_RETURN_IF_ERROR(WriteText(out + bars.file(), bars.data()));
-      script += "\n# Commits per second of training, per worker\n" +
-                Terminal(std::max(1100, 28 * workers + 300), 650) +
-                "set output \"commit_rate.png\"\n"
-                "set title \"Commit rate per worker\"\n"
-                "set xlabel \"worker (site/index)\"\n"
-                "set ylabel \"commits per second of training\"\n"
-                "unset logscale x\nset yrange [0:*]\nset format x \"%g\"\n"
-                "set style fill solid 0.7 border -1\nset boxwidth 0.8\n"
-                "set xrange [-1:" +
-                std::to_string(x - 1) + "]\n" +
-                (workers > 12 ? "set xtics rotate by 90 right\n" : "") +
-                bars.Plot() + "set xtics norotate\nset xrange [*:*]\n";
-      plots.push_back({"commit_rate.png",
-                       "commits per second of training of every worker "
-                       "(its commits over its site's training time)"});
-    } else {
-      notes.push_back(
-          "No worker statistics in the reports: no commit rate "
-          "plot.");
+    script += "set title " + Quote(title) + "\n";
+    script += blocks.Plot(first_block[p], first_block[p + 1]);
+  }
+  if (panels > 1) script += "unset multiplot\n";
+  figures->plots.push_back({"wan_bytes_vs_time.png",
+                            "cumulative WAN megabytes per link direction over "
+                            "training time"});
+  return Status::Ok();
+}
+
+// "MB accuracy" rows of one run: for each evaluation round that every site
+// completed, the mean accuracy over sites against the cumulative WAN bytes
+// at the mean time of the round.
+std::vector<std::string> AccuracyVsBytesRows(const Run& run) {
+  const auto total = TotalBytes(run);
+  std::map<std::string, std::vector<const EvalRow*>> by_site;
+  for (const EvalRow& row : run.timeline) by_site[row.site].push_back(&row);
+  size_t evals = SIZE_MAX;
+  for (const auto& [site, rows] : by_site) evals = std::min(evals, rows.size());
+  std::vector<std::string> rows;
+  if (by_site.empty() || evals == 0) return rows;
+  for (size_t k = 0; k < evals; ++k) {
+    double t = 0;
+    double accuracy = 0;
+    for (const auto& [site, site_rows] : by_site) {
+      t += site_rows[k]->t_s;
+      accuracy += site_rows[k]->accuracy;
+    }
+    t /= by_site.size();
+    accuracy /= by_site.size();
+    const double bytes = BytesAt(total, run.traffic_offset_s, t);
+    // Evaluations before the first sample with bytes fall in an interval
+    // the samples do not resolve: left out.
+    if (t + run.traffic_offset_s < run.first_bytes_t_s) continue;
+    if (bytes > 0) rows.push_back(Fmt(bytes / 1e6) + " " + Fmt(accuracy));
+  }
+  return rows;
+}
+
+// Accuracy against cumulative WAN bytes, runs overlaid; no plot when no
+// run has a point.
+Status AddAccuracyVsBytesPlot(const std::vector<const Run*>& with_traffic,
+                              const std::string& out, Figures* figures) {
+  Blocks curve("accuracy_vs_wan_bytes.dat");
+  for (const Run* run : with_traffic) {
+    const std::vector<std::string> rows = AccuracyVsBytesRows(*run);
+    if (rows.empty()) continue;
+    curve.Begin(run->label, "with linespoints pt 7 ps 0.6 lw 2");
+    for (const std::string& row : rows) curve.Row(row);
+  }
+  if (curve.count() == 0) return Status::Ok();
+  MERIDIAN_RETURN_IF_ERROR(WriteText(out + curve.file(), curve.data()));
+  figures->script +=
+      "\n# Mean test accuracy over sites against cumulative WAN "
+      "bytes (runs overlaid)\n" +
+      Terminal(1100, 650) +
+      "set output \"accuracy_vs_wan_bytes.png\"\n"
+      "set title \"Accuracy against WAN traffic\"\n"
+      "set xlabel \"cumulative WAN bytes (MB, log scale)\"\n"
+      "set ylabel \"mean test accuracy over sites (fraction)\"\n"
+      "set xrange [*:*]\nset logscale x 10\nset format x \"%g\"\n"
+      "set yrange [*:*]\n" +
+      curve.Plot() + "unset logscale x\n";
+  figures->plots.push_back({"accuracy_vs_wan_bytes.png",
+                            "mean test accuracy over sites against the WAN "
+                            "megabytes sent so far, runs overlaid (log x): "
+                            "the traffic-reduction picture"});
+  return Status::Ok();
+}
+
+// The WAN plots; they leave out runs without traffic (with a note).
+Status AddWanPlots(const std::vector<Run>& runs, const std::string& out,
+                   Figures* figures) {
+  const std::vector<const Run*> with_traffic =
+      RunsWithTraffic(runs, &figures->notes);
+  if (with_traffic.empty()) return Status::Ok();
+  MERIDIAN_RETURN_IF_ERROR(
+      AddWanBytesPlot(with_traffic, runs.size() > 1, out, figures));
+  return AddAccuracyVsBytesPlot(with_traffic, out, figures);
+}
+
+// "x rate label" rows of one run's workers that trained: commits per second
+// of their site's training time, at x positions counted on from *x.
+std::vector<std::string> CommitRateRows(const Run& run, int* x) {
+  std::map<std::pair<std::string, uint32_t>, double> training_s;
+  for (const pb::SiteSummary& site : run.report.sites()) {
+    for (const pb::WorkerSummary& worker : site.workers()) {
+      training_s[{worker.site(), worker.index()}] = site.training_s();
     }
   }
-  script += "unset output\n";
-  MERIDIAN_RETURN_IF_ERROR(WriteText(out + "plots.gp", script));
+  std::vector<std::string> rows;
+  for (const pb::WorkerSummary& worker : run.report.workers()) {
+    const double seconds = training_s[{worker.site(), worker.index()}];
+    if (!(seconds > 0)) continue;
+    rows.push_back(std::to_string((*x)++) + " " +
+                   Fmt(worker.commits() / seconds) + " " +
+                   Quote(worker.site() + "/" + std::to_string(worker.index())));
+  }
+  return rows;
+}
 
-  // summary.md: the comparison table, the plots, per-link traffic.
-  std::string summary = "# Meridian report\n\n";
-  MERIDIAN_ASSIGN_OR_RETURN(const std::string table,
-                            CompareRuns(options.run_dirs));
-  summary += "## Runs\n\n" + table + "\n";
+// Commit rate per worker, a group of bars per run.
+Status AddCommitRatePlot(const std::vector<Run>& runs, const std::string& out,
+                         Figures* figures) {
+  Blocks bars("commit_rate.dat");
+  int x = 0;
+  int workers = 0;
   for (const Run& run : runs) {
-    summary += "- " + run.label + ": job '" + run.report.job() + "', " +
-               run.report.policy() + ", outcome: " + run.report.outcome();
+    const std::vector<std::string> rows = CommitRateRows(run, &x);
+    if (rows.empty()) continue;
+    bars.Begin(run.label, "with boxes", "1:2:xtic(3)");
+    for (const std::string& row : rows) bars.Row(row);
+    workers += static_cast<int>(rows.size());
+    ++x;  // a gap between runs
+  }
+  if (bars.count() == 0) {
+    figures->notes.push_back(
+        "No worker statistics in the reports: no commit rate "
+        "plot.");
+    return Status::Ok();
+  }
+  MERIDIAN_RETURN_IF_ERROR(WriteText(out + bars.file(), bars.data()));
+  figures->script += "\n# Commits per second of training, per worker\n" +
+                     Terminal(std::max(1100, 28 * workers + 300), 650) +
+                     "set output \"commit_rate.png\"\n"
+                     "set title \"Commit rate per worker\"\n"
+                     "set xlabel \"worker (site/index)\"\n"
+                     "set ylabel \"commits per second of training\"\n"
+                     "unset logscale x\nset yrange [0:*]\nset format x "
+                     "\"%g\"\n"
+                     "set style fill solid 0.7 border -1\nset boxwidth 0.8\n"
+                     "set xrange [-1:" +
+                     std::to_string(x - 1) + "]\n" +
+                     (workers > 12 ? "set xtics rotate by 90 right\n" : "") +
+                     bars.Plot() + "set xtics norotate\nset xrange [*:*]\n";
+  figures->plots.push_back({"commit_rate.png",
+                            "commits per second of training of every worker "
+                            "(its commits over its site's training time)"});
+  return Status::Ok();
+}
+
+// A line per run: job, policy, outcome and, when known, the WAN reduction.
+std::string RunLines(const std::vector<Run>& runs) {
+  std::string lines;
+  for (const Run& run : runs) {
+    lines += "- " + run.label + ": job '" + run.report.job() + "', " +
+             run.report.policy() + ", outcome: " + run.report.outcome();
     if (run.report.wan_reduction() > 0) {
       char buf[64];
       std::snprintf(buf, sizeof(buf), "%.0f", run.report.wan_reduction());
-      summary += std::string(", WAN reduction ") + buf +
-                 "× (BSP over the WAN would have sent " + buf +
-                 " times its WAN bytes)";
+      lines += std::string(", WAN reduction ") + buf +
+               "× (BSP over the WAN would have sent " + buf +
+               " times its WAN bytes)";
     }
-    summary += "\n";
+    lines += "\n";
   }
+  return lines;
+}
+
+// The section of WAN traffic per link direction; "" when no report has
+// links.
+std::string LinkSection(const std::vector<Run>& runs) {
+  bool links = false;
+  for (const Run& run : runs) links = links || run.report.links_size() > 0;
+  if (!links) return "";
+  std::string section =
+      "\n## WAN traffic per link direction\n\n"
+      "| run | from | to | MB | messages |\n|---|---|---|---|---|\n";
+  for (const Run& run : runs) {
+    for (const pb::LinkTraffic& link : run.report.links()) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%.2f | %.0f", link.bytes() / 1e6,
+                    link.messages());
+      section += "| " + run.label + " | " + link.from_site() + " | " +
+                 link.to_site() + " | " + buf + " |\n";
+    }
+  }
+  return section;
+}
+
+// summary.md: the comparison table, the plots, per-link traffic.
+Result<std::string> Summary(const std::vector<std::string>& run_dirs,
+                            const std::vector<Run>& runs,
+                            const Figures& figures) {
+  std::string summary = "# Meridian report\n\n";
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string table, CompareRuns(run_dirs));
+  summary += "## Runs\n\n" + table + "\n" + RunLines(runs);
   summary += "\n## Plots\n\n";
-  for (const Plot& plot : plots) {
+  for (const Plot& plot : figures.plots) {
     summary +=
         "- [`" + plot.png + "`](" + plot.png + "): " + plot.description + "\n";
   }
-  for (const std::string& note : notes) summary += "\n" + note + "\n";
-  bool links = false;
-  for (const Run& run : runs) links = links || run.report.links_size() > 0;
-  if (links) {
-    summary +=
-        "\n## WAN traffic per link direction\n\n"
-        "| run | from | to | MB | messages |\n|---|---|---|---|---|\n";
-    for (const Run& run : runs) {
-      for (const pb::LinkTraffic& link : run.report.links()) {
-        char buf[64];
-        std::snprintf(buf, sizeof(buf), "%.2f | %.0f", link.bytes() / 1e6,
-                      link.messages());
-        summary += "| " + run.label + " | " + link.from_site() + " | " +
-                   link.to_site() + " | " + buf + " |\n";
-      }
-    }
-  }
+  for (const std::string& note : figures.notes) summary += "\n" + note + "\n";
+  summary += LinkSection(runs);
   summary +=
       "\nData and script beside the images: `*.dat`, `plots.gp` "
       "(re-render with `gnuplot plots.gp` in this directory). WAN "
       "samples are aligned to training time by the first sample "
       "with bytes (within one sample period).\n";
-  result.summary_path = out + "summary.md";
-  MERIDIAN_RETURN_IF_ERROR(WriteText(result.summary_path, summary));
+  return summary;
+}
 
-  // Render.
-  const std::string gnuplot = FindExecutable(options.gnuplot);
+// The gnuplot executable named `name`; FailedPrecondition naming the Debian
+// package when there is none.
+Result<std::string> FindGnuplot(const std::string& name,
+                                const std::string& out_dir) {
+  std::string gnuplot = FindExecutable(name);
   if (gnuplot.empty()) {
     return FailedPreconditionError(
-        "gnuplot not found ('" + options.gnuplot +
+        "gnuplot not found ('" + name +
         "' is not in $PATH): install the Debian package " + kGnuplotPackage +
         " (apt-get install " + kGnuplotPackage +
         "), then run `gnuplot "
         "plots.gp` in " +
-        result.out_dir +
+        out_dir +
         "; the data files, plots.gp and summary.md are written there");
   }
-  const std::string absolute = fs::absolute(result.out_dir).string();
+  return gnuplot;
+}
+
+// Waits for gnuplot, killing it after kGnuplotTimeout. `out` is the output
+// directory with its '/', where gnuplot.log is.
+Status WaitForGnuplot(ChildProcess* child, const std::string& out) {
+  const auto deadline = std::chrono::steady_clock::now() + kGnuplotTimeout;
+  while (!child->Poll()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      child->Signal(SIGKILL);
+      return InternalError("gnuplot did not finish within 120 s; see " + out +
+                           "gnuplot.log");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!child->succeeded()) {
+    return InternalError("gnuplot " + child->DescribeExit() + " on " + out +
+                         "plots.gp; its output ends with:\n" +
+                         child->LogTail(10));
+  }
+  return Status::Ok();
+}
+
+// Runs <out_dir>/plots.gp with gnuplot and returns the paths of `plots`'
+// images, each checked to be there and not empty. Images of an earlier
+// report are removed first, so a stale one never passes for new.
+Result<std::vector<std::string>> RunGnuplot(const std::string& name,
+                                            const std::string& out_dir,
+                                            const std::vector<Plot>& plots) {
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string gnuplot,
+                            FindGnuplot(name, out_dir));
+  const std::string out = out_dir + "/";
+  const std::string absolute = fs::absolute(out_dir).string();
+  std::error_code error;
   for (const Plot& plot : plots) fs::remove(out + plot.png, error);
   MERIDIAN_ASSIGN_OR_RETURN(
       ChildProcess child,
@@ -627,28 +742,46 @@ Result<PlotResult> RenderReport(const PlotOptions& options) {
           "gnuplot",
           {gnuplot, "-e", "cd " + Quote(absolute), absolute + "/plots.gp"},
           out + "gnuplot.log"));
-  const auto deadline = std::chrono::steady_clock::now() + kGnuplotTimeout;
-  while (!child.Poll()) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      child.Signal(SIGKILL);
-      return InternalError("gnuplot did not finish within 120 s; see " + out +
-                           "gnuplot.log");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (!child.succeeded()) {
-    return InternalError("gnuplot " + child.DescribeExit() + " on " + out +
-                         "plots.gp; its output ends with:\n" +
-                         child.LogTail(10));
-  }
+  MERIDIAN_RETURN_IF_ERROR(WaitForGnuplot(&child, out));
+  std::vector<std::string> pngs;
   for (const Plot& plot : plots) {
     const std::string path = out + plot.png;
     if (!fs::exists(path, error) || fs::file_size(path, error) == 0) {
       return InternalError("gnuplot wrote no " + path + "; see " + out +
                            "gnuplot.log");
     }
-    result.pngs.push_back(path);
+    pngs.push_back(path);
   }
+  return pngs;
+}
+
+}  // namespace
+
+Result<PlotResult> RenderReport(const PlotOptions& options) {
+  if (options.run_dirs.empty()) {
+    return InvalidArgumentError("no run directories given");
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(const std::vector<Run> runs,
+                            LoadRuns(options.run_dirs));
+  PlotResult result;
+  MERIDIAN_ASSIGN_OR_RETURN(result.out_dir, MakeOutDir(options, runs.front()));
+  const std::string out = result.out_dir + "/";
+
+  Figures figures;
+  figures.script = kScriptHeader;
+  MERIDIAN_RETURN_IF_ERROR(AddAccuracyPlot(runs, out, &figures));
+  MERIDIAN_RETURN_IF_ERROR(AddWanPlots(runs, out, &figures));
+  MERIDIAN_RETURN_IF_ERROR(AddCommitRatePlot(runs, out, &figures));
+  figures.script += "unset output\n";
+  MERIDIAN_RETURN_IF_ERROR(WriteText(out + "plots.gp", figures.script));
+
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string summary,
+                            Summary(options.run_dirs, runs, figures));
+  result.summary_path = out + "summary.md";
+  MERIDIAN_RETURN_IF_ERROR(WriteText(result.summary_path, summary));
+
+  MERIDIAN_ASSIGN_OR_RETURN(
+      result.pngs, RunGnuplot(options.gnuplot, result.out_dir, figures.plots));
   return result;
 }
 
