@@ -7,6 +7,9 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "meridian/mutex.h"
+#include "meridian/thread_annotations.h"
+
 namespace meridian {
 
 using Duration = std::chrono::nanoseconds;
@@ -36,7 +39,14 @@ class Clock {
 // The process-wide steady clock. Never null; lives for the whole process.
 Clock* SystemClock();
 
+// Seconds since the Unix epoch (the wall clock, which may jump): for
+// timestamps that other processes and people read (fault events, logs),
+// never for measuring intervals.
+double UnixSeconds();
+
 // Virtual time for tests: starts at zero and moves only when told.
+// Thread-safe: typically the test thread advances it while the threads
+// under test read it and sleep on it.
 class ManualClock final : public Clock {
  public:
   Duration Now() const override;
@@ -46,9 +56,9 @@ class ManualClock final : public Clock {
   void AdvanceSeconds(double s) { Advance(FromSeconds(s)); }
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  Duration now_{0};
+  mutable Mutex mu_;
+  std::condition_variable_any cv_;  // signalled when now_ moves
+  Duration now_ GUARDED_BY(mu_) = Duration::zero();
 };
 
 // Measures elapsed time on a clock from construction or the last Reset().

@@ -49,16 +49,33 @@ class ThresholdSchedule {
   uint32_t steps_per_clock_;
 };
 
-// Gaia's bandwidth controller for one link: after each clock, compare the
-// rate the sender put on the link with its budget; above 1.1 x budget the
-// threshold rises by `step`, below 0.9 x budget it falls by `step`, within
-// [0, max_adjustment]. Not thread-safe.
+// Gaia's bandwidth controller for one link, on what the link carries now:
+// after each clock, the threshold rises by `step` while the link is
+// saturated — the sender put more than 1.1 x the budget on it, or its
+// backlog (bytes sent and not yet acknowledged) is more than
+// kMaxBacklogS seconds of what the link delivered in the period — and
+// falls by `step` while it is not saturated and the sender stays below
+// 0.9 x the budget; within [0, max_adjustment]. A budget of 0 (unknown)
+// leaves only the backlog rule. So a link slowed at run time raises the
+// threshold even when the job file's budget says it should not.
+// Not thread-safe.
 class AdaptiveThreshold {
  public:
+  static constexpr double kMaxBacklogS = 2.0;
+  // A backlog below this many bytes never counts as saturation (one
+  // message in flight on a fast link).
+  static constexpr uint64_t kBacklogSlackBytes = 64 * 1024;
+
   AdaptiveThreshold(double budget_bytes_per_s, double step,
                     double max_adjustment);
-  // `bytes` were sent to the link during the last `seconds`.
+  // `bytes` were sent to the link during the last `seconds`; no delivery
+  // information (the budget rule alone).
   void Observe(uint64_t bytes, double seconds);
+  // During the last `seconds` the sender put `sent_bytes` on the link and
+  // the receiver acknowledged `delivered_bytes`; `backlog_bytes` are sent
+  // and not yet acknowledged now.
+  void ObserveDelivery(uint64_t sent_bytes, uint64_t delivered_bytes,
+                       uint64_t backlog_bytes, double seconds);
   // What to add to the scheduled theta.
   double adjustment() const { return adjustment_; }
   double budget_bytes_per_s() const { return budget_; }
@@ -73,17 +90,21 @@ class AdaptiveThreshold {
 // ---- clocks -----------------------------------------------------------------
 
 // The clocks a site has heard from the sites it syncs with. A clock must go
-// up by exactly one each time (updates of a clock travel before it on the
-// same ordered channel, so clock c means "everything up to c has arrived").
-// Not thread-safe.
+// up each time (updates of a clock travel before it on the same ordered
+// channel, so clock c means "everything up to c has arrived"); it may jump
+// by more than one (a site that was cut off, frozen or restarted catches
+// up in one step). Not thread-safe.
 class MirrorClocks {
  public:
   // Peers start at clock 0.
   explicit MirrorClocks(std::vector<std::string> peers);
 
   // Records `clock` from `peer`. Errors: an unknown peer, or a clock that
-  // is not exactly the previous one + 1 (backwards or skipped).
+  // is not above the previous one.
   Status Advance(const std::string& peer, int64_t clock);
+  // Sets `peer`'s clock, also backwards (a peer restarted without its
+  // state). Errors: an unknown peer.
+  Status Reset(const std::string& peer, int64_t clock);
   // The slowest peer's clock (INT64_MAX with no peers).
   int64_t Min() const;
   // Whether a site at `local` clock may run on under the bound DS:

@@ -24,19 +24,25 @@ Clock* SystemClock() {
   return clock;
 }
 
+double UnixSeconds() {
+  return std::chrono::duration<double>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 Duration ManualClock::Now() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return now_;
 }
 
 void ManualClock::SleepUntil(Duration deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return now_ >= deadline; });
+  MutexLock lock(&mu_);
+  while (now_ < deadline) cv_.wait(mu_);
 }
 
 void ManualClock::Advance(Duration d) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (d > Duration::zero()) now_ += d;  // time never runs backwards
   }
   cv_.notify_all();

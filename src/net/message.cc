@@ -50,6 +50,10 @@ std::optional<TypeRule> RuleFor(pb::MessageType type) {
       return TypeRule{H::kMirrorClock, false, false};
     case pb::SET_PEERS:
       return TypeRule{H::kPeers, false, false};
+    case pb::HEARTBEAT:
+      return TypeRule{H::kHeartbeat, true, false};
+    case pb::MIRROR_ACK:
+      return TypeRule{H::kMirrorAck, false, false};
     case pb::MESSAGE_TYPE_UNSPECIFIED:
       break;
   }

@@ -4,6 +4,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <random>
 
 #include "meridian/addresses.h"
 #include "meridian/compression.h"
@@ -15,48 +16,31 @@
 #include "meridian/transport.h"
 #include "meridian/wan_presets.h"
 #include "meridian/wan_units.h"
+#include "runtime/mirror_delivery.h"
 
 namespace meridian {
 namespace {
 
 constexpr auto kFinishPoll = std::chrono::milliseconds(20);
-// How long a mirror connection keeps unsent messages when the server shuts
-// down: long enough for a final flush to cross a slow link.
-constexpr int kLingerMs = 10000;
-
-// Outgoing channel to one peer site.
-struct Channel {
-  int site = -1;
-  std::string name;
-  std::string endpoint;
-  std::unique_ptr<zmq::socket_t> socket;  // DEALER
-  int64_t announced = 0;                  // last clock sent on this channel
-  uint64_t sequence = 0;
-  uint64_t bytes = 0;
-  bool final_sent = false;
-  // Bandwidth-adaptive threshold of this link (when enabled).
-  std::optional<AdaptiveThreshold> adaptive;
-  uint64_t period_bytes = 0;
-  double period_start_s = 0;
-};
-
-// What this site knows of a peer's channel towards it.
-struct Incoming {
-  std::string routing_id;  // of the connection that said MIRROR_HELLO
-  bool hello = false;
-  bool final = false;
-  uint64_t bytes = 0;  // of its mirror messages (metrics)
-  uint64_t messages = 0;
-};
+// How long the mirror socket keeps unsent acknowledgements when the server
+// shuts down (a peer's final flush waits for ours).
+constexpr int kMirrorLingerMs = 1000;
+// ZeroMQ's queue towards a peer, in messages: what does not fit waits in
+// the channel's retention (bounded in bytes) instead.
+constexpr int kChannelHighWaterMark = 100;
 
 // One encoded update: a slice and a payload frame per tensor that changed.
 struct Encoded {
   std::vector<pb::TensorSlice> slices;
-  std::vector<zmq::message_t> frames;
+  std::vector<std::string> frames;
   uint64_t entries = 0;
   uint64_t bytes = 0;
   bool empty() const { return slices.empty(); }
 };
+
+std::span<const std::byte> AsBytes(const std::string& bytes) {
+  return {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()};
+}
 
 pb::CompressionConfig LosslessConfig(int zstd_level) {
   pb::CompressionConfig config;
@@ -67,6 +51,62 @@ pb::CompressionConfig LosslessConfig(int zstd_level) {
   return config;
 }
 
+uint64_t NewIncarnation() {
+  std::random_device device;
+  std::mt19937_64 rng((uint64_t{device()} << 32) ^ device() ^
+                      static_cast<uint64_t>(UnixSeconds() * 1e6));
+  uint64_t incarnation = 0;
+  while (incarnation == 0) incarnation = rng();
+  return incarnation;
+}
+
+// Everything this site knows about one peer it syncs with. Owned by the
+// engine, touched by the event loop only.
+struct Peer {
+  Peer(int site_index, std::string site_name, const pb::Endpoint& self,
+       uint64_t incarnation, const DeliveryOptions& delivery)
+      : site(site_index),
+        name(std::move(site_name)),
+        out(name, self, incarnation, delivery),
+        in(delivery) {}
+
+  const int site;
+  const std::string name;
+  std::string endpoint;  // where this site connects to reach it
+  OutboundChannel out;   // this site's messages to it
+  InboundChannel in;     // its messages to this site
+  // Its channel's connection to our mirror socket (acks go back on it).
+  std::string routing_id;
+  // Changes not sent to it yet (a ParameterStore accumulator); unused
+  // under MODEL_AVERAGING.
+  size_t acc = 0;
+  int64_t announced = 0;  // last clock sent to it
+  bool final_sent = false;
+  uint64_t final_sequence = 0;
+  bool final_received = false;
+
+  // Liveness: declared unreachable after peer_timeout_s of silence; back
+  // when heard again, and (PARTITION_CONTINUE) outside the DS bound until
+  // its clock is within DS of this site's.
+  bool reachable = true;
+  bool catching_up = false;
+  double unreachable_since_s = 0;
+  double unreachable_total_s = 0;
+
+  // Bandwidth-adaptive threshold of the link towards it (when enabled),
+  // fed with what the channel sent and the peer acknowledged per period.
+  std::optional<AdaptiveThreshold> adaptive;
+  uint64_t period_sent = 0;       // channel counters at the period start
+  uint64_t period_delivered = 0;
+  double period_start_s = 0;
+
+  uint64_t bytes_received = 0;  // of its mirror messages (metrics)
+  uint64_t messages_received = 0;
+  // When this site last asked it to introduce itself (it spoke without a
+  // MIRROR_HELLO this run of the site knows of).
+  double hello_requested_s = -1;
+};
+
 }  // namespace
 
 class SyncEngine::Impl {
@@ -75,6 +115,7 @@ class SyncEngine::Impl {
       : options_(std::move(options)),
         job_(*options_.job),
         sync_(job_.sync()),
+        fault_(job_.fault()),
         site_index_(options_.site_index),
         name_(job_.site(site_index_).name()),
         store_(options_.store),
@@ -82,6 +123,7 @@ class SyncEngine::Impl {
         role_(RoleOf(job_, site_index_)),
         schedule_(sync_, job_.optimizer(), job_.policy().local_steps()),
         clocks_(PeerNames()),
+        incarnation_(NewIncarnation()),
         mirror_(*options_.context, zmq::socket_type::router) {
     self_.set_site(name_);
     self_.set_role(pb::ROLE_SITE_SERVER);
@@ -103,20 +145,27 @@ class SyncEngine::Impl {
                               UpdateEncoder::Create(indices));
     index_encoder_.emplace(std::move(index_encoder));
 
-    // Local changes feed every accumulator. A mesh site or member keeps one
-    // for its peers. A hub keeps one towards the other hubs (its own and its
-    // members' changes) and one per member: its own changes plus everything
-    // it receives that did not come from that member, so each member gets
-    // one filtered sum per clock however many sites are behind the hub.
-    if (role_.kind != SyncRole::Kind::kHub ||
-        sync_.kind() == pb::MODEL_AVERAGING) {
-      main_acc_ = store_->AddAccumulator();
+    DeliveryOptions delivery;
+    delivery.heartbeat_interval_s = fault_.heartbeat_interval_s();
+    delivery.retention_limit_bytes = RetentionLimit();
+    delivery.wait_for_durable = false;  // until checkpoints say otherwise
+
+    // Local changes feed every accumulator: each peer has its own, so a
+    // peer that is unreachable (or whose channel is full) keeps what it has
+    // not been sent while the others go on. A hub also adds to a peer's
+    // accumulator what it receives from others that the peer should get
+    // (RelayTargets).
+    if (sync_.kind() == pb::MODEL_AVERAGING) {
+      averaging_acc_ = store_->AddAccumulator();
     }
-    if (role_.kind == SyncRole::Kind::kHub) {
-      out_acc_ = store_->AddAccumulator();
-      for (int member : role_.members) {
-        member_acc_[member] = store_->AddAccumulator();
+    for (int site : role_.Peers()) {
+      auto peer = std::make_unique<Peer>(site, job_.site(site).name(), self_,
+                                         incarnation_, delivery);
+      peer->endpoint = PeerMirrorEndpoint(job_, site_index_, site);
+      if (sync_.kind() != pb::MODEL_AVERAGING) {
+        peer->acc = store_->AddAccumulator();
       }
+      peers_.push_back(std::move(peer));
     }
 
     const std::string bind =
@@ -125,8 +174,14 @@ class SyncEngine::Impl {
             : options_.mirror_bind;
     MERIDIAN_RETURN_IF_ERROR(SecureMirror());
     try {
-      mirror_.set(zmq::sockopt::linger, 0);
+      mirror_.set(zmq::sockopt::linger, kMirrorLingerMs);
       mirror_.set(zmq::sockopt::router_mandatory, 1);
+      // A peer's channel reconnects with the same routing id (its site and
+      // incarnation): the new connection takes the id over.
+      mirror_.set(zmq::sockopt::router_handover, 1);
+      // Acknowledgements and errors never block the event loop: one that
+      // cannot be queued now is sent again later.
+      mirror_.set(zmq::sockopt::sndtimeo, 0);
       mirror_.bind(bind);
     } catch (const zmq::error_t& error) {
       return UnavailableError("site '" + name_ +
@@ -134,21 +189,16 @@ class SyncEngine::Impl {
                               "': " + error.what());
     }
     MERIDIAN_ASSIGN_OR_RETURN(mirror_endpoint_, BoundEndpoint(mirror_));
-    for (int peer : role_.Peers()) {
-      Channel channel;
-      channel.site = peer;
-      channel.name = job_.site(peer).name();
-      channel.endpoint = PeerMirrorEndpoint(job_, site_index_, peer);
-      channels_.push_back(std::move(channel));
-      incoming_[job_.site(peer).name()] = Incoming{};
-    }
     MLOG(INFO) << "sync " << pb::SyncKind_Name(sync_.kind()) << " as "
                << RoleName() << " with " << PeerList() << "; mirror socket "
                << mirror_endpoint_ << "; theta0 " << sync_.threshold() << " ("
                << pb::ThresholdMode_Name(sync_.threshold_mode()) << ", "
                << pb::ThresholdSchedule_Name(sync_.threshold_schedule())
                << "), DS " << sync_.max_clock_skew() << ", "
-               << DescribeCompressionConfig(sync_.compression());
+               << DescribeCompressionConfig(sync_.compression())
+               << "; unreachable after " << fault_.peer_timeout_s() << " s ("
+               << pb::PartitionPolicy_Name(fault_.partition_policy())
+               << ")";
     return Status::Ok();
   }
 
@@ -184,18 +234,13 @@ class SyncEngine::Impl {
     return Status::Ok();
   }
 
-  std::vector<std::string> peers() const {
-    std::vector<std::string> names;
-    for (const Channel& channel : channels_) names.push_back(channel.name);
-    return names;
-  }
+  std::vector<std::string> peers() const { return PeerNames(); }
 
   std::vector<std::string> silent_peers() const {
     std::vector<std::string> names;
-    for (const Channel& channel : channels_) {
-      auto it = incoming_.find(channel.name);
-      if (it == incoming_.end() || !it->second.hello) {
-        names.push_back(channel.name + " (" + channel.endpoint + ")");
+    for (const auto& peer : peers_) {
+      if (!peer->in.hello()) {
+        names.push_back(peer->name + " (" + peer->endpoint + ")");
       }
     }
     return names;
@@ -203,41 +248,45 @@ class SyncEngine::Impl {
 
   Status SetPeerEndpoints(const std::map<std::string, std::string>& endpoints) {
     for (const auto& [site, endpoint] : endpoints) {
-      auto it = std::find_if(channels_.begin(), channels_.end(),
-                             [&](const Channel& c) { return c.name == site; });
-      if (it == channels_.end()) {
+      Peer* peer = PeerNamed(site);
+      if (peer == nullptr) {
         return InvalidArgumentError("site '" + name_ +
                                     "' does not sync with a site named '" +
                                     site + "' (its peers: " + PeerList() + ")");
       }
-      if (it->socket && it->endpoint != endpoint) {
+      if (peer->out.attached() && peer->endpoint != endpoint) {
         return FailedPreconditionError("the channel to site '" + site +
                                        "' is already connected to " +
-                                       it->endpoint);
+                                       peer->endpoint);
       }
-      it->endpoint = endpoint;
+      peer->endpoint = endpoint;
     }
     return Status::Ok();
   }
 
   Status Connect() {
-    for (Channel& channel : channels_) MERIDIAN_RETURN_IF_ERROR(Open(channel));
+    for (auto& peer : peers_) MERIDIAN_RETURN_IF_ERROR(Open(*peer));
+    // Peers not heard from within peer_timeout_s from now are unreachable.
+    training_ = true;
+    liveness_floor_s_ = Now();
     return Status::Ok();
   }
 
   void AddPollItems(std::vector<zmq::pollitem_t>* items) {
     items->push_back({mirror_.handle(), 0, ZMQ_POLLIN, 0});
-    for (Channel& channel : channels_) {
-      items->push_back({channel.socket ? channel.socket->handle() : nullptr, -1,
-                        channel.socket ? short(ZMQ_POLLIN) : short(0), 0});
+    for (auto& peer : peers_) {
+      zmq::socket_t* socket = peer->out.socket();
+      items->push_back({socket ? socket->handle() : nullptr, -1,
+                        socket ? short(ZMQ_POLLIN) : short(0), 0});
     }
   }
 
   void HandleReadable(std::span<const zmq::pollitem_t> items) {
     if (!items.empty() && (items[0].revents & ZMQ_POLLIN)) DrainMirror();
-    for (size_t i = 0; i < channels_.size() && i + 1 < items.size(); ++i) {
-      if (items[i + 1].revents & ZMQ_POLLIN) DrainChannel(channels_[i]);
+    for (size_t i = 0; i < peers_.size() && i + 1 < items.size(); ++i) {
+      if (items[i + 1].revents & ZMQ_POLLIN) DrainChannel(*peers_[i]);
     }
+    Service();
   }
 
   void OnLocalClock(int64_t clock) {
@@ -263,7 +312,8 @@ class SyncEngine::Impl {
     if (sync_.kind() == pb::MODEL_AVERAGING) {
       return !averaging_round_open_;
     }
-    return ViewWithinBound(local_clock);
+    return local_clock - BoundingClock() <=
+           static_cast<int64_t>(sync_.max_clock_skew());
   }
 
   void NoteHeld(double seconds) { blocked_s_ += seconds; }
@@ -273,74 +323,97 @@ class SyncEngine::Impl {
 
   bool Finish(double timeout_s) {
     finishing_ = true;
-    const double deadline = clock_->NowSeconds() + timeout_s;
+    const double deadline = Now() + timeout_s;
     auto wait_for = [&](const std::vector<int>& sites) {
-      while (!AllFinal(sites) && clock_->NowSeconds() < deadline) PollOnce();
-      return AllFinal(sites);
+      while (!Done(sites) && Now() < deadline) PollOnce();
+      return Done(sites);
     };
     bool complete = true;
     switch (role_.kind) {
       case SyncRole::Kind::kMesh:
-        FlushTo(main_acc_, AllChannels());
-        SendFinal(AllChannels());
+        FlushAndSendFinal(PeersOf(role_.mesh));
         complete = wait_for(role_.mesh);
         break;
       case SyncRole::Kind::kMember:
-        FlushTo(main_acc_, AllChannels());
-        SendFinal(AllChannels());
+        FlushAndSendFinal(PeersOf({role_.hub}));
         complete = wait_for({role_.hub});
         break;
-      case SyncRole::Kind::kHub:
+      case SyncRole::Kind::kHub: {
         // Members first: their last changes must reach the other hubs.
         complete = wait_for(role_.members);
-        FlushTo(out_acc_, ChannelsOf(role_.hubs));
-        SendFinal(ChannelsOf(role_.hubs));
+        FlushAndSendFinal(PeersOf(role_.hubs));
         complete = wait_for(role_.hubs) && complete;
-        for (Channel* channel : ChannelsOf(role_.members)) {
-          FlushTo(member_acc_.at(channel->site), {channel});
-        }
-        SendFinal(ChannelsOf(role_.members));
+        FlushAndSendFinal(PeersOf(role_.members));
+        complete = wait_for(role_.members) && complete;
         break;
-    }
-    flushed_ = complete;
-    if (!complete) {
-      std::string missing;
-      for (const auto& [site, in] : incoming_) {
-        if (!in.final) missing += (missing.empty() ? "" : ", ") + site;
       }
-      MLOG(WARNING) << "no final flush from [" << missing << "] within "
-                    << timeout_s << " s: their last changes may be missing";
     }
-    return complete;
+    // Acknowledge what arrived last (peers wait for it); the mirror socket
+    // lingers long enough to deliver it.
+    Service();
+    flushed_ = complete && AllFlushed();
+    if (!flushed_) {
+      std::string missing;
+      for (const auto& peer : peers_) {
+        if (!PeerFlushed(*peer)) {
+          missing += (missing.empty() ? "" : ", ") + peer->name +
+                     (peer->reachable ? "" : " (unreachable)");
+        }
+      }
+      MLOG(WARNING) << "final flush incomplete with [" << missing
+                    << "] after up to " << timeout_s
+                    << " s: their last changes or ours may be missing there";
+    }
+    return flushed_;
   }
 
   double theta() const { return last_theta_; }
   uint64_t bytes_sent() const {
     uint64_t total = 0;
-    for (const Channel& channel : channels_) total += channel.bytes;
+    for (const auto& peer : peers_) total += peer->out.bytes_sent();
     return total;
   }
   int64_t slowest_peer_clock() const {
-    return channels_.empty() ? local_clock_ : clocks_.Min();
+    return peers_.empty() ? local_clock_ : clocks_.Min();
   }
 
+  int64_t ClockFloor() const {
+    if (fault_.partition_policy() != pb::PARTITION_CONTINUE) return 0;
+    int64_t slowest = std::numeric_limits<int64_t>::max();
+    for (const auto& peer : peers_) {
+      if (!peer->reachable || !peer->in.hello()) continue;
+      slowest = std::min(slowest, clocks_.ClockOf(peer->name).value_or(0));
+    }
+    if (slowest == std::numeric_limits<int64_t>::max()) return 0;
+    return std::max<int64_t>(
+        0, slowest - static_cast<int64_t>(sync_.max_clock_skew()));
+  }
+
+  uint32_t unreachable_peers() const {
+    return static_cast<uint32_t>(
+        std::count_if(peers_.begin(), peers_.end(),
+                      [](const auto& peer) { return !peer->reachable; }));
+  }
+
+  const std::vector<pb::FaultEvent>& events() const { return events_; }
+
   std::vector<SyncEngine::PeerCounters> peer_counters() const {
-    std::map<std::string, SyncEngine::PeerCounters> peers;
-    for (const Channel& channel : channels_) {
-      peers[channel.name].bytes_sent = channel.bytes;
-    }
-    for (const auto& [site, in] : incoming_) {
-      SyncEngine::PeerCounters& peer = peers[site];
-      peer.bytes_received = in.bytes;
-      peer.messages_received = in.messages;
-      peer.connected = in.hello;
-      peer.clock = clocks_.ClockOf(site).value_or(0);
-    }
     std::vector<SyncEngine::PeerCounters> out;
-    for (auto& [site, peer] : peers) {
-      peer.site = site;
-      out.push_back(std::move(peer));
+    for (const auto& peer : peers_) {
+      SyncEngine::PeerCounters counters;
+      counters.site = peer->name;
+      counters.bytes_sent = peer->out.bytes_sent();
+      counters.bytes_received = peer->bytes_received;
+      counters.messages_received = peer->messages_received;
+      counters.connected = peer->in.hello();
+      counters.clock = clocks_.ClockOf(peer->name).value_or(0);
+      counters.reachable = peer->reachable;
+      counters.retained_bytes = peer->out.retained_bytes();
+      counters.backlog_bytes = peer->out.backlog_bytes();
+      out.push_back(std::move(counters));
     }
+    std::sort(out.begin(), out.end(),
+              [](const auto& a, const auto& b) { return a.site < b.site; });
     return out;
   }
 
@@ -356,10 +429,24 @@ class SyncEngine::Impl {
     summary.set_rejected(static_cast<double>(rejected_));
     summary.set_blocked_s(blocked_s_);
     summary.set_flushed(flushed_);
+    double resent = 0, duplicates = 0, gaps = 0, unreachable = 0;
+    for (const auto& peer : peers_) {
+      resent += static_cast<double>(peer->out.messages_resent());
+      duplicates += static_cast<double>(peer->in.duplicates());
+      gaps += static_cast<double>(peer->in.gaps());
+      unreachable += peer->unreachable_total_s +
+                     (peer->reachable ? 0 : Now() - peer->unreachable_since_s);
+    }
+    summary.set_resent(resent);
+    summary.set_duplicates_dropped(duplicates);
+    summary.set_gaps(gaps);
+    summary.set_unreachable_s(unreachable);
     return summary;
   }
 
  private:
+  double Now() const { return clock_->NowSeconds(); }
+
   // ---- naming ---------------------------------------------------------------
   std::vector<std::string> PeerNames() const {
     std::vector<std::string> names;
@@ -387,45 +474,173 @@ class SyncEngine::Impl {
     return "?";
   }
 
-  std::vector<Channel*> AllChannels() {
-    std::vector<Channel*> all;
-    for (Channel& channel : channels_) all.push_back(&channel);
-    return all;
+  Peer* PeerNamed(const std::string& site) {
+    for (auto& peer : peers_) {
+      if (peer->name == site) return peer.get();
+    }
+    return nullptr;
   }
 
-  std::vector<Channel*> ChannelsOf(const std::vector<int>& sites) {
-    std::vector<Channel*> selected;
-    for (Channel& channel : channels_) {
-      if (std::find(sites.begin(), sites.end(), channel.site) != sites.end()) {
-        selected.push_back(&channel);
+  std::vector<Peer*> PeersOf(const std::vector<int>& sites) {
+    std::vector<Peer*> selected;
+    for (auto& peer : peers_) {
+      if (std::find(sites.begin(), sites.end(), peer->site) != sites.end()) {
+        selected.push_back(peer.get());
       }
     }
     return selected;
   }
 
-  Channel* ChannelTo(const std::string& site) {
-    for (Channel& channel : channels_) {
-      if (channel.name == site) return &channel;
-    }
-    return nullptr;
+  bool IsMember(int site) const {
+    return std::find(role_.members.begin(), role_.members.end(), site) !=
+           role_.members.end();
+  }
+  bool IsHub(int site) const {
+    return std::find(role_.hubs.begin(), role_.hubs.end(), site) !=
+           role_.hubs.end();
   }
 
-  bool IsMember(const std::string& site) const {
-    for (int member : role_.members) {
-      if (job_.site(member).name() == site) return true;
+  // The peers whose accumulators a change received from `from` goes into:
+  // a hub passes a member's changes on to the other hubs and the other
+  // members, and a hub's changes to its members. Mesh nodes and members
+  // relay nothing.
+  std::vector<size_t> RelayTargets(int from) const {
+    std::vector<size_t> targets;
+    if (role_.kind != SyncRole::Kind::kHub) return targets;
+    for (const auto& peer : peers_) {
+      if (peer->site == from) continue;
+      if (IsMember(from) || IsMember(peer->site)) targets.push_back(peer->acc);
     }
-    return false;
+    return targets;
   }
 
-  bool AllFinal(const std::vector<int>& sites) const {
-    for (int site : sites) {
-      auto it = incoming_.find(job_.site(site).name());
-      if (it == incoming_.end() || !it->second.final) return false;
+  // ---- liveness -----------------------------------------------------------
+  // Whether the DS bound waits for `peer`.
+  bool Bounding(const Peer& peer) const {
+    if (fault_.partition_policy() == pb::PARTITION_BLOCK) return true;
+    return peer.reachable && !peer.catching_up;
+  }
+
+  // The slowest clock the DS bound counts (this site's own when none).
+  int64_t BoundingClock() const {
+    int64_t slowest = std::numeric_limits<int64_t>::max();
+    for (const auto& peer : peers_) {
+      if (Bounding(*peer)) {
+        slowest = std::min(slowest, clocks_.ClockOf(peer->name).value_or(0));
+      }
     }
-    return true;
+    return slowest == std::numeric_limits<int64_t>::max() ? local_clock_
+                                                          : slowest;
+  }
+
+  // Whether changes and clocks are created for `peer` now.
+  bool Sendable(const Peer& peer) const {
+    return peer.reachable && !peer.final_sent;
+  }
+
+  void RecordEvent(pb::FaultKind kind, const std::string& subject,
+                   const std::string& detail, double duration_s = 0) {
+    pb::FaultEvent event;
+    event.set_kind(kind);
+    event.set_site(name_);
+    event.set_subject(subject);
+    event.set_unix_s(UnixSeconds());
+    event.set_duration_s(duration_s);
+    event.set_detail(detail);
+    events_.push_back(std::move(event));
+  }
+
+  // Anything from `peer` (a message on the mirror socket, an ack on the
+  // channel) proves it is there.
+  void HeardFrom(Peer& peer) {
+    if (peer.reachable) return;
+    const double now = Now();
+    const double out_s = now - peer.unreachable_since_s;
+    peer.reachable = true;
+    peer.unreachable_total_s += out_s;
+    peer.catching_up = fault_.partition_policy() == pb::PARTITION_CONTINUE;
+    MLOG(INFO) << "site '" << peer.name << "' is reachable again after "
+               << out_s << " s"
+               << (peer.catching_up ? "; outside the DS bound until it has "
+                                      "caught up"
+                                    : "");
+    RecordEvent(pb::PEER_REACHABLE, "site '" + peer.name + "'",
+                "unreachable for " + std::to_string(out_s) + " s", out_s);
+    UpdateCatchingUp(peer);
+  }
+
+  void UpdateCatchingUp(Peer& peer) {
+    if (!peer.catching_up) return;
+    if (clocks_.ClockOf(peer.name).value_or(0) >=
+        local_clock_ - static_cast<int64_t>(sync_.max_clock_skew())) {
+      peer.catching_up = false;
+      MLOG(INFO) << "site '" << peer.name << "' caught up (clock "
+                 << clocks_.ClockOf(peer.name).value_or(0)
+                 << "): within the DS bound again";
+    }
+  }
+
+  void CheckLiveness(Peer& peer, double now) {
+    if (!peer.reachable || !training_ || finishing_) return;
+    const double last = std::max(
+        {peer.in.last_heard_s(), peer.out.last_ack_s(), liveness_floor_s_});
+    if (now - last <= fault_.peer_timeout_s()) return;
+    peer.reachable = false;
+    peer.catching_up = false;
+    peer.unreachable_since_s = now;
+    const char* policy =
+        fault_.partition_policy() == pb::PARTITION_CONTINUE
+            ? "training goes on; its changes wait until it is back"
+            : "the DS bound still waits for it (PARTITION_BLOCK)";
+    MLOG(WARNING) << "site '" << peer.name << "' is unreachable: nothing "
+                  << "heard for " << now - last << " s; " << policy;
+    RecordEvent(pb::PEER_UNREACHABLE, "site '" + peer.name + "'",
+                std::string("silent for more than ") +
+                    std::to_string(fault_.peer_timeout_s()) + " s; " + policy);
+  }
+
+  // Every turn of the event loop: liveness, the channels' sending and
+  // heartbeats, and acknowledgements that are due.
+  void Service() {
+    const double now = Now();
+    // A stalled event loop (the process was stopped, or starved) heard
+    // nothing meanwhile: give every peer a fresh window rather than declare
+    // them all unreachable at once.
+    const double stall = std::max(1.0, fault_.peer_timeout_s() / 2);
+    if (last_service_s_ >= 0 && now - last_service_s_ > stall) {
+      MLOG(WARNING) << "the event loop did not run for " << now - last_service_s_
+                    << " s: peers get a fresh liveness window";
+      liveness_floor_s_ = now;
+    }
+    last_service_s_ = now;
+    for (auto& peer : peers_) {
+      CheckLiveness(*peer, now);
+      peer->out.Pump(now);
+      if (std::optional<pb::MirrorAck> ack = peer->in.AckDue(
+              now, clocks_.ClockOf(peer->name).value_or(0))) {
+        SendAck(*peer, *ack);
+      }
+    }
+  }
+
+  void SendAck(Peer& peer, const pb::MirrorAck& ack) {
+    if (peer.routing_id.empty()) return;  // no connection to answer on
+    pb::Header header = MakeHeader(pb::MIRROR_ACK, self_, 0);
+    *header.mutable_mirror_ack() = ack;
+    // Best effort: a lost or unroutable ack is sent again later.
+    (void)SendMessage(mirror_, header, {}, peer.routing_id);
   }
 
   // ---- thresholds and budgets -------------------------------------------
+  uint64_t RetentionLimit() const {
+    if (fault_.has_retention_limit()) {
+      Result<uint64_t> limit = wan::ParseByteSize(fault_.retention_limit());
+      if (limit.ok()) return *limit;
+    }
+    const uint64_t model_bytes = store_->num_elements() * sizeof(float);
+    return std::max<uint64_t>(uint64_t{4} << 20, 4 * model_bytes);
+  }
+
   // The link budget in bytes/s: sync.bandwidth_budget, else the emulated
   // bandwidth of the direction towards `peer`; 0 when neither is known.
   double LinkBudget(int peer) const {
@@ -435,13 +650,14 @@ class SyncEngine::Impl {
     }
     Result<std::vector<wan::LinkModel>> links = wan::ResolveJobLinks(job_);
     if (!links.ok()) return 0;
-    const std::string& self = name_;
     const std::string& other = job_.site(peer).name();
     for (const wan::LinkModel& link : *links) {
-      if (link.a == self && link.b == other)
+      if (link.a == name_ && link.b == other) {
         return link.a_to_b.bandwidth_bps / 8;
-      if (link.b == self && link.a == other)
+      }
+      if (link.b == name_ && link.a == other) {
         return link.b_to_a.bandwidth_bps / 8;
+      }
     }
     return 0;
   }
@@ -452,9 +668,10 @@ class SyncEngine::Impl {
         schedule_.At(static_cast<uint64_t>(std::max<int64_t>(clock, 1)));
     if (theta > 0) {
       double adjustment = 0;
-      for (const Channel& channel : channels_) {
-        if (channel.adaptive) {
-          adjustment = std::max(adjustment, channel.adaptive->adjustment());
+      for (const auto& peer : peers_) {
+        // An unreachable link says nothing about what the others carry.
+        if (peer->adaptive && peer->reachable) {
+          adjustment = std::max(adjustment, peer->adaptive->adjustment());
         }
       }
       theta += adjustment;
@@ -463,81 +680,78 @@ class SyncEngine::Impl {
     return theta;
   }
 
+  // Feeds each link's controller with what its channel sent, what the
+  // peer acknowledged and what is still on the way since the last clock.
   void ObserveBandwidth() {
-    const double now = clock_->NowSeconds();
-    for (Channel& channel : channels_) {
-      if (!channel.adaptive) continue;
-      channel.adaptive->Observe(channel.period_bytes,
-                                now - channel.period_start_s);
-      channel.period_bytes = 0;
-      channel.period_start_s = now;
+    const double now = Now();
+    for (auto& peer : peers_) {
+      if (!peer->adaptive) continue;
+      const uint64_t sent = peer->out.bytes_sent();
+      const uint64_t delivered = peer->out.delivered_bytes();
+      if (peer->reachable) {
+        peer->adaptive->ObserveDelivery(sent - peer->period_sent,
+                                        delivered - peer->period_delivered,
+                                        peer->out.backlog_bytes(),
+                                        now - peer->period_start_s);
+      }
+      peer->period_sent = sent;
+      peer->period_delivered = delivered;
+      peer->period_start_s = now;
     }
-  }
-
-  bool ViewWithinBound(int64_t local_clock) const {
-    return clocks_.WithinBound(local_clock, sync_.max_clock_skew());
   }
 
   // ---- sending ------------------------------------------------------------
   // Connects the channel and introduces this site on it, once. Channels
   // open when training starts, or earlier when a hub must relay a member's
   // update before its own workers have joined.
-  Status Open(Channel& channel) {
-    if (channel.socket) return Status::Ok();
+  Status Open(Peer& peer) {
+    if (peer.out.attached()) return Status::Ok();
+    auto socket = std::make_unique<zmq::socket_t>(*options_.context,
+                                                  zmq::socket_type::dealer);
     try {
-      auto socket = std::make_unique<zmq::socket_t>(*options_.context,
-                                                    zmq::socket_type::dealer);
-      socket->set(zmq::sockopt::linger, kLingerMs);
-      // Never drop: while a link is slow or partitioned, updates wait in
-      // the queue (the DS bound keeps it finite).
-      socket->set(zmq::sockopt::sndhwm, 0);
+      socket->set(zmq::sockopt::linger, 0);
+      socket->set(zmq::sockopt::sndhwm, kChannelHighWaterMark);
+      // The same id after every reconnect of this process: the peer keeps
+      // the channel's state across broken connections.
+      char id[64];
+      std::snprintf(id, sizeof(id), "%s#%016llx", name_.c_str(),
+                    static_cast<unsigned long long>(incarnation_));
+      socket->set(zmq::sockopt::routing_id, std::string(id));
       if (curve_) {
-        const std::string& peer_key = curve_->peers.at(channel.name);
+        const std::string& peer_key = curve_->peers.at(peer.name);
         MERIDIAN_RETURN_IF_ERROR(
             MakeCurveClient(*socket, curve_->own, peer_key)
-                .WithContext("channel to site '" + channel.name + "'"));
+                .WithContext("channel to site '" + peer.name + "'"));
       }
-      socket->connect(channel.endpoint);
-      channel.socket = std::move(socket);
+      socket->connect(peer.endpoint);
     } catch (const zmq::error_t& error) {
-      return InvalidArgumentError("cannot connect to site '" + channel.name +
-                                  "' at '" + channel.endpoint +
+      return InvalidArgumentError("cannot connect to site '" + peer.name +
+                                  "' at '" + peer.endpoint +
                                   "': " + error.what());
     }
-    const double budget = LinkBudget(channel.site);
-    if (sync_.adaptive_threshold() && budget > 0) {
-      channel.adaptive.emplace(budget, sync_.adaptive_step(),
-                               sync_.adaptive_max() - sync_.threshold());
+    const double budget = LinkBudget(peer.site);
+    if (sync_.adaptive_threshold()) {
+      peer.adaptive.emplace(budget, sync_.adaptive_step(),
+                            sync_.adaptive_max() - sync_.threshold());
     }
-    channel.period_start_s = clock_->NowSeconds();
-    pb::Header hello = MakeHeader(pb::MIRROR_HELLO, self_, ++channel.sequence);
+    peer.period_start_s = Now();
+    pb::Header hello = MakeHeader(pb::MIRROR_HELLO, self_, 0);
     store_->layout().ToSpecs(hello.mutable_mirror_hello()->mutable_layout());
-    Send(channel, hello, {});
-    MLOG(INFO) << "connected to site '" << channel.name << "' at "
-               << channel.endpoint;
+    hello.mutable_mirror_hello()->set_clock(local_clock_);
+    peer.out.Attach(std::move(socket), std::move(hello), Now());
+    MLOG(INFO) << "connected to site '" << peer.name << "' at "
+               << peer.endpoint;
     return Status::Ok();
   }
 
-  void Send(Channel& channel, const pb::Header& header,
-            std::vector<zmq::message_t> frames) {
-    if (!channel.socket) {
-      if (Status status = Open(channel); !status.ok()) {
-        MLOG(ERROR) << status << "; update not sent";
-        return;
+  void Send(Peer& peer, pb::Header header, std::vector<std::string> frames) {
+    if (!peer.out.attached()) {
+      if (Status status = Open(peer); !status.ok()) {
+        // Kept: the channel retains it and sends it once it can connect.
+        MLOG(ERROR) << status << "; the update waits";
       }
     }
-    uint64_t bytes = header.ByteSizeLong();
-    for (const zmq::message_t& frame : frames) bytes += frame.size();
-    if (Status status = SendMessage(*channel.socket, header, std::move(frames));
-        !status.ok()) {
-      // With an unlimited queue a send only fails when the context is
-      // going away; say so rather than lose it quietly.
-      MLOG(ERROR) << "update to site '" << channel.name
-                  << "' not queued: " << status;
-      return;
-    }
-    channel.bytes += bytes;
-    channel.period_bytes += bytes;
+    peer.out.Enqueue(std::move(header), std::move(frames), Now());
   }
 
   // Takes what passes `theta` out of accumulator `acc` and encodes it, one
@@ -601,7 +815,9 @@ class SyncEngine::Impl {
       slice.set_codec(pb::CODEC_PIPELINE);
       slice.set_payload_bytes(result->bytes.size());
       encoded.slices.push_back(slice);
-      encoded.frames.emplace_back(result->bytes.data(), result->bytes.size());
+      encoded.frames.emplace_back(
+          reinterpret_cast<const char*>(result->bytes.data()),
+          result->bytes.size());
       encoded.bytes += result->bytes.size();
     }
     if (!residual_indices_.empty()) {
@@ -610,64 +826,54 @@ class SyncEngine::Impl {
     return encoded;
   }
 
-  // Sends `update` to `targets` as a MIRROR_UPDATE (or MIRROR_INDICES).
+  // Sends `update` to `peer` as a MIRROR_UPDATE (or MIRROR_INDICES), tagged
+  // with the clock it belongs to (the one after the last announced).
   void SendUpdate(const Encoded& update, pb::MessageType type,
-                  const std::string& origin, bool average,
-                  const std::vector<Channel*>& targets) {
-    if (update.empty()) return;
-    for (Channel* channel : targets) {
-      if (channel->final_sent) continue;
-      pb::Header header = MakeHeader(type, self_, ++channel->sequence);
-      header.set_clock(channel->announced + 1);
-      for (const pb::TensorSlice& slice : update.slices) {
-        *header.add_slices() = slice;
-      }
-      pb::MirrorUpdate* body = header.mutable_mirror_update();
-      body->set_origin_site(origin);
-      body->set_entries(update.entries);
-      body->set_average(average);
-      std::vector<zmq::message_t> frames;
-      for (const zmq::message_t& frame : update.frames) {
-        frames.emplace_back(frame.data(), frame.size());
-      }
-      Send(*channel, header, std::move(frames));
-      if (type == pb::MIRROR_UPDATE) {
-        ++updates_sent_;
-        entries_sent_ += update.entries;
-      }
+                  const std::string& origin, bool average, Peer& peer) {
+    if (update.empty() || peer.final_sent) return;
+    pb::Header header = MakeHeader(type, self_, 0);
+    header.set_clock(peer.announced + 1);
+    for (const pb::TensorSlice& slice : update.slices) {
+      *header.add_slices() = slice;
+    }
+    pb::MirrorUpdate* body = header.mutable_mirror_update();
+    body->set_origin_site(origin);
+    body->set_entries(update.entries);
+    body->set_average(average);
+    Send(peer, std::move(header), update.frames);
+    if (type == pb::MIRROR_UPDATE) {
+      ++updates_sent_;
+      entries_sent_ += update.entries;
     }
   }
 
+  // What passes the threshold for each peer that can take it now, out of
+  // its accumulator. A hub's members get theirs when their channel's clock
+  // advances (AnnounceClocks), which may wait for the slowest site.
   void SendLocalChanges(double theta) {
     ObserveBandwidth();
-    switch (role_.kind) {
-      case SyncRole::Kind::kMesh:
-      case SyncRole::Kind::kMember: {
-        const Encoded update = TakeAndEncode(main_acc_, theta, *encoder_);
-        SendWithBarrier(update, AllChannels());
-        break;
-      }
-      case SyncRole::Kind::kHub: {
-        // Members get their sums when their channel's clock advances
-        // (AnnounceClocks), which may wait for the slowest site.
-        const Encoded to_hubs = TakeAndEncode(out_acc_, theta, *encoder_);
-        SendWithBarrier(to_hubs, ChannelsOf(role_.hubs));
-        break;
-      }
+    for (auto& peer : peers_) {
+      if (role_.kind == SyncRole::Kind::kHub && IsMember(peer->site)) continue;
+      SendSignificant(*peer, theta);
     }
   }
 
-  void SendWithBarrier(const Encoded& update,
-                       const std::vector<Channel*>& targets) {
+  void SendSignificant(Peer& peer, double theta) {
+    // An unreachable peer, or one whose channel holds all it may, gets its
+    // changes later: they stay in its accumulator.
+    if (!Sendable(peer) || peer.out.full()) return;
+    SendWithBarrier(TakeAndEncode(peer.acc, theta, *encoder_), peer);
+  }
+
+  void SendWithBarrier(const Encoded& update, Peer& peer) {
     if (update.empty()) return;
     if (sync_.selective_barrier_fraction() > 0 &&
         static_cast<double>(update.entries) >
             sync_.selective_barrier_fraction() *
                 static_cast<double>(store_->num_elements())) {
-      SendUpdate(IndicesOnly(update), pb::MIRROR_INDICES, name_, false,
-                 targets);
+      SendUpdate(IndicesOnly(update), pb::MIRROR_INDICES, name_, false, peer);
     }
-    SendUpdate(update, pb::MIRROR_UPDATE, name_, false, targets);
+    SendUpdate(update, pb::MIRROR_UPDATE, name_, false, peer);
   }
 
   // The same slices with every value zero (MIRROR_INDICES).
@@ -678,7 +884,7 @@ class SyncEngine::Impl {
       const pb::TensorSlice& slice = update.slices[i];
       SparseUpdate sparse;
       if (!decoder_
-               .DecodeSparse(BytesOf(update.frames[i]), slice.length(), &sparse)
+               .DecodeSparse(AsBytes(update.frames[i]), slice.length(), &sparse)
                .ok()) {
         continue;
       }
@@ -689,7 +895,9 @@ class SyncEngine::Impl {
       pb::TensorSlice copy = slice;
       copy.set_payload_bytes(result->bytes.size());
       indices.slices.push_back(copy);
-      indices.frames.emplace_back(result->bytes.data(), result->bytes.size());
+      indices.frames.emplace_back(
+          reinterpret_cast<const char*>(result->bytes.data()),
+          result->bytes.size());
     }
     return indices;
   }
@@ -704,84 +912,115 @@ class SyncEngine::Impl {
       indices_.push_back(i);
       values_.push_back(model[i]);
     }
-    const Encoded encoded = EncodeEntries(main_acc_, *lossless_);
+    const Encoded encoded = EncodeEntries(averaging_acc_, *lossless_);
     // The accumulator is not used by averaging: keep it empty.
     store_->VisitAccumulator(
-        main_acc_,
+        averaging_acc_,
         [](const KeyRange&, std::span<const float>, std::span<float> a) {
           std::fill(a.begin(), a.end(), 0.0f);
         });
-    SendUpdate(encoded, pb::MIRROR_UPDATE, name_, /*average=*/true,
-               AllChannels());
+    for (auto& peer : peers_) {
+      SendUpdate(encoded, pb::MIRROR_UPDATE, name_, /*average=*/true, *peer);
+    }
     averaging_round_open_ = true;
     averaging_clock_ = clock;
   }
 
-  // Sends clock announcements that became due on each channel. A hub
-  // first sends a member what of its sum is significant, so the clock
-  // still follows the updates it covers.
+  // Sends the clock announcement that became due on each channel (one
+  // message, however far the clock moved). A hub first sends a member what
+  // of its sum is significant, so the clock still follows the updates it
+  // covers.
   void AnnounceClocks() {
-    for (Channel& channel : channels_) {
-      const int64_t due = DueClock(channel);
-      if (channel.announced >= due || channel.final_sent) continue;
-      if (auto acc = member_acc_.find(channel.site); acc != member_acc_.end()) {
-        const Encoded update =
-            TakeAndEncode(acc->second, Theta(local_clock_), *encoder_);
-        SendWithBarrier(update, {&channel});
+    for (auto& peer : peers_) {
+      const int64_t due = DueClock(*peer);
+      if (peer->announced >= due || !Sendable(*peer)) continue;
+      if (role_.kind == SyncRole::Kind::kHub && IsMember(peer->site)) {
+        SendSignificant(*peer, Theta(local_clock_));
       }
-      while (channel.announced < due && !channel.final_sent) {
-        ++channel.announced;
-        pb::Header header =
-            MakeHeader(pb::MIRROR_CLOCK, self_, ++channel.sequence);
-        header.set_clock(channel.announced);
-        header.mutable_mirror_clock()->set_clock(channel.announced);
-        header.mutable_mirror_clock()->set_relayed(role_.kind ==
-                                                   SyncRole::Kind::kHub);
-        Send(channel, header, {});
-      }
+      peer->announced = due;
+      pb::Header header = MakeHeader(pb::MIRROR_CLOCK, self_, 0);
+      header.set_clock(due);
+      header.mutable_mirror_clock()->set_clock(due);
+      header.mutable_mirror_clock()->set_relayed(role_.kind ==
+                                                 SyncRole::Kind::kHub);
+      Send(*peer, std::move(header), {});
     }
   }
 
   // The clock a channel should have announced by now: the local clock for
   // a mesh node or member; for a hub, the slowest of its group towards
-  // other hubs, and the slowest of everyone towards its members.
-  int64_t DueClock(const Channel& channel) const {
+  // other hubs, and the slowest of everyone towards its members (sites the
+  // DS bound does not wait for do not hold the announcements back).
+  int64_t DueClock(const Peer& peer) const {
     if (role_.kind != SyncRole::Kind::kHub) return local_clock_;
-    int64_t group = local_clock_;
-    for (int member : role_.members) {
-      group = std::min(group,
-                       clocks_.ClockOf(job_.site(member).name()).value_or(0));
-    }
-    if (std::find(role_.hubs.begin(), role_.hubs.end(), channel.site) !=
-        role_.hubs.end()) {
-      return group;
-    }
-    int64_t global = group;
-    for (int hub : role_.hubs) {
-      global =
-          std::min(global, clocks_.ClockOf(job_.site(hub).name()).value_or(0));
-    }
-    return global;
+    auto slowest = [&](const std::vector<int>& sites, int64_t start) {
+      int64_t clock = start;
+      for (int site : sites) {
+        const Peer* other = ConstPeerAt(site);
+        if (other != nullptr && !Bounding(*other)) continue;
+        clock = std::min(
+            clock, clocks_.ClockOf(job_.site(site).name()).value_or(0));
+      }
+      return clock;
+    };
+    const int64_t group = slowest(role_.members, local_clock_);
+    if (IsHub(peer.site)) return group;
+    return slowest(role_.hubs, group);
   }
 
-  // Lossless flush of accumulator `acc` to `targets` (theta = 0).
-  void FlushTo(size_t acc, const std::vector<Channel*>& targets) {
-    const Encoded update = TakeAndEncode(acc, 0.0, *lossless_);
-    SendUpdate(update, pb::MIRROR_UPDATE, name_, false, targets);
+  const Peer* ConstPeerAt(int site) const {
+    for (const auto& peer : peers_) {
+      if (peer->site == site) return peer.get();
+    }
+    return nullptr;
   }
 
-  void SendFinal(const std::vector<Channel*>& targets) {
-    for (Channel* channel : targets) {
-      if (channel->final_sent) continue;
-      ++channel->announced;
-      pb::Header header =
-          MakeHeader(pb::MIRROR_CLOCK, self_, ++channel->sequence);
-      header.set_clock(channel->announced);
-      header.mutable_mirror_clock()->set_clock(channel->announced);
+  // The end of the job towards `targets`: everything left in their
+  // accumulators losslessly, then the final clock. Sent even to an
+  // unreachable peer or a full channel: it waits in the retention.
+  void FlushAndSendFinal(const std::vector<Peer*>& targets) {
+    for (Peer* peer : targets) {
+      if (peer->final_sent) continue;
+      if (sync_.kind() != pb::MODEL_AVERAGING) {
+        const Encoded update = TakeAndEncode(peer->acc, 0.0, *lossless_);
+        SendUpdate(update, pb::MIRROR_UPDATE, name_, false, *peer);
+      }
+      ++peer->announced;
+      pb::Header header = MakeHeader(pb::MIRROR_CLOCK, self_, 0);
+      header.set_clock(peer->announced);
+      header.mutable_mirror_clock()->set_clock(peer->announced);
       header.mutable_mirror_clock()->set_final(true);
-      Send(*channel, header, {});
-      channel->final_sent = true;
+      Send(*peer, std::move(header), {});
+      peer->final_sent = true;
+      peer->final_sequence = peer->out.last_sequence();
     }
+  }
+
+  // Whether the final exchange with `peer` is complete: its final flush
+  // arrived and ours was acknowledged.
+  bool PeerFlushed(const Peer& peer) const {
+    return peer.final_received && peer.final_sent &&
+           peer.out.Delivered(peer.final_sequence);
+  }
+
+  bool AllFlushed() const {
+    return std::all_of(peers_.begin(), peers_.end(),
+                       [&](const auto& peer) { return PeerFlushed(*peer); });
+  }
+
+  // Whether Finish may stop waiting for `sites`: each is flushed (for the
+  // sites this one has sent its final to) or has sent its final, or is
+  // unreachable (waiting would only hold everyone else's results).
+  bool Done(const std::vector<int>& sites) const {
+    for (int site : sites) {
+      const Peer* peer = ConstPeerAt(site);
+      if (peer == nullptr || !peer->reachable) continue;
+      if (!peer->final_received) return false;
+      if (peer->final_sent && !peer->out.Delivered(peer->final_sequence)) {
+        return false;
+      }
+    }
+    return true;
   }
 
   // ---- receiving ----------------------------------------------------------
@@ -811,18 +1050,34 @@ class SyncEngine::Impl {
     }
   }
 
-  // Replies on our outgoing channels are errors about what we sent.
-  void DrainChannel(Channel& channel) {
+  // What comes back on our outgoing channel: acknowledgements, and errors
+  // about what we sent.
+  void DrainChannel(Peer& peer) {
     while (true) {
-      Result<Received> received =
-          ReceiveMessage(*channel.socket, false, std::chrono::milliseconds(0));
+      Result<Received> received = ReceiveMessage(
+          *peer.out.socket(), false, std::chrono::milliseconds(0));
       if (!received.ok() || received->timed_out()) return;
-      if (received->message && received->message->header.type() == pb::ERROR) {
-        MLOG(ERROR) << "site '" << channel.name << "' refused our "
-                    << "message: "
-                    << pb::ErrorCode_Name(
-                           received->message->header.error().code())
-                    << ": " << received->message->header.error().message();
+      if (!received->message) continue;
+      const pb::Header& header = received->message->header;
+      if (header.sender().site() != peer.name) continue;
+      if (header.type() == pb::MIRROR_ACK) {
+        HeardFrom(peer);
+        const uint64_t resends = peer.out.resend_requests();
+        peer.out.OnAck(header.mirror_ack(), Now());
+        if (peer.out.resend_requests() > resends) {
+          MLOG(WARNING) << "site '" << peer.name
+                        << "' missed messages after "
+                        << header.mirror_ack().applied_sequence()
+                        << ": sending them again";
+          RecordEvent(pb::MESSAGES_RESENT, "site '" + peer.name + "'",
+                      "resend from sequence " +
+                          std::to_string(
+                              header.mirror_ack().applied_sequence() + 1));
+        }
+      } else if (header.type() == pb::ERROR) {
+        MLOG(ERROR) << "site '" << peer.name << "' refused our message: "
+                    << pb::ErrorCode_Name(header.error().code()) << ": "
+                    << header.error().message();
       }
     }
   }
@@ -833,6 +1088,11 @@ class SyncEngine::Impl {
     MLOG(ERROR) << "rejected " << DescribeHeader(header) << ": "
                 << pb::ErrorCode_Name(rejection.code) << ": "
                 << rejection.reason;
+    SendRefusal(routing_id, header, rejection);
+  }
+
+  void SendRefusal(const std::string& routing_id, const pb::Header& header,
+                   const Rejection& rejection) {
     if (Status status = SendError(mirror_, self_, ++error_sequence_, rejection,
                                   header.sequence(), routing_id);
         !status.ok()) {
@@ -843,9 +1103,10 @@ class SyncEngine::Impl {
   void HandleMirror(Envelope& message) {
     const pb::Header& header = message.header;
     const std::string& site = header.sender().site();
-    auto it = incoming_.find(site);
-    if (header.sender().role() != pb::ROLE_SITE_SERVER ||
-        it == incoming_.end()) {
+    Peer* found =
+        header.sender().role() == pb::ROLE_SITE_SERVER ? PeerNamed(site)
+                                                       : nullptr;
+    if (found == nullptr) {
       return Refuse(message.routing_id, header,
                     {pb::ERROR_UNKNOWN_SENDER,
                      "'" + site + "' is not a site that '" + name_ +
@@ -858,75 +1119,140 @@ class SyncEngine::Impl {
                      "a connection authenticated as site '" + message.user_id +
                          "' sent a message as site '" + site + "'"});
     }
-    Incoming& in = it->second;
-    in.bytes += header.ByteSizeLong();
+    Peer& peer = *found;
+    peer.bytes_received += header.ByteSizeLong();
     for (const zmq::message_t& frame : message.payload) {
-      in.bytes += frame.size();
+      peer.bytes_received += frame.size();
     }
-    ++in.messages;
-    if (header.type() == pb::MIRROR_HELLO) {
-      Result<ModelLayout> layout =
-          ModelLayout::FromSpecs(header.mirror_hello().layout());
-      if (!layout.ok() || !(*layout == store_->layout())) {
-        return Refuse(
-            message.routing_id, header,
-            {pb::ERROR_LAYOUT_MISMATCH,
-             "site '" + site + "' has model [" +
-                 (layout.ok() ? layout->DebugString()
-                              : layout.status().message()) +
-                 "], this site [" + store_->layout().DebugString() + "]"});
-      }
-      in.hello = true;
-      in.routing_id = message.routing_id;
-      MLOG(INFO) << "site '" << site << "' connected";
-      return;
-    }
-    if (!in.hello || in.routing_id != message.routing_id) {
-      return Refuse(message.routing_id, header,
-                    {pb::ERROR_UNKNOWN_SENDER,
-                     "site '" + site +
-                         "' must introduce itself (MIRROR_HELLO) on this "
-                         "connection first"});
-    }
-    if (in.final) {
-      return Refuse(message.routing_id, header,
-                    {pb::ERROR_UNEXPECTED,
-                     "site '" + site + "' already sent its final flush"});
-    }
+    ++peer.messages_received;
+    HeardFrom(peer);
+    const double now = Now();
     switch (header.type()) {
+      case pb::MIRROR_HELLO:
+        return HandleHello(message, peer);
+      case pb::HEARTBEAT:
+        if (!Introduced(message, peer)) return;
+        peer.in.OnHeartbeat(header.heartbeat().last_sequence(), now);
+        return;
       case pb::MIRROR_CLOCK:
-        return HandleClock(message, in);
       case pb::MIRROR_UPDATE:
       case pb::MIRROR_INDICES:
-        return HandleUpdate(message);
+        break;
       default:
         return Refuse(
             message.routing_id, header,
             {pb::ERROR_UNEXPECTED, pb::MessageType_Name(header.type()) +
                                        " is not served on the mirror socket"});
     }
+    if (!Introduced(message, peer)) return;
+    switch (peer.in.Admit(header.sequence(), now)) {
+      case InboundChannel::Admission::kDuplicate:
+      case InboundChannel::Admission::kGap:
+        return;  // applied before / asked for again (mirror_delivery.h)
+      case InboundChannel::Admission::kApply:
+        break;
+    }
+    // Applied or refused, the message is done: a refused one would be
+    // refused again.
+    peer.in.Applied(header.sequence());
+    if (peer.final_received) {
+      return Refuse(message.routing_id, header,
+                    {pb::ERROR_UNEXPECTED,
+                     "site '" + site + "' already sent its final flush"});
+    }
+    if (header.type() == pb::MIRROR_CLOCK) return HandleClock(message, peer);
+    HandleUpdate(message, peer);
   }
 
-  void HandleClock(const Envelope& message, Incoming& in) {
+  // Whether `peer` introduced itself on the connection `message` came
+  // over; otherwise asks it to (an acknowledgement with a resend request
+  // for an unknown incarnation makes it send MIRROR_HELLO and what
+  // follows) and drops the message.
+  bool Introduced(const Envelope& message, Peer& peer) {
+    if (peer.in.hello() && peer.routing_id == message.routing_id) return true;
+    if (!peer.in.hello()) {
+      const double now = Now();
+      if (peer.hello_requested_s < 0 ||
+          now - peer.hello_requested_s >= fault_.heartbeat_interval_s()) {
+        peer.hello_requested_s = now;
+        peer.routing_id = message.routing_id;
+        pb::MirrorAck ask;
+        ask.set_resend(true);
+        ask.set_incarnation(0);  // "whoever you are"
+        SendAck(peer, ask);
+      }
+      // Also say why, for a peer that does not speak this protocol; not
+      // counted as a rejection: after a restart it is how peers find out.
+      SendRefusal(message.routing_id, message.header,
+                  {pb::ERROR_UNKNOWN_SENDER,
+                   "site '" + peer.name +
+                       "' must introduce itself (MIRROR_HELLO) first"});
+      return false;
+    }
+    Refuse(message.routing_id, message.header,
+           {pb::ERROR_UNKNOWN_SENDER,
+            "site '" + peer.name +
+                "' must introduce itself (MIRROR_HELLO) on this "
+                "connection first"});
+    return false;
+  }
+
+  void HandleHello(const Envelope& message, Peer& peer) {
     const pb::Header& header = message.header;
-    const std::string& site = header.sender().site();
-    if (Status status = clocks_.Advance(site, header.mirror_clock().clock());
+    Result<ModelLayout> layout =
+        ModelLayout::FromSpecs(header.mirror_hello().layout());
+    if (!layout.ok() || !(*layout == store_->layout())) {
+      return Refuse(
+          message.routing_id, header,
+          {pb::ERROR_LAYOUT_MISMATCH,
+           "site '" + peer.name + "' has model [" +
+               (layout.ok() ? layout->DebugString()
+                            : layout.status().message()) +
+               "], this site [" + store_->layout().DebugString() + "]"});
+    }
+    const pb::MirrorHello& hello = header.mirror_hello();
+    const bool first = !peer.in.hello();
+    const uint64_t before = peer.in.incarnation();
+    const std::string note =
+        peer.in.OnHello(hello.incarnation(), hello.first_sequence(),
+                      hello.resumed(), Now());
+    peer.routing_id = message.routing_id;
+    if (first) {
+      MLOG(INFO) << "site '" << peer.name << "' connected";
+    } else if (before != peer.in.incarnation()) {
+      MLOG(WARNING) << "site '" << peer.name << "' " << note;
+      RecordEvent(pb::PEER_RESTARTED, "site '" + peer.name + "'", note);
+      if (!hello.resumed()) {
+        // Its clocks start again as well.
+        (void)clocks_.Reset(peer.name, hello.clock());
+        peer.final_received = false;
+      }
+    } else if (!note.empty()) {
+      MLOG(ERROR) << "site '" << peer.name << "': " << note;
+    }
+  }
+
+  void HandleClock(const Envelope& message, Peer& peer) {
+    const pb::Header& header = message.header;
+    if (Status status = clocks_.Advance(peer.name, header.mirror_clock().clock());
         !status.ok()) {
       return Refuse(message.routing_id, header,
                     {pb::ERROR_STALE, status.message()});
     }
     if (header.mirror_clock().final()) {
-      in.final = true;
-      if (!finishing_ && finished_peer_.empty()) finished_peer_ = site;
+      peer.final_received = true;
+      peer.in.AckSoon();
+      if (!finishing_ && finished_peer_.empty()) finished_peer_ = peer.name;
     }
+    UpdateCatchingUp(peer);
     // A hub's announcements depend on what it hears.
     if (role_.kind == SyncRole::Kind::kHub) AnnounceClocks();
     MaybeAverage();
   }
 
-  void HandleUpdate(Envelope& message) {
+  void HandleUpdate(Envelope& message, Peer& peer) {
     const pb::Header& header = message.header;
-    const std::string& site = header.sender().site();
+    const std::string& site = peer.name;
     const int64_t expected = clocks_.ClockOf(site).value_or(0) + 1;
     if (header.clock() != expected) {
       return Refuse(
@@ -987,18 +1313,8 @@ class SyncEngine::Impl {
       AddToAveragingRound(header.clock(), site);
       return;
     }
-    // A hub passes a member's changes on to the other hubs (through its
-    // out accumulator) and every change to each member it did not come
-    // from (through that member's accumulator).
-    std::vector<size_t> accumulate;
-    if (role_.kind == SyncRole::Kind::kHub) {
-      if (IsMember(site)) accumulate.push_back(out_acc_);
-      for (const auto& [member, acc] : member_acc_) {
-        if (job_.site(member).name() != site) accumulate.push_back(acc);
-      }
-    }
     store_->ApplyExternalSparse(received_indices_, received_values_,
-                                accumulate);
+                                RelayTargets(peer.site));
     ++updates_received_;
     entries_received_ += received_indices_.size();
     blocked_.Release(site, header.clock());
@@ -1022,10 +1338,10 @@ class SyncEngine::Impl {
     if (!averaging_round_open_) return;
     auto it = rounds_.find(averaging_clock_);
     if (it == rounds_.end() ||
-        round_sites_[averaging_clock_].size() < channels_.size()) {
+        round_sites_[averaging_clock_].size() < peers_.size()) {
       return;
     }
-    store_->AverageWith(it->second, static_cast<uint32_t>(channels_.size()));
+    store_->AverageWith(it->second, static_cast<uint32_t>(peers_.size()));
     rounds_.erase(it);
     round_sites_.erase(averaging_clock_);
     averaging_round_open_ = false;
@@ -1034,6 +1350,7 @@ class SyncEngine::Impl {
   SyncEngineOptions options_;
   const pb::JobConfig& job_;
   const pb::SyncConfig& sync_;
+  const pb::FaultConfig& fault_;
   const int site_index_;
   const std::string name_;
   ParameterStore* store_;
@@ -1043,6 +1360,8 @@ class SyncEngine::Impl {
   MirrorClocks clocks_;
   BlockedKeys blocked_;
   pb::Endpoint self_;
+  // This run of the site server (its channels' routing ids and hellos).
+  const uint64_t incarnation_;
 
   // CURVE (security.curve): this site's keys and its peers' public keys,
   // and the ZAP handler of the context that admits only those peers. The
@@ -1051,23 +1370,26 @@ class SyncEngine::Impl {
   std::unique_ptr<ZapHandler> zap_;
   zmq::socket_t mirror_;
   std::string mirror_endpoint_;
-  std::vector<Channel> channels_;
-  std::map<std::string, Incoming> incoming_;
+  std::vector<std::unique_ptr<Peer>> peers_;
   uint64_t error_sequence_ = 0;
 
   std::optional<UpdateEncoder> encoder_;
   std::optional<UpdateEncoder> lossless_;
   std::optional<UpdateEncoder> index_encoder_;
   UpdateDecoder decoder_;
-  size_t main_acc_ = 0;
-  size_t out_acc_ = 0;
-  std::map<int, size_t> member_acc_;  // hub: site index -> accumulator
+  size_t averaging_acc_ = 0;  // MODEL_AVERAGING's encoding scratch
 
   int64_t local_clock_ = 0;
   double last_theta_ = 0;
+  bool training_ = false;  // Connect() was called
   bool finishing_ = false;
   bool flushed_ = false;
   std::string finished_peer_;
+  // Liveness: silence is counted from no earlier than this (training's
+  // start, the end of a stall of the event loop).
+  double liveness_floor_s_ = 0;
+  double last_service_s_ = -1;
+  std::vector<pb::FaultEvent> events_;
 
   bool averaging_round_open_ = false;
   int64_t averaging_clock_ = 0;
@@ -1142,6 +1464,13 @@ int64_t SyncEngine::slowest_peer_clock() const {
 pb::SyncSummary SyncEngine::Summary() const { return impl_->Summary(); }
 std::vector<SyncEngine::PeerCounters> SyncEngine::peer_counters() const {
   return impl_->peer_counters();
+}
+int64_t SyncEngine::ClockFloor() const { return impl_->ClockFloor(); }
+uint32_t SyncEngine::unreachable_peers() const {
+  return impl_->unreachable_peers();
+}
+const std::vector<pb::FaultEvent>& SyncEngine::events() const {
+  return impl_->events();
 }
 
 }  // namespace meridian

@@ -2,6 +2,16 @@
 // its peer sites, and Gaia's approximate synchronous parallel on top of
 // them (significance filter, mirror clocks with the DS bound, selective
 // barrier, hub relays), plus the DENSE and MODEL_AVERAGING baselines.
+//
+// Faults (job.fault): every peer has its own accumulator of changes not yet
+// sent to it (ParameterStore accumulators, bounded by the model) and a
+// channel that delivers each message exactly once across reconnects
+// (mirror_delivery.h). A peer silent for peer_timeout_s is unreachable:
+// nothing new is created for it (its changes wait in its accumulator), and
+// under PARTITION_CONTINUE the DS bound ignores it until it is back and has
+// caught up; a site that finds itself more than DS clocks behind the
+// reachable peers (after a freeze or a restart) jumps its clock forward
+// (ClockFloor).
 #ifndef MERIDIAN_RUNTIME_SYNC_ENGINE_H_
 #define MERIDIAN_RUNTIME_SYNC_ENGINE_H_
 
@@ -15,8 +25,8 @@
 
 #include "meridian/clock.h"
 #include "meridian/job.pb.h"
-#include "meridian/report.pb.h"
 #include "meridian/param_store.h"
+#include "meridian/report.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {
@@ -94,6 +104,17 @@ class SyncEngine {
   int64_t slowest_peer_clock() const;
   pb::SyncSummary Summary() const;
 
+  // The clock this site should be at least at: under PARTITION_CONTINUE,
+  // DS below the slowest reachable peer (a site that was frozen, cut off
+  // or restarted jumps forward instead of staying outside the bound);
+  // otherwise 0. The site server raises its clock to it.
+  int64_t ClockFloor() const;
+  // Peers declared unreachable right now.
+  uint32_t unreachable_peers() const;
+  // Faults the engine saw (peers unreachable and back, restarted, resends),
+  // in order. For the site's summary.
+  const std::vector<pb::FaultEvent>& events() const;
+
   // Per peer site (the cross-site link directions as this site sees
   // them): bytes handed to the channel towards it, bytes (header + payload
   // frames) of the mirror messages received from it once it is known, and
@@ -105,6 +126,9 @@ class SyncEngine {
     uint64_t messages_received = 0;
     int64_t clock = 0;
     bool connected = false;  // it introduced itself (MIRROR_HELLO)
+    bool reachable = true;   // heard within peer_timeout_s
+    uint64_t retained_bytes = 0;  // kept for a resend
+    uint64_t backlog_bytes = 0;   // sent, not yet acknowledged
   };
   std::vector<PeerCounters> peer_counters() const;
 

@@ -15,12 +15,21 @@ Status MirrorClocks::Advance(const std::string& peer, int64_t clock) {
     return InvalidArgumentError("clock from '" + peer +
                                 "', which is not a site this one syncs with");
   }
-  if (clock != it->second + 1) {
+  if (clock <= it->second) {
     return InvalidArgumentError(
         "clock " + std::to_string(clock) + " from '" + peer + "' " +
-        (clock <= it->second ? "goes backwards" : "skips") +
-        " (its last clock was " + std::to_string(it->second) +
-        "; clocks must go up by one)");
+        (clock == it->second ? "repeats" : "goes backwards") +
+        " (its last clock was " + std::to_string(it->second) + ")");
+  }
+  it->second = clock;
+  return Status::Ok();
+}
+
+Status MirrorClocks::Reset(const std::string& peer, int64_t clock) {
+  auto it = clocks_.find(peer);
+  if (it == clocks_.end()) {
+    return InvalidArgumentError("clock from '" + peer +
+                                "', which is not a site this one syncs with");
   }
   it->second = clock;
   return Status::Ok();

@@ -4,12 +4,15 @@
 // problem, and the model stays untouched.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <thread>
 #include <zmq.hpp>
 
 #include "meridian/compression.h"
 #include "meridian/config.h"
 #include "meridian/message.h"
+#include "meridian/metrics.h"
 #include "meridian/model.h"
 #include "meridian/site_server.h"
 #include "meridian/transport.h"
@@ -31,8 +34,16 @@ class MirrorInputTest : public ::testing::Test {
     options.test_samples = 20;
     ASSERT_TRUE(testing::WriteSyntheticIdx(data_dir_, options).ok());
     job_ = testing::SmallJob(data_dir_, 1, /*hidden=*/4);
+    // Site b's mirror socket, where site a sends once it trains: a socket
+    // that is there (never read), so that a's channel to b delivers and
+    // closes at once instead of lingering on a port where nobody listens.
+    b_mirror_ =
+        std::make_unique<zmq::socket_t>(sink_context_, zmq::socket_type::router);
+    b_mirror_->set(zmq::sockopt::linger, 0);
+    b_mirror_->bind("tcp://127.0.0.1:*");
     pb::SiteConfig* b = job_.add_site();
     b->set_name("b");
+    b->set_mirror_address(b_mirror_->get(zmq::sockopt::last_endpoint));
     b->add_workers()->set_count(1);
     job_.mutable_server()->set_eval_period_s(30);
     job_.set_time_budget_s(60);
@@ -70,11 +81,14 @@ class MirrorInputTest : public ::testing::Test {
     EXPECT_TRUE(run_status_.ok()) << run_status_;
   }
 
+  // A message of this hand-written peer: numbered 1, 2, 3 ... on its
+  // channel, except the unnumbered MIRROR_HELLO (mirror_delivery.h).
   pb::Header From(pb::MessageType type, const std::string& site) {
     pb::Endpoint sender;
     sender.set_site(site);
     sender.set_role(pb::ROLE_SITE_SERVER);
-    return MakeHeader(type, sender, ++sequence_);
+    return MakeHeader(type, sender,
+                      type == pb::MIRROR_HELLO ? 0 : ++sequence_);
   }
 
   void Send(const pb::Header& header, std::vector<zmq::message_t> frames = {}) {
@@ -86,7 +100,7 @@ class MirrorInputTest : public ::testing::Test {
                      const std::string& mention,
                      std::vector<zmq::message_t> frames = {}) {
     Send(header, std::move(frames));
-    Result<Received> reply = ReceiveMessage(*peer_, false, kTimeout);
+    Result<Received> reply = NextError();
     ASSERT_TRUE(reply.ok() && reply->message) << "no reply";
     ASSERT_EQ(reply->message->header.type(), pb::ERROR);
     EXPECT_EQ(reply->message->header.error().code(), code)
@@ -96,9 +110,23 @@ class MirrorInputTest : public ::testing::Test {
         << reply->message->header.error().message();
   }
 
+  // The next reply that is not an acknowledgement (the site acknowledges
+  // what it applies; those are not what these tests look for).
+  Result<Received> NextError() {
+    while (true) {
+      Result<Received> reply = ReceiveMessage(*peer_, false, kTimeout);
+      if (!reply.ok() || !reply->message ||
+          reply->message->header.type() != pb::MIRROR_ACK) {
+        return reply;
+      }
+    }
+  }
+
   void Hello(const std::string& site, const ModelLayout& layout) {
     pb::Header hello = From(pb::MIRROR_HELLO, site);
     layout.ToSpecs(hello.mutable_mirror_hello()->mutable_layout());
+    hello.mutable_mirror_hello()->set_incarnation(1);
+    hello.mutable_mirror_hello()->set_first_sequence(1);
     Send(hello);
   }
 
@@ -121,7 +149,24 @@ class MirrorInputTest : public ::testing::Test {
 
   void ExpectModelUntouched() { EXPECT_EQ(server_->Snapshot(), initial_); }
 
+  // Worker answers the site holds, from its metrics endpoint (0 when it
+  // cannot be read).
+  double HeldReplies() {
+    Result<std::string> text = FetchMetricsText(server_->metrics_address(), 5);
+    if (!text.ok()) return 0;
+    Result<std::vector<MetricSample>> samples = ParseMetricsText(*text);
+    if (!samples.ok()) return 0;
+    double held = 0;
+    for (const MetricSample& sample : *samples) {
+      if (sample.name == "meridian_site_held_replies") held += sample.value;
+    }
+    return held;
+  }
+
   std::string data_dir_;
+  // Declared before server_: they outlive it.
+  zmq::context_t sink_context_;
+  std::unique_ptr<zmq::socket_t> b_mirror_;
   pb::JobConfig job_;
   std::unique_ptr<SiteServer> server_;
   std::thread thread_;
@@ -135,7 +180,7 @@ class MirrorInputTest : public ::testing::Test {
 
 TEST_F(MirrorInputTest, UpdateFromAnUnknownSiteIsRefused) {
   Hello("site-z", layout_);  // refused: answered with an error
-  Result<Received> hello_reply = ReceiveMessage(*peer_, false, kTimeout);
+  Result<Received> hello_reply = NextError();
   ASSERT_TRUE(hello_reply.ok() && hello_reply->message);
   EXPECT_EQ(hello_reply->message->header.error().code(),
             pb::ERROR_UNKNOWN_SENDER);
@@ -167,15 +212,18 @@ TEST_F(MirrorInputTest, ShapeMismatchBetweenSitesIsRefused) {
   ExpectModelUntouched();
 }
 
-TEST_F(MirrorInputTest, SkippedAndBackwardsClocksAreRefused) {
+// Clocks go up; they may jump (a site that was cut off catches up in one
+// step), never repeat or go back.
+TEST_F(MirrorInputTest, RepeatedAndBackwardsClocksAreRefused) {
   Hello("b", layout_);
-  ExpectRefused(Clock("b", 2), pb::ERROR_STALE, "skips");
   Send(Clock("b", 1));
-  ExpectRefused(Clock("b", 1), pb::ERROR_STALE, "backwards");
+  Send(Clock("b", 3));  // a jump: accepted
+  ExpectRefused(Clock("b", 3), pb::ERROR_STALE, "repeats");
+  ExpectRefused(Clock("b", 2), pb::ERROR_STALE, "backwards");
   // An update tagged for a clock that is not the next one.
   std::vector<zmq::message_t> frames;
   const pb::Header late = Update("b", 1, 1.0f, &frames);
-  ExpectRefused(late, pb::ERROR_STALE, "expected 2", std::move(frames));
+  ExpectRefused(late, pb::ERROR_STALE, "expected 4", std::move(frames));
   ExpectModelUntouched();
 }
 
@@ -237,10 +285,12 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   options.site = "site-a";
   options.bind = "tcp://127.0.0.1:*";
   options.mirror_bind = "tcp://127.0.0.1:*";
+  options.metrics_address = "127.0.0.1:0";  // to see the held replies
   Result<std::unique_ptr<SiteServer>> server =
       SiteServer::Create(std::move(options));
   ASSERT_TRUE(server.ok()) << server.status();
   server_ = std::move(*server);
+  ASSERT_FALSE(server_->metrics_address().empty());
   thread_ = std::thread([this] { run_status_ = server_->Run(); });
   peer_ = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
   peer_->set(zmq::sockopt::linger, 0);
@@ -271,6 +321,7 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   // Worker 0 commits: its reply is the whole model, which includes the
   // announced parameters, so it waits.
   Result<Envelope> commit_reply = DeadlineExceededError("not answered");
+  std::atomic<bool> commit_answered{false};
   std::thread committer([&] {
     pb::Header commit;
     commit.set_type(pb::COMMIT);
@@ -281,6 +332,7 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
       update.push_back(CopyFloatFrame(std::vector<float>(tensor.size, 0.0f)));
     }
     commit_reply = w0.Call(commit, std::move(update), kTimeout);
+    commit_answered = true;
   });
   auto pull = [&](const std::string& tensor, uint64_t length) {
     pb::Header request;
@@ -302,11 +354,20 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   // ... but a read of the announced bias waits too.
   Result<Envelope> bias = DeadlineExceededError("not answered");
-  std::thread reader(
-      [&] { bias = w1.Call(pull("fc0.bias", 4), {}, kTimeout); });
-  std::this_thread::sleep_for(milliseconds(300));
-  EXPECT_FALSE(commit_reply.ok()) << "the commit reply was not held";
-  EXPECT_FALSE(bias.ok()) << "the bias read was not held";
+  std::atomic<bool> bias_answered{false};
+  std::thread reader([&] {
+    bias = w1.Call(pull("fc0.bias", 4), {}, kTimeout);
+    bias_answered = true;
+  });
+  // Wait until the site holds both answers (its metrics count them), or
+  // one of them came.
+  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+  while (HeldReplies() < 2 && !commit_answered && !bias_answered &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_FALSE(commit_answered) << "the commit reply was not held";
+  EXPECT_FALSE(bias_answered) << "the bias read was not held";
 
   // The values arrive: both reads go on and see them.
   std::vector<zmq::message_t> values;
@@ -322,7 +383,9 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   const TensorInfo* b = layout_.Find("fc0.bias");
   EXPECT_FLOAT_EQ(got[0], initial_[b->offset] + 0.5f);
   EXPECT_FLOAT_EQ(got[3], initial_[b->offset + 3]);
-  // Peer b ends its job (final flush, nothing more): the site finishes too.
+  // Peer b ends its job (final flush, nothing more): the site finishes
+  // too, and b's mirror socket acknowledges the site's own final flush.
+  testing::AckingPeer b_mirror(b_mirror_.get(), "b");
   pb::Header final_clock = Clock("b", 1);
   final_clock.mutable_mirror_clock()->set_final(true);
   Send(final_clock);

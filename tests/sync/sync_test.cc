@@ -136,7 +136,43 @@ TEST(AdaptiveThresholdTest, RisesAboveBudgetFallsBelowWithinBounds) {
   EXPECT_DOUBLE_EQ(adaptive.adjustment(), 0.0);  // never below zero
 }
 
-TEST(MirrorClocksTest, ClocksGoUpByOne) {
+// A link slowed at run time: the sender stays within the job file's budget,
+// but the acknowledgements say the link delivers far less, and the backlog
+// grows: the threshold rises. When the link recovers, it falls again.
+TEST(AdaptiveThresholdTest, RisesWhenTheLinkDeliversLessThanTheBudget) {
+  AdaptiveThreshold adaptive(/*budget=*/1e6, /*step=*/0.005,
+                             /*max_adjustment=*/0.5);
+  // 500 kB/s sent, all of it delivered: below budget, falls (stays 0).
+  adaptive.ObserveDelivery(500'000, 500'000, 10'000, 1.0);
+  EXPECT_DOUBLE_EQ(adaptive.adjustment(), 0.0);
+  // The link now carries 50 kB/s: 3 s of backlog.
+  for (int i = 0; i < 4; ++i) {
+    adaptive.ObserveDelivery(500'000, 50'000, 150'000 * (i + 1), 1.0);
+  }
+  EXPECT_DOUBLE_EQ(adaptive.adjustment(), 0.020);
+  // A partition: nothing delivered, a backlog: still saturated.
+  adaptive.ObserveDelivery(100'000, 0, 700'000, 1.0);
+  EXPECT_DOUBLE_EQ(adaptive.adjustment(), 0.025);
+  // Healed: the backlog drains faster than 2 s.
+  adaptive.ObserveDelivery(100'000, 900'000, 20'000, 1.0);
+  EXPECT_DOUBLE_EQ(adaptive.adjustment(), 0.020);
+  // A small backlog on an idle link is not saturation.
+  adaptive.ObserveDelivery(1'000, 0, 30'000, 1.0);
+  EXPECT_DOUBLE_EQ(adaptive.adjustment(), 0.015);
+}
+
+TEST(AdaptiveThresholdTest, WithoutABudgetOnlyTheBacklogCounts) {
+  AdaptiveThreshold adaptive(/*budget=*/0, /*step=*/0.01,
+                             /*max_adjustment=*/0.05);
+  adaptive.ObserveDelivery(10'000'000, 10'000'000, 0, 1.0);
+  EXPECT_DOUBLE_EQ(adaptive.adjustment(), 0.0);
+  adaptive.ObserveDelivery(1'000'000, 100'000, 1'000'000, 1.0);
+  EXPECT_DOUBLE_EQ(adaptive.adjustment(), 0.01);
+  adaptive.ObserveDelivery(1'000'000, 1'000'000, 0, 1.0);
+  EXPECT_DOUBLE_EQ(adaptive.adjustment(), 0.0);
+}
+
+TEST(MirrorClocksTest, ClocksGoUp) {
   MirrorClocks clocks({"b", "c"});
   EXPECT_EQ(clocks.Min(), 0);
   EXPECT_TRUE(clocks.Advance("b", 1).ok());
@@ -147,17 +183,29 @@ TEST(MirrorClocksTest, ClocksGoUpByOne) {
   EXPECT_EQ(clocks.ClockOf("b"), 2);
 }
 
-TEST(MirrorClocksTest, BackwardsSkippedAndUnknownAreErrors) {
+TEST(MirrorClocksTest, RepeatedBackwardsAndUnknownAreErrors) {
   MirrorClocks clocks({"b"});
-  ASSERT_TRUE(clocks.Advance("b", 1).ok());
+  ASSERT_TRUE(clocks.Advance("b", 2).ok());
+  const Status repeated = clocks.Advance("b", 2);
+  EXPECT_FALSE(repeated.ok());
+  EXPECT_NE(repeated.message().find("repeats"), std::string::npos);
   const Status backwards = clocks.Advance("b", 1);
   EXPECT_FALSE(backwards.ok());
   EXPECT_NE(backwards.message().find("backwards"), std::string::npos);
-  const Status skip = clocks.Advance("b", 3);
-  EXPECT_FALSE(skip.ok());
-  EXPECT_NE(skip.message().find("skips"), std::string::npos);
   EXPECT_FALSE(clocks.Advance("z", 1).ok());
-  EXPECT_EQ(clocks.ClockOf("b"), 1);  // errors change nothing
+  EXPECT_EQ(clocks.ClockOf("b"), 2);  // errors change nothing
+}
+
+TEST(MirrorClocksTest, JumpsForwardAndResets) {
+  MirrorClocks clocks({"b"});
+  ASSERT_TRUE(clocks.Advance("b", 1).ok());
+  // A site that was cut off catches up in one step.
+  ASSERT_TRUE(clocks.Advance("b", 40).ok());
+  EXPECT_EQ(clocks.ClockOf("b"), 40);
+  // A peer restarted without its state starts again.
+  ASSERT_TRUE(clocks.Reset("b", 0).ok());
+  EXPECT_EQ(clocks.ClockOf("b"), 0);
+  EXPECT_FALSE(clocks.Reset("z", 0).ok());
 }
 
 TEST(MirrorClocksTest, StalenessBound) {

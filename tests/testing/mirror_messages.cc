@@ -1,6 +1,10 @@
 #include "testing/mirror_messages.h"
 
+#include <chrono>
+
 #include "meridian/compression.h"
+#include "meridian/message.h"
+#include "meridian/transport.h"
 
 namespace meridian::testing {
 
@@ -30,6 +34,39 @@ Status MakeBiasUpdate(const ModelLayout& layout, int64_t clock,
   slice->set_payload_bytes(encoded.bytes.size());
   frames->emplace_back(encoded.bytes.data(), encoded.bytes.size());
   return Status::Ok();
+}
+
+AckingPeer::AckingPeer(zmq::socket_t* socket, std::string site)
+    : socket_(socket), site_(std::move(site)) {
+  thread_ = std::thread([this] { Serve(); });
+}
+
+AckingPeer::~AckingPeer() {
+  stop_ = true;
+  thread_.join();
+}
+
+void AckingPeer::Serve() {
+  pb::Endpoint self;
+  self.set_site(site_);
+  self.set_role(pb::ROLE_SITE_SERVER);
+  uint64_t incarnation = 0;
+  while (!stop_) {
+    Result<Received> received =
+        ReceiveMessage(*socket_, true, std::chrono::milliseconds(20));
+    if (!received.ok() || !received->message) continue;
+    const pb::Header& header = received->message->header;
+    if (header.type() == pb::MIRROR_HELLO) {
+      incarnation = header.mirror_hello().incarnation();
+      continue;
+    }
+    if (header.sequence() == 0) continue;  // heartbeats
+    pb::Header ack = MakeHeader(pb::MIRROR_ACK, self, 0);
+    ack.mutable_mirror_ack()->set_applied_sequence(header.sequence());
+    ack.mutable_mirror_ack()->set_durable_sequence(header.sequence());
+    ack.mutable_mirror_ack()->set_incarnation(incarnation);
+    (void)SendMessage(*socket_, ack, {}, received->message->routing_id);
+  }
 }
 
 }  // namespace meridian::testing

@@ -2,8 +2,10 @@
 #ifndef MERIDIAN_TESTS_TESTING_MIRROR_MESSAGES_H_
 #define MERIDIAN_TESTS_TESTING_MIRROR_MESSAGES_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 #include <zmq.hpp>
 
@@ -20,6 +22,26 @@ namespace meridian::testing {
 Status MakeBiasUpdate(const ModelLayout& layout, int64_t clock,
                       const std::string& origin, float value,
                       pb::Header* header, std::vector<zmq::message_t>* frames);
+
+// A peer site's mirror socket that reads what a site sends it and
+// acknowledges every numbered message as applied and durable (as a real
+// peer would), so the site's final flush completes. Serves `socket` (a
+// bound ROUTER, not used by anyone else meanwhile) on its own thread until
+// destroyed; `site` is the name it answers as.
+class AckingPeer {
+ public:
+  AckingPeer(zmq::socket_t* socket, std::string site);
+  ~AckingPeer();
+  AckingPeer(const AckingPeer&) = delete;
+  AckingPeer& operator=(const AckingPeer&) = delete;
+
+ private:
+  void Serve();
+  zmq::socket_t* socket_;
+  const std::string site_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 }  // namespace meridian::testing
 
