@@ -1,6 +1,7 @@
 // Shared by the Google Benchmark binaries (meridian_bench,
 // compression_bench): reading Google Benchmark's output flags for a custom
-// display reporter, and the reporters' error check. Header-only.
+// display reporter, the reporter that records every result for the
+// binaries' summary tables, and its error check. Header-only.
 #ifndef MERIDIAN_BENCH_BENCH_UTIL_H_
 #define MERIDIAN_BENCH_BENCH_UTIL_H_
 
@@ -9,9 +10,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace meridian::bench {
 
@@ -61,6 +65,66 @@ inline benchmark::ConsoleReporter::OutputOptions ConsoleOptions(int argc,
   }
   return static_cast<benchmark::ConsoleReporter::OutputOptions>(options);
 }
+
+// One benchmark's result as RecordingReporter keeps it.
+struct Measurement {
+  bool error = false;
+  std::string error_message;
+  // The rates Google Benchmark derives from SetBytesProcessed and
+  // SetItemsProcessed, per second (0 when the benchmark sets none).
+  double bytes_per_second = 0;
+  double items_per_second = 0;
+  // Every counter of the run by name, the rates included.
+  std::map<std::string, double> counters;
+
+  // Counter `name`, or 0 when the run has none.
+  double counter(const std::string& name) const {
+    const auto it = counters.find(name);
+    return it == counters.end() ? 0.0 : it->second;
+  }
+};
+
+// Forwards to Google Benchmark's reporter `Base` (ConsoleReporter,
+// JSONReporter) and records every benchmark's result, keyed by its name
+// without the time type suffix ("BM_ApplyUpdate/plain"). With
+// --benchmark_repetitions the median aggregate wins over single runs.
+// Not thread-safe (Google Benchmark reports from its one running thread).
+template <typename Base>
+class RecordingReporter : public Base {
+ public:
+  using Run = benchmark::BenchmarkReporter::Run;
+  using Base::Base;
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    Base::ReportRuns(runs);
+    for (const Run& run : runs) Record(run);
+  }
+
+  const std::map<std::string, Measurement>& results() const { return results_; }
+
+ private:
+  void Record(const Run& run) {
+    const bool median =
+        run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
+    if (run.run_type == Run::RT_Aggregate && !median) return;
+    std::string key = run.run_name.function_name;
+    if (!run.run_name.args.empty()) key += "/" + run.run_name.args;
+    if (!median && medians_.contains(key)) return;
+    if (median) medians_.insert(key);
+    Measurement& m = results_[key];
+    m.error = run.error_occurred;
+    m.error_message = run.error_message;
+    m.counters.clear();
+    for (const auto& [name, counter] : run.counters) {
+      m.counters[name] = counter.value;
+    }
+    m.bytes_per_second = m.counter("bytes_per_second");
+    m.items_per_second = m.counter("items_per_second");
+  }
+
+  std::map<std::string, Measurement> results_;
+  std::set<std::string> medians_;
+};
 
 // Whether any benchmark a reporter recorded (results(): name -> a
 // measurement with an `error` flag) failed.

@@ -506,53 +506,8 @@ Status StopHarness() {
 
 // ---- reporting -------------------------------------------------------------
 
-struct Measurement {
-  bool error = false;
-  std::string error_message;
-  double bytes_per_second = 0;
-  double items_per_second = 0;
-};
-
-// Forwards to Google Benchmark's reporter `Base` and records the rates of
-// every benchmark, keyed by its name without the time type suffix. With
-// --benchmark_repetitions the median aggregate wins over single runs.
-template <typename Base>
-class RecordingReporter : public Base {
- public:
-  using Run = benchmark::BenchmarkReporter::Run;
-  using Base::Base;
-
-  void ReportRuns(const std::vector<Run>& runs) override {
-    Base::ReportRuns(runs);
-    for (const Run& run : runs) Record(run);
-  }
-
-  const std::map<std::string, Measurement>& results() const { return results_; }
-
- private:
-  void Record(const Run& run) {
-    const bool median =
-        run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
-    if (run.run_type == Run::RT_Aggregate && !median) return;
-    std::string key = run.run_name.function_name;
-    if (!run.run_name.args.empty()) key += "/" + run.run_name.args;
-    if (!median && medians_.contains(key)) return;
-    if (median) medians_.insert(key);
-    Measurement& m = results_[key];
-    m.error = run.error_occurred;
-    m.error_message = run.error_message;
-    m.bytes_per_second = Counter(run, "bytes_per_second");
-    m.items_per_second = Counter(run, "items_per_second");
-  }
-
-  static double Counter(const Run& run, const std::string& name) {
-    const auto it = run.counters.find(name);
-    return it == run.counters.end() ? 0.0 : it->second.value;
-  }
-
-  std::map<std::string, Measurement> results_;
-  std::set<std::string> medians_;
-};
+using bench::Measurement;
+using bench::RecordingReporter;
 
 std::string Format(const char* format, double value, const char* unit) {
   char buffer[64];

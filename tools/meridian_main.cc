@@ -74,7 +74,39 @@ int Validate(const std::string& path) {
   return 0;
 }
 
-int Run(const std::string& path, std::string out_dir) {
+// `meridian run` flags beyond the job file and --out.
+struct RunFlags {
+  std::string resume;  // --resume DIR
+  bool fail_fast = false;
+  int max_restarts = -1;  // -1: the job file's fault.max_restarts
+};
+
+int Run(std::string path, std::string out_dir, const RunFlags& flags) {
+  if (!flags.resume.empty()) {
+    if (!path.empty() || (!out_dir.empty() && out_dir != flags.resume)) {
+      std::fprintf(stderr,
+                   "meridian run: --resume DIR continues the run in DIR with "
+                   "its own job file; give no FILE and no other --out\n");
+      return kExitBadInput;
+    }
+    Result<std::string> config = ResumeConfigPath(flags.resume);
+    if (!config.ok()) {
+      std::fprintf(stderr, "meridian run: %s\n",
+                   config.status().message().c_str());
+      return kExitBadInput;
+    }
+    path = *config;
+    out_dir = flags.resume;
+  } else if (path.empty()) {
+    std::fprintf(stderr,
+                 "meridian run: give a job file, or --resume DIR (a directory "
+                 "of an earlier `meridian run`)\n");
+    return kExitBadInput;
+  }
+  if (flags.max_restarts < -1) {
+    std::fprintf(stderr, "meridian run: --max-restarts must be 0 or more\n");
+    return kExitBadInput;
+  }
   pb::JobConfig job;
   if (!LoadJob(path, &job)) return kExitBadInput;
   const std::atomic<bool>* stop = InstallStopSignalHandlers();
@@ -83,14 +115,25 @@ int Run(const std::string& path, std::string out_dir) {
   options.config_path = path;
   options.out_dir = out_dir;
   options.stop_requested = stop;
-  std::printf("running job '%s' (%d sites, %u workers); output in %s\n",
-              job.name().c_str(), job.site_size(), TotalWorkerCount(job),
-              out_dir.c_str());
+  options.stop_signals = StopSignalCount();
+  options.resume = !flags.resume.empty();
+  options.fail_fast = flags.fail_fast;
+  if (flags.max_restarts >= 0) {
+    options.max_restarts = static_cast<uint32_t>(flags.max_restarts);
+  }
+  std::printf("%s job '%s' (%d sites, %u workers); output in %s\n",
+              options.resume ? "resuming" : "running", job.name().c_str(),
+              job.site_size(), TotalWorkerCount(job), out_dir.c_str());
   std::fflush(stdout);
   Result<pb::RunReport> report = RunJob(job, options);
   if (!report.ok()) {
     std::fprintf(stderr, "meridian run failed: %s\n",
                  report.status().message().c_str());
+    if (::access((out_dir + "/report.json").c_str(), R_OK) == 0) {
+      std::fprintf(stderr,
+                   "report (with what the sites wrote): %s/report.json\n",
+                   out_dir.c_str());
+    }
     return stop->load() ? kExitInterrupted : kExitFailure;
   }
   if (report->reached_target()) {
@@ -108,6 +151,15 @@ int Run(const std::string& path, std::string out_dir) {
         "sent %.2f MB for the same work (%.0fx less)\n",
         report->wan_bytes_total() / 1e6, report->links_size(),
         report->dense_equivalent_bytes() / 1e6, report->wan_reduction());
+  }
+  if (!report->events().empty()) {
+    std::printf("faults: %d events (report.json \"events\")",
+                report->events_size());
+    if (report->wan_uncounted_s() > 0) {
+      std::printf("; up to %.1f s of WAN traffic uncounted (wanem restarts)",
+                  report->wan_uncounted_s());
+    }
+    std::printf("\n");
   }
   std::printf("report: %s/report.json\ntimeline: %s/timeline.csv\n",
               out_dir.c_str(), out_dir.c_str());
@@ -127,6 +179,7 @@ int Top(const std::string& config, const std::string& run_dir,
       return kExitBadInput;
     }
     options.targets = std::move(*targets);
+    options.run_dir = run_dir;
   } else if (!config.empty()) {
     pb::JobConfig job;
     if (!LoadJob(config, &job)) return kExitBadInput;
@@ -211,11 +264,13 @@ int Site(const std::string& path, const std::string& site,
          const std::string& bind, const std::string& mirror_bind,
          const std::string& out_dir, int ready_fd,
          const std::string& secret_key, const std::string& metrics,
-         bool with_workers) {
+         bool with_workers, bool resume, const std::string& checkpoint_dir) {
   SiteServerOptions options;
   if (!LoadJob(path, &options.job)) return kExitBadInput;
   const pb::JobConfig job = options.job;
   options.site = site;
+  options.resume = resume;
+  options.checkpoint_dir = checkpoint_dir;
   options.secret_key_file = secret_key;
   options.metrics_address = metrics;
   options.bind = FlagOrEnvironment(bind, "MERIDIAN_BIND");
@@ -391,6 +446,8 @@ int WanemCtl(const std::string& command, const WanemCtlFlags& flags) {
     request = wan::MakePartitionRequest(flags.link);
   } else if (command == "heal") {
     request = wan::MakeHealRequest(flags.link);
+  } else if (command == "reset") {
+    request = wan::MakeResetRequest(flags.link);
   } else if (command == "add-route") {
     request = wan::MakeAddRouteRequest(flags.link, flags.from, flags.listen,
                                        flags.forward);
@@ -428,6 +485,9 @@ struct Flags {
   int ready_fd = -1;
   std::string secret_key;
   bool with_workers = false;
+  bool resume = false;         // site --resume
+  std::string checkpoint_dir;  // site --checkpoint-dir
+  RunFlags run;
   std::vector<std::string> compare_dirs;
   std::vector<std::string> report_dirs;
   std::string top_run;
@@ -462,9 +522,22 @@ void AddJobCommands(CLI::App* app, Flags* flags, Commands* commands) {
 
   commands->run = app->add_subcommand(
       "run", "Run a whole job on this machine: every role as a child process");
-  commands->run->add_option("FILE", flags->config, "job file")->required();
+  commands->run->add_option("FILE", flags->config,
+                            "job file (not with --resume)");
   commands->run->add_option("--out", flags->out_dir,
                             "output directory (default runs/<job>-<time>)");
+  commands->run->add_option(
+      "--resume", flags->run.resume,
+      "continue the run in this directory (its run.json names the job "
+      "file) after every process of it was killed: site servers from their "
+      "checkpoints, workers fresh");
+  commands->run->add_flag(
+      "--fail-fast", flags->run.fail_fast,
+      "stop the job at the first failure of any child (no restarts)");
+  commands->run->add_option(
+      "--max-restarts", flags->run.max_restarts,
+      "restarts of one child before the job fails (default: the job's "
+      "fault.max_restarts; 0: fail fast)");
 
   commands->compare = app->add_subcommand(
       "compare",
@@ -529,6 +602,13 @@ CLI::App* AddSiteCommand(CLI::App* app, Flags* flags) {
                    "the site's CURVE secret key file, mode 0600 "
                    "(default: $MERIDIAN_SECRET_KEY, else "
                    "<security.key_dir>/<site>.key)");
+  site->add_flag("--resume", flags->resume,
+                 "continue from the newest checkpoint in the checkpoint "
+                 "directory, if there is one (a restart after a crash)");
+  site->add_option("--checkpoint-dir", flags->checkpoint_dir,
+                   "where the site keeps its checkpoints (default: the "
+                   "job's fault.checkpoint_dir, else "
+                   "<out>/checkpoints/<site>)");
   site->add_flag("--with-workers", flags->with_workers,
                  "also run the site's workers as child processes (logs "
                  "in <out>/logs); one command per site");
@@ -616,7 +696,8 @@ CLI::App* AddWanemCommand(CLI::App* app, WanemFlags* wanem) {
 CLI::App* AddWanemCtlCommand(CLI::App* wanem, WanemCtlFlags* flags) {
   CLI::App* ctl = wanem->add_subcommand(
       "ctl",
-      "Control a running wanem: status, set, partition, heal, add-route");
+      "Control a running wanem: status, set, partition, heal, reset, "
+      "add-route");
   ctl->require_subcommand(1);
   ctl->add_option("--control", flags->control,
                   "wanem's control endpoint (default tcp://127.0.0.1:7300)");
@@ -638,6 +719,9 @@ CLI::App* AddWanemCtlCommand(CLI::App* wanem, WanemCtlFlags* flags) {
   CLI::App* heal =
       ctl->add_subcommand("heal", "Resume a partitioned link, in order");
   heal->add_option("LINK", flags->link, "link name")->required();
+  CLI::App* reset = ctl->add_subcommand(
+      "reset", "Close a link's connections, dropping what they carried");
+  reset->add_option("LINK", flags->link, "link name")->required();
   CLI::App* route = ctl->add_subcommand(
       "add-route", "Listen for connections from one site to the other");
   route->add_option("LINK", flags->link, "link name")->required();
@@ -648,7 +732,7 @@ CLI::App* AddWanemCtlCommand(CLI::App* wanem, WanemCtlFlags* flags) {
       ->required();
   route->add_option("--forward", flags->forward, "HOST:PORT on the other site")
       ->required();
-  for (CLI::App* leaf : {status, set, partition, heal, route}) {
+  for (CLI::App* leaf : {status, set, partition, heal, reset, route}) {
     leaf->fallthrough();  // `ctl status --control X` works too
   }
   return ctl;
@@ -669,12 +753,12 @@ Commands AddCommands(CLI::App* app, Flags* flags) {
 // Runs the subcommand that was given; returns the exit code.
 int Dispatch(const Commands& commands, const Flags& flags) {
   if (*commands.validate) return Validate(flags.config);
-  if (*commands.run) return Run(flags.config, flags.out_dir);
+  if (*commands.run) return Run(flags.config, flags.out_dir, flags.run);
   if (*commands.compare) return Compare(flags.compare_dirs);
   if (*commands.site) {
     return Site(flags.config, flags.site, flags.endpoint, flags.mirror_bind,
                 flags.out_dir, flags.ready_fd, flags.secret_key, flags.metrics,
-                flags.with_workers);
+                flags.with_workers, flags.resume, flags.checkpoint_dir);
   }
   if (*commands.keygen) return Keygen(flags.site, flags.out_dir);
   if (*commands.worker) {

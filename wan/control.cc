@@ -8,8 +8,8 @@
 
 #include "meridian/log.h"
 #include "meridian/wan_control.h"
-#include "wan/emulator.h"
 #include "meridian/wan_units.h"
+#include "wan/emulator.h"
 
 namespace meridian::wan {
 namespace {
@@ -61,6 +61,12 @@ pb::WanControlReply HandleControlRequest(Emulator& emulator,
       Status status = emulator.Heal(request.heal().link());
       if (!status.ok()) return Refuse(emulator, status);
       touched = request.heal().link();
+      break;
+    }
+    case pb::WanControlRequest::kReset: {
+      Status status = emulator.ResetConnections(request.reset().link());
+      if (!status.ok()) return Refuse(emulator, status);
+      touched = request.reset().link();
       break;
     }
     case pb::WanControlRequest::kAddRoute: {
@@ -162,6 +168,10 @@ class ControlServer::Impl {
     }
   }
 
+  // Threads: the owner's thread runs Bind, Stop and the accessors; thread_
+  // runs Serve. Nothing is shared under a lock: socket_ is thread_'s alone
+  // once it runs, endpoint_ is fixed before it starts, the emulator is
+  // thread-safe, and stop_ and served_ are atomic.
   Emulator* emulator_;
   zmq::context_t context_;
   zmq::socket_t socket_;
@@ -276,6 +286,12 @@ Status ControlClient::Partition(std::string_view link) {
 Status ControlClient::Heal(std::string_view link) {
   MERIDIAN_ASSIGN_OR_RETURN(pb::WanControlReply reply,
                             Call(MakeHealRequest(link)));
+  return ReplyStatus(reply);
+}
+
+Status ControlClient::Reset(std::string_view link) {
+  MERIDIAN_ASSIGN_OR_RETURN(pb::WanControlReply reply,
+                            Call(MakeResetRequest(link)));
   return ReplyStatus(reply);
 }
 

@@ -73,6 +73,8 @@ Status ValidateControlRequest(const pb::WanControlRequest& request) {
       return CheckName(request.partition().link(), "partition.link");
     case pb::WanControlRequest::kHeal:
       return CheckName(request.heal().link(), "heal.link");
+    case pb::WanControlRequest::kReset:
+      return CheckName(request.reset().link(), "reset.link");
     case pb::WanControlRequest::kAddRoute: {
       const pb::WanAddRoute& route = request.add_route();
       MERIDIAN_RETURN_IF_ERROR(CheckName(route.link(), "add_route.link"));
@@ -113,6 +115,13 @@ pb::WanControlRequest MakeHealRequest(std::string_view link) {
   pb::WanControlRequest request;
   request.set_protocol_version(kWanControlProtocolVersion);
   request.mutable_heal()->set_link(std::string(link));
+  return request;
+}
+
+pb::WanControlRequest MakeResetRequest(std::string_view link) {
+  pb::WanControlRequest request;
+  request.set_protocol_version(kWanControlProtocolVersion);
+  request.mutable_reset()->set_link(std::string(link));
   return request;
 }
 

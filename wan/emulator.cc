@@ -1,3 +1,5 @@
+#include "wan/emulator.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -12,15 +14,18 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "meridian/log.h"
-#include "wan/emulator.h"
-#include "wan/shaper.h"
+#include "meridian/mutex.h"
+#include "meridian/thread_annotations.h"
 #include "meridian/wan_units.h"
-#include "wan/zmtp.h"
+#include "wan/shaper.h"
 #include "wan/socket_util.h"
+#include "wan/zmtp.h"
 
 namespace meridian::wan {
 namespace {
@@ -36,7 +41,10 @@ std::string Uptime(const Clock* clock, Duration start) {
 struct Connection;
 
 // One direction of a link: its shaper, the chunks it holds, its counters
-// and the thread that releases chunks on time.
+// and the thread that releases chunks on time. Threads: the readers of
+// every connection on the link enqueue, its shaper thread releases, the
+// writers give queue room back, and the control thread changes the model,
+// all under mu; the counters are atomic.
 struct Direction {
   Direction(std::string from_site, std::string to_site,
             const DirectionModel& model, const Clock* clock, size_t read_bytes)
@@ -85,16 +93,22 @@ struct Direction {
   std::atomic<uint64_t> messages{0};
 };
 
-// One direction of a connection: reads `src`, writes `dst`.
+// One direction of a connection: reads `src`, writes `dst`. Threads: its
+// reader alone uses zmtp, chunks and the pipe; the shaper thread (or the
+// reader, when direct) appends to `out` and its writer takes from it, under
+// mu; Abort closes it from any thread. dir, src and dst are set before the
+// reader and writer start.
 struct Half {
   Direction* dir = nullptr;
   int src = -1;
   int dst = -1;
   ZmtpCounter zmtp;  // the reader's
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Direction::Chunk> out;  // released, to be written; guarded by mu
-  bool closed = false;               // guarded by mu: stop writing
+  // The reader's chunks of one read, kept to reuse their storage.
+  std::vector<Direction::Chunk> chunks;
+  Mutex mu;
+  std::condition_variable_any cv;  // the writer waits for out or closed
+  std::deque<Direction::Chunk> out GUARDED_BY(mu);  // released, to be written
+  bool closed GUARDED_BY(mu) = false;               // stop writing
   std::atomic<uint64_t> pending{0};  // chunks accepted, not yet written
   // The reader's pipe for splice(); created on first use.
   int pipe[2] = {-1, -1};
@@ -155,14 +169,17 @@ bool ReadPipe(Half* half, uint8_t* out, size_t size) {
 
 struct Route;
 
+// Threads: main_thread connects (ConnectionMain) and then reads upstream;
+// others[] read downstream and write both ways; the route's accept thread
+// creates, reaps and joins it; Abort comes from any of them or from Stop.
 struct Connection : std::enable_shared_from_this<Connection> {
   Emulator::Impl* emulator = nullptr;
   Route* route = nullptr;
-  std::mutex mu;  // orders Abort() with the set-up in ConnectionMain
-  int client_fd = -1;
-  int server_fd = -1;  // set once connected, under mu
-  Half up;             // client -> server
-  Half down;           // server -> client
+  Mutex mu;            // orders Abort() with the set-up in ConnectionMain
+  int client_fd = -1;  // set before main_thread starts
+  int server_fd GUARDED_BY(mu) = -1;  // set once connected
+  Half up;                            // client -> server
+  Half down;                          // server -> client
   std::atomic<bool> aborted{false};
   std::atomic<int> running{0};
   std::thread main_thread;
@@ -182,6 +199,10 @@ struct Connection : std::enable_shared_from_this<Connection> {
   }
 };
 
+// Threads: its accept thread adds and reaps connections; connection threads
+// count failed forward connections; Stop and the status readers (control
+// endpoint, metrics) take the connection list; all under mu. The other
+// fields are fixed before the accept thread starts.
 struct Route {
   RouteSpec spec;
   std::string bound;
@@ -190,12 +211,12 @@ struct Route {
   Direction* down = nullptr;  // back
   int listen_fd = -1;
   std::thread accept_thread;
-  std::mutex mu;
-  std::list<std::shared_ptr<Connection>> connections;  // guarded by mu
+  Mutex mu;
+  std::list<std::shared_ptr<Connection>> connections GUARDED_BY(mu);
   // Failed forward connections, for a rate-limited warning (ZeroMQ peers
   // retry every 100 ms while the far side is down).
-  uint64_t connect_failures = 0;                  // guarded by mu
-  Duration last_warning{-std::chrono::hours(1)};  // guarded by mu
+  uint64_t connect_failures GUARDED_BY(mu) = 0;
+  Duration last_warning GUARDED_BY(mu) = -std::chrono::hours(1);
 };
 
 struct Link {
@@ -266,7 +287,7 @@ class Emulator::Impl {
     }
     route->forward = *forward;
 
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return FailedPreconditionError("the emulator is stopping");
     MERIDIAN_ASSIGN_OR_RETURN(route->listen_fd, ListenTcp(*listen));
     Result<std::string> bound = LocalAddress(route->listen_fd);
@@ -356,6 +377,26 @@ class Emulator::Impl {
     return Status::Ok();
   }
 
+  Status ResetConnections(std::string_view name) {
+    MERIDIAN_RETURN_IF_ERROR(FindLink(name).status());
+    std::vector<std::shared_ptr<Connection>> reset;
+    {
+      MutexLock lock(&mu_);
+      for (const auto& route : routes_) {
+        if (route->spec.link != name) continue;
+        MutexLock route_lock(&route->mu);
+        for (const auto& connection : route->connections) {
+          if (!connection->finished()) reset.push_back(connection);
+        }
+      }
+    }
+    // The accept threads reap them as usual.
+    for (const auto& connection : reset) connection->Abort();
+    MLOG(INFO) << Uptime(options_.clock, start_) << " link " << name
+               << ": reset " << reset.size() << " connections";
+    return Status::Ok();
+  }
+
   pb::WanLinkState State(const Link& link) const {
     pb::WanLinkState state;
     state.set_link(link.model.name());
@@ -364,14 +405,14 @@ class Emulator::Impl {
     state.set_partitioned(link.partitioned.load());
     FillDirection(*link.a_to_b, state.mutable_a_to_b());
     FillDirection(*link.b_to_a, state.mutable_b_to_a());
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& route : routes_) {
       if (route->spec.link != link.model.name()) continue;
       pb::WanRouteState* r = state.add_routes();
       r->set_from_site(route->spec.from_site);
       r->set_listen(route->bound);
       r->set_forward(route->forward.ToString());
-      std::lock_guard<std::mutex> route_lock(route->mu);
+      MutexLock route_lock(&route->mu);
       uint32_t open = 0;
       for (const auto& connection : route->connections) {
         if (!connection->finished()) ++open;
@@ -404,20 +445,23 @@ class Emulator::Impl {
   const Clock* clock() const { return options_.clock; }
 
   void Stop() {
+    // No route is added once stopping_ is set, so the routes taken here
+    // are all there are.
+    std::vector<Route*> routes;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stopping_) return;
       stopping_ = true;
+      for (const auto& route : routes_) routes.push_back(route.get());
     }
-    // No route is added once stopping_ is set, so routes_ is stable.
-    for (auto& route : routes_) {
+    for (Route* route : routes) {
       if (route->accept_thread.joinable()) route->accept_thread.join();
       CloseFd(&route->listen_fd);
     }
-    for (auto& route : routes_) {
+    for (Route* route : routes) {
       std::list<std::shared_ptr<Connection>> connections;
       {
-        std::lock_guard<std::mutex> lock(route->mu);
+        MutexLock lock(&route->mu);
         connections.swap(route->connections);
       }
       for (auto& connection : connections) connection->Abort();
@@ -462,8 +506,9 @@ class Emulator::Impl {
     out->set_queued_bytes(dir.shaper.in_flight_bytes());
   }
 
-  // Starts the shaper thread of `dir` once. Holds mu_.
-  void StartDirection(Direction* dir) {
+  // Starts the shaper thread of `dir` once (dir->started is guarded by
+  // mu_).
+  void StartDirection(Direction* dir) REQUIRES(mu_) {
     if (dir->started) return;
     dir->started = true;
     dir->thread = std::thread([this, dir] { ShaperLoop(dir); });
@@ -472,27 +517,37 @@ class Emulator::Impl {
   void ShaperLoop(Direction* dir);
   void AcceptLoop(Route* route);
   void Deliver(Direction::Chunk chunk);
+  // Passes the end of the stream on, in order: delivered at once when
+  // `direct`, else queued behind the half's chunks in the shaper.
+  void EndOfStream(Connection* c, bool upstream, bool direct);
+  template <typename Bytes>
+  bool PassOn(Connection* c, bool upstream, ssize_t n, const char* what,
+              const Bytes& bytes);
 
   EmulatorOptions options_;
   const Duration start_;
   std::vector<std::unique_ptr<Link>> links_;
   std::map<std::string, Link*> by_name_;
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Route>> routes_;  // guarded by mu_
-  bool stopping_ = false;                       // guarded by mu_
+  // Threads: the owner and the control endpoint call the public methods;
+  // each route has an accept thread, each link direction a shaper thread,
+  // each connection four threads (see Connection). links_ and by_name_
+  // are fixed at construction; mu_ guards the routes and the stop flag.
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<Route>> routes_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
 };
 
 namespace {
 
 void Connection::Abort() {
-  std::lock_guard<std::mutex> guard(mu);
+  MutexLock guard(&mu);
   if (aborted.exchange(true)) return;
   // Wakes readers blocked in recv() and writers blocked in send().
   if (client_fd >= 0) ::shutdown(client_fd, SHUT_RDWR);
   if (server_fd >= 0) ::shutdown(server_fd, SHUT_RDWR);
   for (Half* half : {&up, &down}) {
     {
-      std::lock_guard<std::mutex> lock(half->mu);
+      MutexLock lock(&half->mu);
       half->closed = true;
     }
     half->cv.notify_all();
@@ -503,6 +558,140 @@ void Connection::Abort() {
     }
   }
 }
+
+// What the reader of a half may do next: read up to `want` bytes, which go
+// straight to the far side when `direct`.
+struct ReadTurn {
+  bool direct = false;
+  size_t want = 0;
+};
+
+// Waits until the reader of `half` may read: the link direction has queue
+// room, or it passes bytes through and none of this half's are queued.
+// nullopt once the connection is aborted or the emulator stops.
+std::optional<ReadTurn> WaitForRoom(Connection* c, Half* half,
+                                    size_t read_bytes) {
+  Direction* dir = half->dir;
+  std::unique_lock<std::mutex> lock(dir->mu);
+  auto can_read = [&] {
+    return c->aborted.load() || dir->stop ||
+           (dir->passthrough && half->pending.load() == 0) ||
+           dir->shaper.Room() >= dir->room_threshold;
+  };
+  while (!can_read()) {
+    dir->room.wait_for(lock, std::chrono::milliseconds(200));
+  }
+  if (c->aborted.load() || dir->stop) return std::nullopt;
+  ReadTurn turn;
+  turn.direct = dir->passthrough && half->pending.load() == 0;
+  // A direct read can still end up queued (the link may be partitioned or
+  // shaped while it blocks), so it never exceeds the limit either.
+  turn.want = static_cast<size_t>(
+      std::min<uint64_t>(read_bytes, turn.direct ? dir->shaper.queue_limit()
+                                                 : dir->shaper.Room()));
+  return turn;
+}
+
+// Whether bytes read now may be written straight away (no shaping, and
+// nothing of this connection direction still queued ahead of them).
+bool IsDirect(Half* half) {
+  std::lock_guard<std::mutex> lock(half->dir->mu);
+  return half->dir->passthrough && half->pending.load() == 0;
+}
+
+// Closes the connection after its read step `what` failed (errno says why).
+void ReadFailed(Connection* c, Direction* dir, const char* what) {
+  if (!c->aborted.load()) {
+    MLOG(DEBUG) << "link " << c->route->spec.link << " " << dir->from << "->"
+                << dir->to << ": " << what << ": " << std::strerror(errno)
+                << "; closing the connection";
+  }
+  c->Abort();
+}
+
+// Hands `size` bytes of `data` to the link's shaper in chunks, after the
+// half's chunks already queued.
+void Enqueue(Connection* c, bool upstream, const Buffer& data, size_t size) {
+  Half* half = upstream ? &c->up : &c->down;
+  Direction* dir = half->dir;
+  size_t chunk_bytes;
+  {
+    std::lock_guard<std::mutex> lock(dir->mu);
+    chunk_bytes = dir->chunk_bytes;
+  }
+  std::vector<Direction::Chunk>& chunks = half->chunks;
+  chunks.clear();
+  for (size_t offset = 0; offset < size; offset += chunk_bytes) {
+    Direction::Chunk chunk;
+    chunk.buffer = data;
+    chunk.offset = offset;
+    chunk.size = std::min(chunk_bytes, size - offset);
+    chunk.messages = static_cast<uint32_t>(
+        half->zmtp.Consume({data.get() + offset, chunk.size}));
+    chunk.connection = c->shared_from_this();
+    chunk.upstream = upstream;
+    chunks.push_back(std::move(chunk));
+  }
+  half->pending.fetch_add(chunks.size());
+  bool was_empty;
+  {
+    std::lock_guard<std::mutex> lock(dir->mu);
+    was_empty = dir->pending.empty();
+    for (Direction::Chunk& chunk : chunks) {
+      dir->shaper.Enqueue(chunk.size);
+      dir->pending.push_back(std::move(chunk));
+    }
+  }
+  if (was_empty) dir->wake.notify_all();
+}
+
+// The bytes of one read, where the reader holds them until it knows their
+// way (Emulator::Impl::PassOn takes either kind):
+//   Forward(size) writes them to the far side and returns the ZeroMQ
+//     messages they complete; nullopt when the far side is gone.
+//   Take(size) returns a buffer holding them, to be queued; null (errno
+//     set) when they cannot be had; kTake names that step for the log.
+
+// Bytes recv()'d into the reader's buffer.
+struct BufferBytes {
+  static constexpr const char* kTake = "copy";
+  Half* half;
+  const Buffer& buffer;
+  size_t read_bytes;
+
+  std::optional<uint64_t> Forward(size_t size) const {
+    const uint64_t messages = half->zmtp.Consume({buffer.get(), size});
+    if (!WriteAll(half->dst, buffer.get(), size)) return std::nullopt;
+    return messages;
+  }
+  Buffer Take(size_t size) const {
+    // Small reads get a buffer of their own so that held chunks do not pin
+    // whole read buffers.
+    if (size >= read_bytes / 4) return buffer;
+    Buffer data = std::make_shared_for_overwrite<uint8_t[]>(size);
+    std::memcpy(data.get(), buffer.get(), size);
+    return data;
+  }
+};
+
+// Bytes splice()'d into the half's pipe: ones the message counter need not
+// see, so it skips them.
+struct PipeBytes {
+  static constexpr const char* kTake = "pipe";
+  Half* half;
+
+  std::optional<uint64_t> Forward(size_t size) const {
+    if (!SpliceOut(half, size)) return std::nullopt;
+    return half->zmtp.SkipOpaque(size);
+  }
+  // Shaped or partitioned since the read: the bytes join the queue after
+  // all.
+  Buffer Take(size_t size) const {
+    Buffer data = std::make_shared_for_overwrite<uint8_t[]>(size);
+    if (!ReadPipe(half, data.get(), size)) return nullptr;
+    return data;
+  }
+};
 
 }  // namespace
 
@@ -540,7 +729,7 @@ void Emulator::Impl::Deliver(Direction::Chunk chunk) {
   Connection* c = chunk.connection.get();
   Half* half = chunk.upstream ? &c->up : &c->down;
   {
-    std::lock_guard<std::mutex> lock(half->mu);
+    MutexLock lock(&half->mu);
     if (!half->closed) {
       half->out.push_back(std::move(chunk));
       half->cv.notify_one();
@@ -563,13 +752,13 @@ void Emulator::Impl::Drop(Direction* dir, Half* half,
 void Emulator::Impl::AcceptLoop(Route* route) {
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stopping_) return;
     }
     // Reap finished connections.
     std::list<std::shared_ptr<Connection>> finished;
     {
-      std::lock_guard<std::mutex> lock(route->mu);
+      MutexLock lock(&route->mu);
       for (auto it = route->connections.begin();
            it != route->connections.end();) {
         if ((*it)->finished()) {
@@ -585,6 +774,7 @@ void Emulator::Impl::AcceptLoop(Route* route) {
       // Chunks still in a shaper may keep the object alive; the sockets go
       // now.
       CloseFd(&connection->client_fd);
+      MutexLock lock(&connection->mu);
       CloseFd(&connection->server_fd);
     }
     finished.clear();
@@ -609,7 +799,7 @@ void Emulator::Impl::AcceptLoop(Route* route) {
     connection->running.store(1);
     Connection* raw = connection.get();
     {
-      std::lock_guard<std::mutex> lock(route->mu);
+      MutexLock lock(&route->mu);
       route->connections.push_back(connection);
     }
     raw->main_thread = std::thread([this, raw] { ConnectionMain(raw); });
@@ -623,7 +813,7 @@ void Emulator::Impl::ConnectionMain(Connection* c) {
     bool warn = false;
     uint64_t failures = 0;
     {
-      std::lock_guard<std::mutex> lock(route->mu);
+      MutexLock lock(&route->mu);
       failures = ++route->connect_failures;
       const Duration now = options_.clock->Now();
       if (now - route->last_warning >= std::chrono::seconds(10)) {
@@ -642,7 +832,7 @@ void Emulator::Impl::ConnectionMain(Connection* c) {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(c->mu);
+    MutexLock lock(&c->mu);
     c->server_fd = *server;
     if (c->aborted.load()) {  // stopped while connecting
       ::shutdown(c->server_fd, SHUT_RDWR);
@@ -675,173 +865,97 @@ void Emulator::Impl::ConnectionMain(Connection* c) {
   c->running.fetch_sub(1, std::memory_order_acq_rel);
 }
 
-void Emulator::Impl::ReadLoop(Connection* c, bool upstream) {
+void Emulator::Impl::EndOfStream(Connection* c, bool upstream, bool direct) {
   Half* half = upstream ? &c->up : &c->down;
   Direction* dir = half->dir;
-  const size_t read_bytes = options_.read_bytes;
-  Buffer buffer;
-  std::vector<Direction::Chunk> chunks;
-
-  // Whether bytes read now may be written straight away (no shaping, and
-  // nothing of this connection direction still queued ahead of them).
-  auto is_direct = [&] {
+  Direction::Chunk eof;
+  eof.eof = true;
+  eof.connection = c->shared_from_this();
+  eof.upstream = upstream;
+  half->pending.fetch_add(1);
+  if (direct) {
+    Deliver(std::move(eof));
+    return;
+  }
+  bool was_empty;
+  {
     std::lock_guard<std::mutex> lock(dir->mu);
-    return dir->passthrough && half->pending.load() == 0;
-  };
-  // Passes the end of the stream on, in order.
-  auto end_of_stream = [&](bool direct) {
-    Direction::Chunk eof;
-    eof.eof = true;
-    eof.connection = c->shared_from_this();
-    eof.upstream = upstream;
-    half->pending.fetch_add(1);
-    if (direct) {
-      Deliver(std::move(eof));
-      return;
-    }
-    bool was_empty;
-    {
-      std::lock_guard<std::mutex> lock(dir->mu);
-      dir->shaper.Enqueue(0);
-      was_empty = dir->pending.empty();
-      dir->pending.push_back(std::move(eof));
-    }
-    if (was_empty) dir->wake.notify_all();
-  };
-  // Hands `size` bytes of `data` to the link's shaper in chunks.
-  auto enqueue = [&](const Buffer& data, size_t size) {
-    size_t chunk_bytes;
-    {
-      std::lock_guard<std::mutex> lock(dir->mu);
-      chunk_bytes = dir->chunk_bytes;
-    }
-    chunks.clear();
-    for (size_t offset = 0; offset < size; offset += chunk_bytes) {
-      Direction::Chunk chunk;
-      chunk.buffer = data;
-      chunk.offset = offset;
-      chunk.size = std::min(chunk_bytes, size - offset);
-      chunk.messages = static_cast<uint32_t>(
-          half->zmtp.Consume({data.get() + offset, chunk.size}));
-      chunk.connection = c->shared_from_this();
-      chunk.upstream = upstream;
-      chunks.push_back(std::move(chunk));
-    }
-    half->pending.fetch_add(chunks.size());
-    bool was_empty;
-    {
-      std::lock_guard<std::mutex> lock(dir->mu);
-      was_empty = dir->pending.empty();
-      for (Direction::Chunk& chunk : chunks) {
-        dir->shaper.Enqueue(chunk.size);
-        dir->pending.push_back(std::move(chunk));
-      }
-    }
-    if (was_empty) dir->wake.notify_all();
-  };
-  auto read_failed = [&](const char* what) {
-    if (!c->aborted.load()) {
-      MLOG(DEBUG) << "link " << c->route->spec.link << " " << dir->from << "->"
-                  << dir->to << ": " << what << ": " << std::strerror(errno)
-                  << "; closing the connection";
-    }
-    c->Abort();
-  };
+    dir->shaper.Enqueue(0);
+    was_empty = dir->pending.empty();
+    dir->pending.push_back(std::move(eof));
+  }
+  if (was_empty) dir->wake.notify_all();
+}
 
+// Passes on what the read step `what` (recv or splice) returned in `n`:
+// nothing after EINTR; the end of the stream; or the bytes, written straight
+// through while the direction is direct, else queued in the link's shaper.
+// Returns false when this half's reader is done (end of stream, or an error
+// that closed the connection).
+template <typename Bytes>
+bool Emulator::Impl::PassOn(Connection* c, bool upstream, ssize_t n,
+                            const char* what, const Bytes& bytes) {
+  Half* half = upstream ? &c->up : &c->down;
+  Direction* dir = half->dir;
+  if (n < 0 && errno == EINTR) return true;
+  if (n < 0) {
+    ReadFailed(c, dir, what);
+    return false;
+  }
+  if (n == 0) {
+    EndOfStream(c, upstream, IsDirect(half));
+    return false;
+  }
+  const size_t size = static_cast<size_t>(n);
+  if (IsDirect(half)) {
+    const std::optional<uint64_t> messages = bytes.Forward(size);
+    if (!messages) {
+      c->Abort();
+      return false;
+    }
+    dir->bytes.fetch_add(size, std::memory_order_relaxed);
+    dir->messages.fetch_add(*messages, std::memory_order_relaxed);
+    return true;
+  }
+  const Buffer data = bytes.Take(size);
+  if (!data) {
+    ReadFailed(c, dir, Bytes::kTake);
+    return false;
+  }
+  Enqueue(c, upstream, data, size);
+  return true;
+}
+
+void Emulator::Impl::ReadLoop(Connection* c, bool upstream) {
+  Half* half = upstream ? &c->up : &c->down;
+  const size_t read_bytes = options_.read_bytes;
+  Buffer buffer;  // reused while no queued chunk holds it
   while (true) {
-    size_t want = read_bytes;
-    bool direct = false;
-    {
-      std::unique_lock<std::mutex> lock(dir->mu);
-      auto can_read = [&] {
-        return c->aborted.load() || dir->stop ||
-               (dir->passthrough && half->pending.load() == 0) ||
-               dir->shaper.Room() >= dir->room_threshold;
-      };
-      while (!can_read()) {
-        dir->room.wait_for(lock, std::chrono::milliseconds(200));
-      }
-      if (c->aborted.load() || dir->stop) return;
-      direct = dir->passthrough && half->pending.load() == 0;
-      // A direct read can still end up queued (the link may be partitioned
-      // or shaped while it blocks), so it never exceeds the limit either.
-      want = static_cast<size_t>(std::min<uint64_t>(
-          read_bytes, direct ? dir->shaper.queue_limit() : dir->shaper.Room()));
-    }
-
+    const std::optional<ReadTurn> turn = WaitForRoom(c, half, read_bytes);
+    if (!turn) return;
     // Zero-copy path: bytes the message counter need not see (frame bodies,
     // or everything once a stream is not ZMTP) go socket -> pipe -> socket.
-    if (direct && half->splice_ok &&
+    if (turn->direct && half->splice_ok &&
         half->zmtp.OpaqueBytesAhead() >= kSpliceMinBytes) {
-      const ssize_t n = SpliceIn(half, static_cast<size_t>(std::min<uint64_t>(
-                                           {half->zmtp.OpaqueBytesAhead(),
-                                            kSpliceMaxBytes, uint64_t{want}})));
+      const ssize_t n =
+          SpliceIn(half, static_cast<size_t>(std::min<uint64_t>(
+                             {half->zmtp.OpaqueBytesAhead(), kSpliceMaxBytes,
+                              uint64_t{turn->want}})));
       if (n == kSpliceUnsupported) {
         half->splice_ok = false;
         continue;
       }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        read_failed("splice");
-        return;
-      }
-      if (n == 0) {
-        end_of_stream(is_direct());
-        return;
-      }
-      const size_t size = static_cast<size_t>(n);
-      if (is_direct()) {
-        if (!SpliceOut(half, size)) {
-          c->Abort();
-          return;
-        }
-        const uint64_t messages = half->zmtp.SkipOpaque(size);
-        dir->bytes.fetch_add(size, std::memory_order_relaxed);
-        dir->messages.fetch_add(messages, std::memory_order_relaxed);
-        continue;
-      }
-      // Shaped or partitioned since: the bytes join the queue after all.
-      Buffer data = std::make_shared_for_overwrite<uint8_t[]>(size);
-      if (!ReadPipe(half, data.get(), size)) {
-        read_failed("pipe");
-        return;
-      }
-      enqueue(data, size);
+      if (!PassOn(c, upstream, n, "splice", PipeBytes{half})) return;
       continue;
     }
-
     if (!buffer || buffer.use_count() > 1) {
       buffer = std::make_shared_for_overwrite<uint8_t[]>(read_bytes);
     }
-    const ssize_t n = ::recv(half->src, buffer.get(), want, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      read_failed("read");
+    const ssize_t n = ::recv(half->src, buffer.get(), turn->want, 0);
+    if (!PassOn(c, upstream, n, "read",
+                BufferBytes{half, buffer, read_bytes})) {
       return;
     }
-    if (n == 0) {
-      end_of_stream(is_direct());
-      return;
-    }
-    const size_t size = static_cast<size_t>(n);
-    if (is_direct()) {
-      const uint64_t messages = half->zmtp.Consume({buffer.get(), size});
-      if (!WriteAll(half->dst, buffer.get(), size)) {
-        c->Abort();
-        return;
-      }
-      dir->bytes.fetch_add(size, std::memory_order_relaxed);
-      dir->messages.fetch_add(messages, std::memory_order_relaxed);
-      continue;
-    }
-    // Queued: small reads get a buffer of their own so that held chunks do
-    // not pin whole read buffers.
-    Buffer data = buffer;
-    if (size < read_bytes / 4) {
-      data = std::make_shared_for_overwrite<uint8_t[]>(size);
-      std::memcpy(data.get(), buffer.get(), size);
-    }
-    enqueue(data, size);
   }
 }
 
@@ -859,7 +973,7 @@ void Emulator::Impl::WriteLoop(Connection* c, bool upstream) {
     batch.clear();
     std::deque<Direction::Chunk> rest;
     {
-      std::lock_guard<std::mutex> lock(half->mu);
+      MutexLock lock(&half->mu);
       half->closed = true;
       rest.swap(half->out);
     }
@@ -867,8 +981,8 @@ void Emulator::Impl::WriteLoop(Connection* c, bool upstream) {
   };
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(half->mu);
-      half->cv.wait(lock, [&] { return half->closed || !half->out.empty(); });
+      MutexLock lock(&half->mu);
+      while (!half->closed && half->out.empty()) half->cv.wait(half->mu);
       batch.swap(half->out);
     }
     if (c->aborted.load()) {
@@ -968,6 +1082,10 @@ Status Emulator::Partition(std::string_view link) {
 
 Status Emulator::Heal(std::string_view link) {
   return impl_->SetPartitioned(link, false);
+}
+
+Status Emulator::ResetConnections(std::string_view link) {
+  return impl_->ResetConnections(link);
 }
 
 Result<pb::WanLinkState> Emulator::LinkState(std::string_view link) const {

@@ -89,6 +89,10 @@ class Emulator {
                       const DirectionModel& model);
   Status Partition(std::string_view link);
   Status Heal(std::string_view link);
+  // Closes every open connection of `link` (both ways), dropping the bytes
+  // they held or had in flight: a broken TCP connection, on demand. The
+  // routes keep listening, so the peers reconnect.
+  Status ResetConnections(std::string_view link);
 
   // State and counters of one link / of every link (in creation order).
   Result<pb::WanLinkState> LinkState(std::string_view link) const;

@@ -196,52 +196,8 @@ void RegisterAll() {
 
 // ---- reporting -------------------------------------------------------------
 
-struct Measurement {
-  bool error = false;
-  std::string error_message;
-  double bytes_per_second = 0;
-  double encoded_bytes = 0;
-};
-
-// Forwards to Google Benchmark's reporter `Base` and records every
-// benchmark's rate and counters, keyed by its name without the time type
-// suffix. With --benchmark_repetitions the median aggregate wins.
-template <typename Base>
-class RecordingReporter : public Base {
- public:
-  using Run = benchmark::BenchmarkReporter::Run;
-  using Base::Base;
-
-  void ReportRuns(const std::vector<Run>& runs) override {
-    Base::ReportRuns(runs);
-    for (const Run& run : runs) Record(run);
-  }
-
-  const std::map<std::string, Measurement>& results() const { return results_; }
-
- private:
-  void Record(const Run& run) {
-    const bool median =
-        run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
-    if (run.run_type == Run::RT_Aggregate && !median) return;
-    std::string key = run.run_name.function_name;
-    if (!median && medians_.contains(key)) return;
-    if (median) medians_.insert(key);
-    Measurement& m = results_[key];
-    m.error = run.error_occurred;
-    m.error_message = run.error_message;
-    m.bytes_per_second = Counter(run, "bytes_per_second");
-    m.encoded_bytes = Counter(run, "encoded_bytes");
-  }
-
-  static double Counter(const Run& run, const std::string& name) {
-    const auto it = run.counters.find(name);
-    return it == run.counters.end() ? 0.0 : it->second.value;
-  }
-
-  std::map<std::string, Measurement> results_;
-  std::set<std::string> medians_;
-};
+using bench::Measurement;
+using bench::RecordingReporter;
 
 std::string Format(const char* format, double value) {
   char buffer[64];
@@ -305,9 +261,11 @@ class SummaryTable {
     if (enc == nullptr && dec == nullptr) return;  // filtered out
     std::string size = "n/a", ratio = "n/a";
     double size_ratio = 0;
-    if (Usable(enc) && enc->encoded_bytes > 0) {
-      size = HumanBytes(enc->encoded_bytes);
-      size_ratio = kDenseBytes / enc->encoded_bytes;
+    const double encoded_bytes =
+        Usable(enc) ? enc->counter("encoded_bytes") : 0;
+    if (encoded_bytes > 0) {
+      size = HumanBytes(encoded_bytes);
+      size_ratio = kDenseBytes / encoded_bytes;
       ratio = "1/" + Format(size_ratio >= 100 ? "%.0f" : "%.1f", size_ratio);
     }
     std::vector<std::string> goals;

@@ -13,13 +13,14 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "meridian/mutex.h"
 #include "meridian/status.h"
+#include "meridian/thread_annotations.h"
 
 namespace meridian {
 
@@ -40,6 +41,11 @@ class MetricCell {
   std::atomic<double> value_{0};
 };
 
+// Thread-safe. The role's threads (e.g. a site server's event loop,
+// wanem's main loop) create series and update their cells; the metrics
+// server's threads render it at every scrape. mu_ guards the map of families
+// and series; the cells themselves are atomic and never freed before the
+// registry, so updates take no lock.
 class MetricsRegistry {
  public:
   MetricsRegistry() = default;
@@ -53,13 +59,13 @@ class MetricsRegistry {
   // values are free text (escaped when rendered). The pointer stays valid as
   // long as the registry. Thread-safe.
   MetricCell* Counter(std::string_view name, std::string_view help,
-                      const MetricLabels& labels = {});
+                      const MetricLabels& labels = {}) EXCLUDES(mu_);
   MetricCell* Gauge(std::string_view name, std::string_view help,
-                    const MetricLabels& labels = {});
+                    const MetricLabels& labels = {}) EXCLUDES(mu_);
 
   // Text exposition format: per family (sorted by name) "# HELP", "# TYPE"
   // and one line per series (sorted by labels). Thread-safe.
-  std::string RenderText() const;
+  std::string RenderText() const EXCLUDES(mu_);
 
  private:
   struct Family {
@@ -69,10 +75,10 @@ class MetricsRegistry {
     std::map<std::string, std::unique_ptr<MetricCell>> series;
   };
   MetricCell* Get(std::string_view name, std::string_view help, MetricType type,
-                  const MetricLabels& labels);
+                  const MetricLabels& labels) EXCLUDES(mu_);
 
-  mutable std::mutex mu_;
-  std::map<std::string, Family> families_;
+  mutable Mutex mu_;
+  std::map<std::string, Family> families_ GUARDED_BY(mu_);
 };
 
 // Escapes a label value for the text format: backslash, double quote and
@@ -107,6 +113,11 @@ Result<MetricsAddress> ParseMetricsAddress(std::string_view text);
 
 // Serves GET /metrics (the registry's RenderText) and 404 on any other
 // path, on a background thread, until Stop() or destruction.
+//
+// Threads: the owner calls Start, Stop, address() and url(); cpp-httplib's
+// listening thread and its pool of two answer scrapes, touching only the
+// registry (thread-safe) and httplib's own state. No state of ours is
+// shared with them beyond that, so there is nothing to lock.
 class MetricsServer {
  public:
   // Binds `address` (ParseMetricsAddress) and starts serving. Errors: a

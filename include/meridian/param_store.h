@@ -9,13 +9,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
-#include "meridian/layout.h"
 #include "meridian/job.pb.h"
+#include "meridian/layout.h"
+#include "meridian/mutex.h"
 #include "meridian/status.h"
+#include "meridian/thread_annotations.h"
 
 namespace meridian {
 
@@ -54,7 +56,13 @@ struct ApplyRule {
   float Scale() const;
 };
 
-// Thread-safe: every method may be called from any thread.
+// Thread-safe: every method may be called from any thread, except where a
+// method says otherwise (SetMomentum, AddAccumulator: before training or
+// from the applying thread). In a site server the event loop applies
+// updates, answers pulls and (through the sync engine) visits the
+// accumulators while the evaluator thread takes snapshots; each shard's
+// lock guards that shard's elements of every array, and version_ is
+// atomic.
 class ParameterStore {
  public:
   // `num_shards` is clamped to [1, layout.num_elements()]. The model starts
@@ -139,25 +147,68 @@ class ParameterStore {
   void AddToAccumulator(size_t id, std::span<const uint64_t> indices,
                         std::span<const float> values);
 
+  // ---- Checkpoints ---------------------------------------------------------
+  // The state beyond the model, copied out for a checkpoint: the velocity
+  // of server momentum (empty when it never ran) and accumulator `id`. For
+  // a consistent snapshot, call from the thread that applies updates.
+  std::vector<float> CopyVelocity() const;
+  std::vector<float> CopyAccumulator(size_t id) const;
+  // Continues from a checkpoint: every value, the velocity (empty: none)
+  // and the version. Sizes must match the layout. Not thread-safe with
+  // Apply: call before training starts.
+  Status Restore(std::span<const float> values, std::span<const float> velocity,
+                 uint64_t version);
+  Status RestoreAccumulator(size_t id, std::span<const float> values);
+
  private:
+  // Allocates the velocity and points the shards at it (once).
+  void EnsureVelocity();
+  // One key range of the model and the lock of every element in it. The
+  // spans are the shard's slices of values_, velocity_ and accumulators_:
+  // after construction the store reaches its elements only through them,
+  // so GUARDED_BY(mu) makes the analysis check that every element is read
+  // and written under its shard's lock.
   struct Shard {
     KeyRange range;
-    // Guards values_[range], velocity_[range] and every accumulator's range.
-    mutable std::mutex mu;
+    Mutex mu;
+    std::span<float> values GUARDED_BY(mu);
+    std::span<float> velocity GUARDED_BY(mu);  // empty without momentum
+    std::vector<std::span<float>> accumulators GUARDED_BY(mu);  // by id
   };
 
-  // Calls fn(shard range) for every shard, with that shard locked.
+  // Calls fn(shard) for every shard, in key order, with that shard locked.
+  // fn is a lambda annotated REQUIRES(shard.mu).
   template <typename Fn>
   void ForEachShardLocked(Fn&& fn) const;
-  // Copies the parts of `reads` inside `shard`; the shard must be locked.
-  void CopyOut(const KeyRange& shard, std::span<const ReadSegment> reads) const;
+  // The per-shard loop of every dense update (Apply, ApplyExternal): shard
+  // by shard, each shard locked once for all the segments that touch it, so
+  // that a concurrent Snapshot or Read never sees a shard with only part of
+  // an update (a commit carries one segment per tensor, and a shard may
+  // straddle tensors). Each value u becomes the change c = scale * u, or,
+  // with `momentum`, v = momentum * v + scale * u and c = v; w += c, and c
+  // goes into every accumulator in `accumulate`. Then copies the shard's
+  // part of `read_back` while it is locked and still in cache. Returns the
+  // new version.
+  uint64_t AddSegments(std::span<const UpdateSegment> segments, float scale,
+                       std::optional<float> momentum,
+                       std::span<const size_t> accumulate,
+                       std::span<const ReadSegment> read_back);
+  // Copies the parts of `reads` inside `shard`.
+  static void CopyOut(const Shard& shard, std::span<const ReadSegment> reads)
+      REQUIRES(shard.mu);
 
   ModelLayout layout_;
-  ApplyRule rule_;
-  std::vector<std::unique_ptr<Shard>> shards_;
+  ApplyRule rule_;  // momentum: written by SetMomentum, see its contract
+  std::vector<std::unique_ptr<Shard>> shards_;  // fixed at construction
+  // Storage of the model, the server momentum's velocity (empty unless
+  // momentum > 0) and the accumulators, touched only through the shards'
+  // spans. Resized only before training (constructor, SetMomentum,
+  // AddAccumulator; moving an accumulator keeps its buffer, so spans stay
+  // valid).
   std::vector<float> values_;
-  std::vector<float> velocity_;  // empty unless rule_.momentum > 0
+  std::vector<float> velocity_;
   std::vector<std::vector<float>> accumulators_;
+  std::vector<size_t> accumulator_ids_;  // 0, 1, ...: Apply feeds them all
   std::atomic<uint64_t> version_{0};
 };
 
@@ -169,6 +220,10 @@ class UpdateAccumulator {
 
   void Add(std::span<const UpdateSegment> segments);
   uint32_t count() const { return count_; }
+  // The sum so far (for a checkpoint) and putting one back: `sum` has the
+  // model's size, `count` commits are in it.
+  std::span<const float> sum() const { return sum_; }
+  Status Restore(std::span<const float> sum, uint32_t count);
   // The summed update as one segment (valid until the next Add/Clear).
   std::vector<UpdateSegment> Segments() const;
   void Clear();

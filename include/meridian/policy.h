@@ -4,8 +4,13 @@
 // and ADSP, whose tuning math lives in src/sched/adsp.h.
 //
 // Driving a policy (the site server's event loop):
-//   - Start() once every worker has joined; OnCommit/OnPull/OnLeave per
-//     event; OnTick() every few milliseconds.
+//   - Start() once, when training starts (every worker joined, or the join
+//     timeout passed with fault.min_workers): every worker counts as live;
+//     then OnLeave() for each worker that has not joined.
+//   - OnCommit/OnPull per request; OnLeave when a worker says BYE or is
+//     declared dead; OnJoin when a worker that is not live joins (late, or
+//     back after it was declared dead, or restarted); OnTick() every few
+//     milliseconds.
 //   - Execute every PolicyDecision: handle the update, flush the aggregate
 //     if asked, answer the released workers with PlanFor(worker) attached.
 //   - When a decision has evaluate_loss set, evaluate the global loss of a
@@ -28,8 +33,8 @@
 
 #include "meridian/clock.h"
 #include "meridian/job.pb.h"
-#include "meridian/wire.pb.h"
 #include "meridian/status.h"
+#include "meridian/wire.pb.h"
 
 namespace meridian {
 
@@ -75,8 +80,18 @@ class IntraSitePolicy {
   virtual PolicyDecision OnCommit(const CommitEvent& event) = 0;
   // `worker` asks for the model without an update.
   virtual PolicyDecision OnPull(uint32_t worker, Duration now) = 0;
-  // `worker` left (BYE) or was lost: nobody waits for it any more.
+  // `worker` left (BYE) or was lost: nobody waits for it any more. An
+  // update it committed before is kept (an aggregated one is applied with
+  // the rest of its round); it is not released.
   virtual PolicyDecision OnLeave(uint32_t worker, Duration now) = 0;
+  // `worker` (re)joins while training runs: it was not live (never joined,
+  // left, or declared dead) and its HELLO waits for an answer. Releasing it
+  // answers that HELLO with the model (WELCOME). Barrier policies (BSP,
+  // FIXED_ADACOMM, ADACOMM) release a joiner when the open round closes and
+  // count it from the next round; SSP starts it at the slowest live
+  // worker's clock; ASYNC and ADSP release it at once. Ignored for a worker
+  // that is live already or out of range.
+  virtual PolicyDecision OnJoin(uint32_t worker, Duration now) = 0;
   // Periodic call from the event loop (every few milliseconds) for
   // time-driven policies.
   virtual PolicyDecision OnTick(Duration now) {
@@ -99,8 +114,10 @@ class IntraSitePolicy {
   // for policies without one.
   virtual double search_time_s() const { return 0; }
   // The site's logical clock: rounds completed (BSP, FIXED_ADACOMM,
-  // ADACOMM: barriers passed; SSP: the slowest active worker's commits;
-  // ASYNC and ADSP: commits / workers, rounded down). Never decreases.
+  // ADACOMM: barriers passed; SSP: the slowest live worker's commits;
+  // ASYNC and ADSP: +1 each time the commits since the last tick reach the
+  // number of live workers, i.e. commits / workers while nobody leaves or
+  // joins). It follows the live worker set and never decreases.
   virtual uint64_t clock() const = 0;
 };
 

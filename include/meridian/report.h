@@ -26,10 +26,36 @@ Status ReadJsonFile(const std::string& path,
 //   reached_target: every site reached the target;
 //   time_to_target_s: when the last site reached it (-1 if one did not);
 //   final_accuracy / final_loss: mean over sites;
-//   workers: every site's workers, site by site.
+//   workers: every site's workers, site by site;
+//   lost_commits: the sites' recovery.lost_commits, summed.
 pb::RunReport BuildRunReport(const pb::JobConfig& job,
                              const std::vector<pb::SiteSummary>& sites,
                              double wall_s, const std::string& outcome);
+
+// Sets report->events: every site summary's events (report->sites) and
+// `launcher_events`, ordered by unix_s (ties keep that order), each with
+// t_s = unix_s - run_start_unix_s (seconds since the run started).
+void AddFaultEvents(const std::vector<pb::FaultEvent>& launcher_events,
+                    double run_start_unix_s, pb::RunReport* report);
+
+// Sets the WAN fields of `report` from every process the emulator ran as
+// (restarts, resumes): links sums each process's last counters per link
+// direction (bandwidth and latency: the last process's), wan_bytes_total
+// their bytes, wan_reduction dense_equivalent_bytes / wan_bytes_total,
+// wan_uncounted_s the incarnations' uncounted_s, wanem_processes their
+// number. Call after BuildRunReport.
+void AddWanTraffic(const std::vector<pb::WanIncarnation>& incarnations,
+                   pb::RunReport* report);
+
+// One traffic.csv from the files several emulator processes wrote (in the
+// order they ran; each timed from its own start, counting from 0): rows of
+// file i get offsets_s[i] added to t_s, and the bytes and messages each
+// earlier file ended with on the same link direction added to theirs, so
+// the counters keep growing across restarts. Written atomically to
+// `path` (which may be one of the inputs). Missing inputs are skipped.
+Status MergeTrafficCsv(const std::vector<std::string>& inputs,
+                       const std::vector<double>& offsets_s,
+                       const std::string& path);
 
 // A markdown table comparing the runs in `dirs` (each holding a
 // report.json): time to target, final accuracy, WAN bytes, wall time, and

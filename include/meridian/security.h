@@ -38,11 +38,9 @@
 
 #include "meridian/job.pb.h"
 #include "meridian/status.h"
+#include "meridian/z85.h"  // IsZ85Key, kCurveKeyZ85Length
 
 namespace meridian {
-
-// Length of a Z85-encoded 32-byte CURVE key.
-inline constexpr size_t kCurveKeyZ85Length = 40;
 
 // The environment variable a site role reads its secret key file from
 // (after --secret-key, before security.key_dir).
@@ -56,10 +54,6 @@ struct CurveKeyPair {
 
 // Whether this libzmq was built with CURVE (libsodium).
 bool CurveAvailable();
-
-// Whether `key` is 40 characters of the Z85 alphabet that decode to 32
-// bytes (every 5-character group at most 2^32 - 1).
-bool IsZ85Key(std::string_view key);
 
 // A fresh key pair (zmq_curve_keypair). Unavailable when libzmq has no
 // CURVE.
@@ -153,13 +147,17 @@ class ZapHandler {
   // Answers one request (frames as received).
   void Answer(std::vector<zmq::message_t>& request);
 
-  zmq::socket_t socket_;  // used only by thread_ once it runs
-  const std::map<std::string, std::string> allowed_;
-  const std::string owner_;
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> admitted_{0};
-  std::atomic<uint64_t> refused_{0};
-  std::thread thread_;
+  // Threads: the owner's thread runs Start, the constructor and the
+  // destructor; thread_ (the handler) runs Serve and Answer. Nothing is
+  // shared under a lock: what both touch is either fixed before thread_
+  // starts or atomic.
+  zmq::socket_t socket_;  // the handler's alone once thread_ runs
+  const std::map<std::string, std::string> allowed_;  // fixed before thread_
+  const std::string owner_;                           // fixed before thread_
+  std::atomic<bool> stop_{false};      // set by the destructor, read by thread_
+  std::atomic<uint64_t> admitted_{0};  // written by thread_, read by any
+  std::atomic<uint64_t> refused_{0};   // written by thread_, read by any
+  std::thread thread_;                 // the owner's: started, joined
 };
 
 }  // namespace meridian

@@ -1,12 +1,16 @@
 // The parameter server of one site: owns the site's model replica (all
 // shards), admits its workers, applies their commits under the intra-site
 // policy, answers pulls, and evaluates the model on the test set on a fixed
-// period in a thread that never blocks commits.
+// period in a thread that never blocks commits. Workers may die, come back,
+// be restarted or join late (fault { }): a silent worker is declared dead
+// and training goes on with the others; a commit sent again after a
+// reconnect is applied once.
 #ifndef MERIDIAN_SITE_SERVER_H_
 #define MERIDIAN_SITE_SERVER_H_
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +20,36 @@
 #include "meridian/status.h"
 
 namespace meridian {
+
+// Wall-clock time, for the timestamps of fault events in reports (the
+// monotonic Clock times everything else). Implementations are thread-safe.
+class WallClock {
+ public:
+  virtual ~WallClock() = default;
+  // Seconds since the Unix epoch.
+  virtual double UnixSeconds() const = 0;
+};
+
+// The system's wall clock. Never null; lives for the whole process.
+const WallClock* SystemWallClock();
+
+// How long the site server waits before it acts, in seconds.
+struct SiteServerTimeouts {
+  // A HEARTBEAT to each worker whose reply it holds, this often.
+  double heartbeat_interval_s = 1;
+  // A live worker silent this long is declared dead.
+  double worker_timeout_s = 10;
+  // Training starts when every worker joined, or after this long with at
+  // least min_workers (the rest may join late).
+  double join_timeout_s = 60;
+  uint32_t min_workers = 1;
+  // After the job ends: how long live workers get to say BYE.
+  double drain_s = 5;
+
+  // The job's fault { } and server.join_timeout_s; invalid values (not
+  // positive, not finite) fall back to the defaults above.
+  static SiteServerTimeouts FromJob(const pb::JobConfig& job);
+};
 
 struct SiteServerOptions {
   pb::JobConfig job;  // validated
@@ -38,6 +72,21 @@ struct SiteServerOptions {
   // Polled by the event loop; when it becomes true the server finishes the
   // job as if the time budget ran out. May be null. Not owned.
   const std::atomic<bool>* stop_requested = nullptr;
+  // Time: the event loop's clock (timeouts, training time, rates) and the
+  // wall clock of fault events. Not owned; must outlive the server.
+  Clock* clock = SystemClock();
+  const WallClock* wall_clock = SystemWallClock();
+  // Unset: SiteServerTimeouts::FromJob(job).
+  std::optional<SiteServerTimeouts> timeouts;
+  // Checkpoints (job.fault.checkpoint_period_s): where this site keeps
+  // them; empty: fault.checkpoint_dir, else <out_dir>/checkpoints/<site>,
+  // else none.
+  std::string checkpoint_dir;
+  // Continue from the newest checkpoint in checkpoint_dir when there is
+  // one (a restart after a crash, `meridian run --resume`). Without it, a
+  // checkpoint directory that holds checkpoints is refused: they belong to
+  // an earlier run.
+  bool resume = false;
 };
 
 class SiteServer {
@@ -58,10 +107,11 @@ class SiteServer {
   std::string metrics_address() const;
 
   // Serves until the job ends: the target accuracy is reached, the time
-  // budget runs out, a SHUTDOWN arrives or stop_requested is set. Then it
-  // tells every worker to stop, waits briefly for their BYE, runs a final
-  // evaluation and writes the summary. Returns an error only when the site
-  // could not run (e.g. workers never joined). Call once.
+  // budget runs out, a SHUTDOWN arrives, stop_requested is set or every
+  // worker said BYE. Then it tells every worker to stop, waits briefly for
+  // their BYE, runs a final evaluation and writes the summary. Returns an
+  // error only when the site could not run (fewer than min_workers joined
+  // within the join timeout). Call once.
   Status Run();
 
   // Valid after Run() returned.

@@ -19,6 +19,9 @@ struct TopTarget {
   std::string name;     // the site's name, or "wanem"
   std::string role;     // "site" or "wanem"
   std::string address;  // metrics HOST:PORT; empty: none configured
+  // What `meridian run` last said of the process (endpoints.json), e.g.
+  // "restarting (attempt 2 of 10)"; empty when unknown.
+  std::string state;
 };
 
 // Every site server of `job` (site.metrics_address) and its standalone
@@ -36,12 +39,18 @@ struct TopScrape {
   bool up = false;
   std::string error;  // when !up
   std::vector<MetricSample> samples;
+  // When !up: seconds since the target last answered (RunTop tracks it
+  // across rounds); < 0 when unknown.
+  double silent_s = -1;
 };
 
 // The table of one round of scrapes (`scrapes[i]` of `targets[i]`): one
 // row per site (site, state, train time, accuracy, clock, theta,
-// commits/s, WAN MB out/in, commit staleness, clock lag, queue), "down"
-// for a site that did not answer, and a line per wanem.
+// commits/s, WAN MB out/in, commit staleness, clock lag, queue), and a
+// line per wanem. The state of a site that did not answer is its
+// launcher's "restarting (attempt k of n)" when known, else "down (no
+// answer for N s)"; a training site's state adds the workers declared dead
+// and the peers unreachable when there are any.
 std::string FormatTopTable(const std::vector<TopTarget>& targets,
                            const std::vector<TopScrape>& scrapes);
 
@@ -51,6 +60,10 @@ std::vector<TopScrape> ScrapeTargets(const std::vector<TopTarget>& targets,
 
 struct TopOptions {
   std::vector<TopTarget> targets;
+  // A `meridian run` directory: its endpoints.json is read again every
+  // round (a restarted process serves its metrics on a new port), and
+  // `targets` replaced when it reads.
+  std::string run_dir;
   double interval_s = 2.0;
   bool once = false;  // one table, then return
   std::FILE* out = stdout;

@@ -12,9 +12,10 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "meridian/wire.pb.h"
+#include "meridian/clock.h"
 #include "meridian/message.h"
 #include "meridian/status.h"
+#include "meridian/wire.pb.h"
 
 namespace meridian {
 
@@ -60,6 +61,12 @@ Status SendMessage(zmq::socket_t& socket, const pb::Header& header,
                    std::vector<zmq::message_t> payload = {},
                    std::string_view routing_id = {});
 
+// Sends a message without payload now or not at all: fails with
+// Unavailable instead of waiting when the socket cannot take it (a full
+// queue, no connection yet). For heartbeats, which must never block.
+Status TrySendMessage(zmq::socket_t& socket, const pb::Header& header,
+                      std::string_view routing_id = {});
+
 // The result of one receive: nothing (timeout), a valid message, or a
 // message refused by DecodeMessage.
 struct Received {
@@ -79,15 +86,28 @@ Status SendError(zmq::socket_t& socket, const pb::Endpoint& self,
                  uint64_t sequence, const Rejection& rejection,
                  uint64_t rejected_sequence, std::string_view routing_id);
 
+// How a client tells a live server from a gone one (fault { } settings):
+// it sends a HEARTBEAT whenever it has sent nothing for
+// `heartbeat_interval`, and takes the server for gone after
+// `silence_timeout` without any message from it (a reply, or a HEARTBEAT
+// the server sends while it holds the reply). Time is the client's clock.
+struct RpcLiveness {
+  Duration heartbeat_interval = std::chrono::seconds(1);
+  Duration silence_timeout = std::chrono::seconds(10);
+};
+
 // A request/reply client over a DEALER socket: one outstanding request at a
-// time, replies matched by order. Not thread-safe; owns its socket.
+// time, replies matched by order. HEARTBEATs from the server are never
+// taken for a reply. Not thread-safe; owns its socket.
 class RpcClient {
  public:
   // Connects (lazily, as ZeroMQ does) to `endpoint` as `self`. When
   // `cancel` (not owned, may be null) becomes true, a waiting Call returns
-  // Cancelled within about 100 ms.
+  // Cancelled within about 100 ms. `clock` (not owned) times the liveness
+  // rules (CallWhileAlive, HeartbeatIfIdle); Call's timeouts are real time.
   RpcClient(zmq::context_t& context, const std::string& endpoint,
-            pb::Endpoint self, const std::atomic<bool>* cancel = nullptr);
+            pb::Endpoint self, const std::atomic<bool>* cancel = nullptr,
+            const Clock* clock = SystemClock());
   RpcClient(const RpcClient&) = delete;
   RpcClient& operator=(const RpcClient&) = delete;
 
@@ -101,6 +121,27 @@ class RpcClient {
   Result<Envelope> Call(pb::Header header, std::vector<zmq::message_t> payload,
                         std::chrono::milliseconds timeout);
 
+  // Like Call, but without a fixed timeout: waits as long as the server
+  // shows it is alive (see RpcLiveness), sending HEARTBEATs meanwhile.
+  // Fails with DeadlineExceeded once the server has been silent for
+  // liveness.silence_timeout (the connection is then dropped, so that a
+  // late reply cannot be taken for a later call's), with Cancelled as Call
+  // does. A stall of this process itself (it was stopped, or starved) is
+  // not taken for the server's silence: after a gap of more than a quarter
+  // of the timeout between two looks, the wait starts afresh.
+  Result<Envelope> CallWhileAlive(pb::Header header,
+                                  std::vector<zmq::message_t> payload,
+                                  const RpcLiveness& liveness);
+
+  // Sends a HEARTBEAT when nothing went out for liveness.heartbeat_interval;
+  // never blocks (a heartbeat the socket cannot take now is dropped).
+  void HeartbeatIfIdle(const RpcLiveness& liveness);
+
+  // Drops the connection and anything still owed on it; the next call
+  // opens a new one, which the server sees as a new peer (a new routing
+  // id). Sequence numbers go on.
+  void Reconnect();
+
   // Replaces the cancellation flag (null: calls cannot be cancelled).
   void set_cancel(const std::atomic<bool>* cancel) { cancel_ = cancel; }
 
@@ -109,6 +150,10 @@ class RpcClient {
 
  private:
   void Connect();
+  // Stamps `header` and sends it on the current connection.
+  Status SendRequest(pb::Header* header, std::vector<zmq::message_t> payload);
+  // Whether `received` is a HEARTBEAT (to be skipped, not answered).
+  static bool IsHeartbeat(const Received& received);
   // Waits for one message; Received{} on timeout, Cancelled when
   // `cancellable` and the flag is set.
   Result<Received> AwaitReply(std::chrono::milliseconds timeout,
@@ -118,9 +163,13 @@ class RpcClient {
   std::string endpoint_;
   pb::Endpoint self_;
   const std::atomic<bool>* cancel_;
+  const Clock* clock_;
   std::optional<zmq::socket_t> socket_;
   uint64_t sequence_ = 0;
   bool reply_outstanding_ = false;
+  // When this client last sent anything (on clock_; zero: never), for
+  // HeartbeatIfIdle.
+  Duration last_send_{0};
 };
 
 // The endpoint a bound socket actually listens on (resolves port 0 / "*").

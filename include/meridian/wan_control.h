@@ -43,6 +43,7 @@ Status ValidateControlRequest(const pb::WanControlRequest& request);
 pb::WanControlRequest MakeStatusRequest();
 pb::WanControlRequest MakePartitionRequest(std::string_view link);
 pb::WanControlRequest MakeHealRequest(std::string_view link);
+pb::WanControlRequest MakeResetRequest(std::string_view link);
 pb::WanControlRequest MakeAddRouteRequest(std::string_view link,
                                           std::string_view from_site,
                                           std::string_view listen,
@@ -115,6 +116,8 @@ class ControlClient {
                                std::string_view forward);
   Status Partition(std::string_view link);
   Status Heal(std::string_view link);
+  // Closes the link's open connections, dropping what they carried.
+  Status Reset(std::string_view link);
   Status Set(std::string_view link, pb::LinkDirection direction,
              const pb::LinkDirectionConfig& change);
 

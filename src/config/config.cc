@@ -23,6 +23,7 @@
 #include "meridian/metrics.h"
 #include "meridian/wan_presets.h"
 #include "meridian/wan_units.h"
+#include "meridian/z85.h"
 
 namespace meridian {
 namespace {
@@ -348,6 +349,41 @@ void ValidateServer(const pb::ServerConfig& server, const IssueReporter& r) {
   r.Real("join_timeout_s", server.join_timeout_s(), kPositive);
 }
 
+void ValidateFault(const pb::FaultConfig& fault, const IssueReporter& r) {
+  r.Real("heartbeat_interval_s", fault.heartbeat_interval_s(), kPositive);
+  r.Real("worker_timeout_s", fault.worker_timeout_s(), kPositive);
+  r.Real("server_timeout_s", fault.server_timeout_s(), kPositive);
+  r.Real("worker_give_up_s", fault.worker_give_up_s(), kNonNegative);
+  r.Real("peer_timeout_s", fault.peer_timeout_s(), kPositive);
+  r.Specified("partition_policy", fault.partition_policy());
+  r.Real("checkpoint_period_s", fault.checkpoint_period_s(), kNonNegative);
+  r.Real("restart_backoff_s", fault.restart_backoff_s(), kNonNegative);
+  // A peer is declared silent only after several heartbeats it missed.
+  for (const auto& [field, timeout] :
+       {std::pair<std::string_view, double>{"worker_timeout_s",
+                                            fault.worker_timeout_s()},
+        {"server_timeout_s", fault.server_timeout_s()},
+        {"peer_timeout_s", fault.peer_timeout_s()}}) {
+    if (std::isfinite(timeout) && std::isfinite(fault.heartbeat_interval_s()) &&
+        timeout < 2 * fault.heartbeat_interval_s()) {
+      r.Report(field, "must be at least twice heartbeat_interval_s (" +
+                          FormatReal(fault.heartbeat_interval_s()) + "), got " +
+                          FormatReal(timeout) +
+                          ": one late heartbeat would declare a live "
+                          "process dead");
+    }
+  }
+  if (fault.has_retention_limit()) {
+    Result<uint64_t> limit = wan::ParseByteSize(fault.retention_limit());
+    if (!limit.ok()) {
+      r.Report("retention_limit", limit.status().message());
+    } else if (*limit < (uint64_t{64} << 10)) {
+      r.Report("retention_limit",
+               "must be at least 64kb, got '" + fault.retention_limit() + "'");
+    }
+  }
+}
+
 // Reports an error of the form "field.path: message" at that field.
 void ReportAtPath(const Status& status, const IssueReporter& root) {
   const std::string& text = status.message();
@@ -538,26 +574,6 @@ void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
   }
 }
 
-// A Z85-encoded 32-byte CURVE key: 40 characters of the Z85 alphabet,
-// every 5-character group at most 2^32 - 1 (what zmq_z85_decode accepts).
-// (security.h's IsZ85Key is the same check; config does not link ZeroMQ.)
-bool IsCurveKey(std::string_view key) {
-  constexpr std::string_view kZ85 =
-      "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/"
-      "*?&<>()[]{}@%$#";
-  if (key.size() != 40) return false;
-  for (size_t group = 0; group < key.size(); group += 5) {
-    uint64_t value = 0;
-    for (size_t i = group; i < group + 5; ++i) {
-      const size_t digit = kZ85.find(key[i]);
-      if (digit == std::string_view::npos) return false;
-      value = value * 85 + digit;
-    }
-    if (value > 0xFFFFFFFFull) return false;
-  }
-  return true;
-}
-
 // Public keys are well-formed and distinct. With CURVE on, the sites that
 // sync either all list a key or none does: `meridian run` then generates
 // ephemeral keys, and a site started alone refuses to run without keys.
@@ -568,7 +584,7 @@ void ValidateSecurity(const pb::JobConfig& config, const IssueReporter& root) {
     if (!site.has_curve_public_key()) continue;
     const IssueReporter r = root.Nested("site", i);
     const std::string& key = site.curve_public_key();
-    if (!IsCurveKey(key)) {
+    if (!IsZ85Key(key)) {
       r.Report("curve_public_key",
                "must be a CURVE public key: 40 characters of the Z85 "
                "alphabet, as `meridian keygen` prints it (got " +
@@ -596,14 +612,14 @@ void ValidateSecurity(const pb::JobConfig& config, const IssueReporter& root) {
   if (listed.empty()) return;
   for (int i : syncing) {
     const pb::SiteConfig& site = config.site(i);
-    root.Nested("site", i)
-        .Check(site.has_curve_public_key(), "curve_public_key",
-               "is missing while site '" + listed +
-                   "' lists one: with security.curve on, every site that "
-                   "syncs needs its key (`meridian keygen --site " +
-                   site.name() +
-                   " --out DIR` prints the line), or set security { curve: "
-                   "false }");
+    root.Nested("site", i).Check(
+        site.has_curve_public_key(), "curve_public_key",
+        "is missing while site '" + listed +
+            "' lists one: with security.curve on, every site that "
+            "syncs needs its key (`meridian keygen --site " +
+            site.name() +
+            " --out DIR` prints the line), or set security { curve: "
+            "false }");
   }
 }
 
@@ -837,6 +853,7 @@ std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config) {
   ValidateWan(config, root.Nested("wan"), root);
   ValidateSync(config, root.Nested("sync"));
   ValidateSecurity(config, root);
+  ValidateFault(config.fault(), root.Nested("fault"));
   root.Real("target_accuracy", config.target_accuracy(), kUnitInterval);
   root.Real("time_budget_s", config.time_budget_s(), kPositive);
   return issues;

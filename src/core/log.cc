@@ -5,18 +5,22 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <mutex>
+
+#include "meridian/mutex.h"
+#include "meridian/thread_annotations.h"
 
 namespace meridian {
 namespace {
 
-std::mutex& RoleMutex() {
-  static std::mutex* mu = new std::mutex();
-  return *mu;
-}
+// The role every log line names: set by SetLogRole (any thread, usually
+// once at start-up), read by every thread that logs.
+struct LogRole {
+  Mutex mu;
+  std::string name GUARDED_BY(mu) = "meridian";
+};
 
-std::string& Role() {
-  static std::string* role = new std::string("meridian");
+LogRole& Role() {
+  static LogRole* role = new LogRole();  // never destroyed: logs at exit
   return *role;
 }
 
@@ -50,8 +54,9 @@ char LevelLetter(LogLevel level) {
 }  // namespace
 
 void SetLogRole(std::string role) {
-  std::lock_guard<std::mutex> lock(RoleMutex());
-  Role() = std::move(role);
+  LogRole& state = Role();
+  MutexLock lock(&state.mu);
+  state.name = std::move(role);
 }
 
 void SetLogLevel(LogLevel level) { Level().store(level); }
@@ -92,8 +97,9 @@ LogMessage::~LogMessage() {
   std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &utc);
   std::string role;
   {
-    std::lock_guard<std::mutex> lock(RoleMutex());
-    role = Role();
+    LogRole& state = Role();
+    MutexLock lock(&state.mu);
+    role = state.name;
   }
   std::string line;
   line.reserve(64 + stream_.str().size());

@@ -105,7 +105,7 @@ MetricCell* MetricsRegistry::Get(std::string_view name, std::string_view help,
                                  MetricType type, const MetricLabels& labels) {
   const std::string family_name = SanitizeName(name, true);
   const std::string key = RenderLabels(labels);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto [it, inserted] = families_.try_emplace(family_name);
   Family& family = it->second;
   if (inserted) {
@@ -119,7 +119,7 @@ MetricCell* MetricsRegistry::Get(std::string_view name, std::string_view help,
 
 std::string MetricsRegistry::RenderText() const {
   std::string out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [name, family] : families_) {
     out += "# HELP " + name + " " + EscapeHelp(family.help) + "\n";
     out += "# TYPE " + name + " " + TypeName(family.type) + "\n";
@@ -392,6 +392,10 @@ class MetricsServer::Impl {
   std::string url() const { return "http://" + url_host_ + "/metrics"; }
 
  private:
+  // Threads: registry_ and server_ are read by the serving threads (both
+  // thread-safe); thread_, address_ and url_host_ belong to the owner's
+  // thread (set in Start before the thread runs, joined in Stop); done_ is
+  // set by the listening thread when its loop ends.
   const MetricsRegistry* registry_;
   httplib::Server server_;
   std::thread thread_;

@@ -19,9 +19,6 @@
 namespace meridian {
 namespace {
 
-constexpr std::string_view kZ85Alphabet =
-    "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&"
-    "<>()[]{}@%$#";
 constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
 constexpr auto kZapPoll = std::chrono::milliseconds(100);
 // A key file is a comment and a 40-character line; anything this large is
@@ -222,20 +219,6 @@ std::string Z85Of(const zmq::message_t& frame) {
 }  // namespace
 
 bool CurveAvailable() { return zmq_has("curve") != 0; }
-
-bool IsZ85Key(std::string_view key) {
-  if (key.size() != kCurveKeyZ85Length) return false;
-  for (size_t group = 0; group < key.size(); group += 5) {
-    uint64_t value = 0;
-    for (size_t i = group; i < group + 5; ++i) {
-      const size_t digit = kZ85Alphabet.find(key[i]);
-      if (digit == std::string_view::npos) return false;
-      value = value * 85 + digit;
-    }
-    if (value > 0xFFFFFFFFull) return false;
-  }
-  return true;
-}
 
 Result<CurveKeyPair> GenerateCurveKeyPair() {
   std::array<char, kCurveKeyZ85Length + 1> public_key{};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <zmq_addon.hpp>
@@ -66,6 +67,32 @@ Status SendMessage(zmq::socket_t& socket, const pb::Header& header,
       // A multipart message is atomic in ZeroMQ: once the first frame was
       // accepted the rest are queued, so this cannot half-fail on EAGAIN.
       socket.send(std::move(payload[i]), flags);
+    }
+  } catch (const zmq::error_t& error) {
+    return FromZmqError(error, "sending " + DescribeHeader(header));
+  }
+  return Status::Ok();
+}
+
+Status TrySendMessage(zmq::socket_t& socket, const pb::Header& header,
+                      std::string_view routing_id) {
+  std::string bytes;
+  if (!header.SerializeToString(&bytes)) {
+    return InternalError("cannot serialise header " + DescribeHeader(header));
+  }
+  try {
+    if (!routing_id.empty()) {
+      zmq::message_t id(routing_id.data(), routing_id.size());
+      if (!socket.send(std::move(id),
+                       zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        return UnavailableError("send would block");
+      }
+    }
+    // After an accepted first frame the last one is queued with it (a
+    // multipart message is atomic).
+    if (!socket.send(zmq::message_t(bytes.data(), bytes.size()),
+                     zmq::send_flags::dontwait)) {
+      return UnavailableError("send would block");
     }
   } catch (const zmq::error_t& error) {
     return FromZmqError(error, "sending " + DescribeHeader(header));
@@ -143,16 +170,54 @@ Status SendError(zmq::socket_t& socket, const pb::Endpoint& self,
 }
 
 RpcClient::RpcClient(zmq::context_t& context, const std::string& endpoint,
-                     pb::Endpoint self, const std::atomic<bool>* cancel)
+                     pb::Endpoint self, const std::atomic<bool>* cancel,
+                     const Clock* clock)
     : context_(context),
       endpoint_(endpoint),
       self_(std::move(self)),
-      cancel_(cancel) {}
+      cancel_(cancel),
+      clock_(clock) {}
 
 void RpcClient::Connect() {
   socket_.emplace(context_, zmq::socket_type::dealer);
   socket_->set(zmq::sockopt::linger, 0);
   socket_->connect(endpoint_);
+}
+
+void RpcClient::Reconnect() {
+  socket_.reset();
+  reply_outstanding_ = false;
+}
+
+bool RpcClient::IsHeartbeat(const Received& received) {
+  return received.message && received.message->header.type() == pb::HEARTBEAT;
+}
+
+Status RpcClient::SendRequest(pb::Header* header,
+                              std::vector<zmq::message_t> payload) {
+  header->set_protocol_version(kProtocolVersion);
+  *header->mutable_sender() = self_;
+  header->set_sequence(++sequence_);
+  MERIDIAN_RETURN_IF_ERROR(SendMessage(*socket_, *header, std::move(payload)));
+  last_send_ = clock_->Now();
+  return Status::Ok();
+}
+
+void RpcClient::HeartbeatIfIdle(const RpcLiveness& liveness) {
+  const Duration now = clock_->Now();
+  if (last_send_ != Duration::zero() &&
+      now - last_send_ < liveness.heartbeat_interval) {
+    return;
+  }
+  try {
+    if (!socket_) Connect();
+  } catch (const zmq::error_t&) {
+    return;  // the next call reports it
+  }
+  // Sequence 0: heartbeats are outside the request sequence.
+  pb::Header heartbeat = MakeHeader(pb::HEARTBEAT, self_, 0);
+  heartbeat.mutable_heartbeat();
+  if (TrySendMessage(*socket_, heartbeat).ok()) last_send_ = now;
 }
 
 Result<Received> RpcClient::AwaitReply(std::chrono::milliseconds timeout,
@@ -170,7 +235,7 @@ Result<Received> RpcClient::AwaitReply(std::chrono::milliseconds timeout,
     MERIDIAN_ASSIGN_OR_RETURN(
         Received received,
         ReceiveMessage(*socket_, false, std::min(left, kSlice)));
-    if (!received.timed_out()) return received;
+    if (!received.timed_out() && !IsHeartbeat(received)) return received;
   }
 }
 
@@ -192,11 +257,8 @@ Result<Envelope> RpcClient::Call(pb::Header header,
     if (stale.timed_out()) socket_.reset();
     if (!socket_) Connect();
   }
-  header.set_protocol_version(kProtocolVersion);
-  *header.mutable_sender() = self_;
-  header.set_sequence(++sequence_);
+  MERIDIAN_RETURN_IF_ERROR(SendRequest(&header, std::move(payload)));
   const std::string request = DescribeHeader(header);
-  MERIDIAN_RETURN_IF_ERROR(SendMessage(*socket_, header, std::move(payload)));
   Result<Received> received = AwaitReply(timeout, true);
   if (!received.ok()) {
     if (received.status().code() == StatusCode::kCancelled) {
@@ -215,6 +277,80 @@ Result<Envelope> RpcClient::Call(pb::Header header,
                          request + ": " + received->refused->rejection.reason);
   }
   return std::move(*received->message);
+}
+
+Result<Envelope> RpcClient::CallWhileAlive(pb::Header header,
+                                           std::vector<zmq::message_t> payload,
+                                           const RpcLiveness& liveness) {
+  try {
+    if (!socket_) Connect();
+  } catch (const zmq::error_t& error) {
+    return InvalidArgumentError("cannot connect to '" + endpoint_ +
+                                "': " + error.what());
+  }
+  // Up to one wait slice between looks at the cancel flag, the heartbeat
+  // due and the silence.
+  constexpr auto kSlice = std::chrono::milliseconds(50);
+  const Duration stall = liveness.silence_timeout / 4;
+  if (reply_outstanding_) {
+    // A cancelled call's reply is owed first; wait for it on the same terms
+    // (the server may still hold it) and discard it.
+    Duration heard = clock_->Now();
+    Duration looked = heard;
+    while (reply_outstanding_) {
+      const Duration now = clock_->Now();
+      if (now - looked > stall) heard = now;  // we were stalled, not it
+      looked = now;
+      if (now - heard > liveness.silence_timeout) {
+        Reconnect();
+        Connect();
+        break;
+      }
+      HeartbeatIfIdle(liveness);
+      MERIDIAN_ASSIGN_OR_RETURN(Received stale,
+                                ReceiveMessage(*socket_, false, kSlice));
+      if (stale.timed_out()) continue;
+      heard = clock_->Now();
+      if (!IsHeartbeat(stale)) reply_outstanding_ = false;
+    }
+  }
+  MERIDIAN_RETURN_IF_ERROR(SendRequest(&header, std::move(payload)));
+  const std::string request = DescribeHeader(header);
+  Duration heard = clock_->Now();  // the server counts as alive at the send
+  Duration looked = heard;
+  while (true) {
+    if (cancel_ != nullptr && cancel_->load()) {
+      reply_outstanding_ = true;
+      return CancelledError("cancelled")
+          .WithContext("waiting for the reply to " + request);
+    }
+    const Duration now = clock_->Now();
+    if (now - looked > stall) heard = now;
+    looked = now;
+    if (now - heard > liveness.silence_timeout) {
+      Reconnect();  // a late reply must not answer a later call
+      char silent[32];
+      std::snprintf(silent, sizeof(silent), "%.1f", ToSeconds(now - heard));
+      return DeadlineExceededError(
+          "nothing from " + endpoint_ + " for " + silent +
+          " s while waiting for the reply to " + request);
+    }
+    HeartbeatIfIdle(liveness);
+    Result<Received> received = ReceiveMessage(*socket_, false, kSlice);
+    if (!received.ok()) {
+      return received.status().WithContext("waiting for the reply to " +
+                                           request);
+    }
+    if (received->timed_out()) continue;
+    heard = clock_->Now();
+    if (IsHeartbeat(*received)) continue;  // alive, still holding our reply
+    if (received->refused) {
+      return DataLossError("malformed reply from " + endpoint_ + " to " +
+                           request + ": " +
+                           received->refused->rejection.reason);
+    }
+    return std::move(*received->message);
+  }
 }
 
 Result<std::string> BoundEndpoint(zmq::socket_t& socket) {

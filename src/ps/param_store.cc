@@ -35,6 +35,7 @@ ParameterStore::ParameterStore(ModelLayout layout, uint32_t num_shards,
   const uint64_t n = layout_.num_elements();
   const uint64_t shards =
       std::clamp<uint64_t>(num_shards, 1, std::max<uint64_t>(n, 1));
+  if (rule_.momentum > 0) velocity_.assign(n, 0.0f);
   // Exactly `shards` non-empty ranges: the first n % shards get one more
   // element. (Rounding a per-shard size up would yield fewer shards than
   // asked for, e.g. 5 instead of 6 for 10 elements.)
@@ -43,11 +44,18 @@ ParameterStore::ParameterStore(ModelLayout layout, uint32_t num_shards,
   uint64_t begin = 0;
   for (uint64_t s = 0; s < shards; ++s) {
     const uint64_t size = base + (s < extra ? 1 : 0);
-    shards_.push_back(std::make_unique<Shard>());
-    shards_.back()->range = KeyRange{begin, begin + size};
+    auto shard = std::make_unique<Shard>();
+    shard->range = KeyRange{begin, begin + size};
+    // No other thread sees the store yet; the lock keeps the analysis
+    // simple.
+    MutexLock lock(&shard->mu);
+    shard->values = std::span<float>(values_).subspan(begin, size);
+    if (!velocity_.empty()) {
+      shard->velocity = std::span<float>(velocity_).subspan(begin, size);
+    }
+    shards_.push_back(std::move(shard));
     begin += size;
   }
-  if (rule_.momentum > 0) velocity_.assign(n, 0.0f);
 }
 
 namespace {
@@ -64,18 +72,22 @@ KeyRange Overlap(uint64_t offset, uint64_t size, const KeyRange& range) {
 template <typename Fn>
 void ParameterStore::ForEachShardLocked(Fn&& fn) const {
   for (const auto& shard : shards_) {
-    std::lock_guard<std::mutex> lock(shard->mu);
-    fn(shard->range);
+    MutexLock lock(&shard->mu);
+    // Spelled fn.operator()(...) rather than fn(...): clang 14's analysis
+    // then matches the lambda's REQUIRES(shard.mu) with the argument (with
+    // fn(...) it misreads the call and reports a false warning).
+    fn.operator()(*shard);
   }
 }
 
-void ParameterStore::CopyOut(const KeyRange& shard,
-                             std::span<const ReadSegment> reads) const {
+void ParameterStore::CopyOut(const Shard& shard,
+                             std::span<const ReadSegment> reads) {
   for (const ReadSegment& read : reads) {
-    const KeyRange part = Overlap(read.offset, read.values.size(), shard);
+    const KeyRange part = Overlap(read.offset, read.values.size(), shard.range);
     if (part.size() == 0) continue;
     std::memcpy(read.values.data() + (part.begin - read.offset),
-                values_.data() + part.begin, part.size() * sizeof(float));
+                shard.values.data() + (part.begin - shard.range.begin),
+                part.size() * sizeof(float));
   }
 }
 
@@ -85,13 +97,10 @@ Status ParameterStore::Assign(std::span<const float> values) {
                                 " elements, got " +
                                 std::to_string(values.size()));
   }
-  ForEachShardLocked([&](const KeyRange& shard) {
-    std::memcpy(values_.data() + shard.begin, values.data() + shard.begin,
-                shard.size() * sizeof(float));
-    if (!velocity_.empty()) {
-      std::fill(velocity_.begin() + shard.begin, velocity_.begin() + shard.end,
-                0.0f);
-    }
+  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
+    std::memcpy(shard.values.data(), values.data() + shard.range.begin,
+                shard.range.size() * sizeof(float));
+    std::fill(shard.velocity.begin(), shard.velocity.end(), 0.0f);
   });
   return Status::Ok();
 }
@@ -108,44 +117,48 @@ void ParameterStore::Read(uint64_t offset, std::span<float> out) const {
 }
 
 void ParameterStore::Read(std::span<const ReadSegment> reads) const {
-  ForEachShardLocked([&](const KeyRange& shard) { CopyOut(shard, reads); });
+  ForEachShardLocked([&](const Shard& shard)
+                         REQUIRES(shard.mu) { CopyOut(shard, reads); });
 }
 
 void ParameterStore::SetMomentum(double momentum) {
   rule_.momentum = momentum;
-  if (momentum > 0 && velocity_.empty()) {
-    velocity_.assign(layout_.num_elements(), 0.0f);
-  }
+  if (momentum > 0) EnsureVelocity();
 }
 
-uint64_t ParameterStore::Apply(std::span<const UpdateSegment> segments,
-                               std::span<const ReadSegment> read_back) {
-  const float scale = rule_.Scale();
-  const float momentum = static_cast<float>(rule_.momentum);
-  // Shard by shard, each shard locked once for all the segments that touch
-  // it, so that a concurrent Snapshot or Read never sees a shard with only
-  // part of an update (a commit carries one segment per tensor, and a shard
-  // may straddle tensors). The read-back copies the shard while it is
-  // locked and still in cache.
-  ForEachShardLocked([&](const KeyRange& shard) {
+void ParameterStore::EnsureVelocity() {
+  if (!velocity_.empty()) return;
+  velocity_.assign(layout_.num_elements(), 0.0f);
+  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
+    shard.velocity = std::span<float>(velocity_).subspan(shard.range.begin,
+                                                         shard.range.size());
+  });
+}
+
+uint64_t ParameterStore::AddSegments(std::span<const UpdateSegment> segments,
+                                     float scale, std::optional<float> momentum,
+                                     std::span<const size_t> accumulate,
+                                     std::span<const ReadSegment> read_back) {
+  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
     for (const UpdateSegment& segment : segments) {
       const KeyRange part =
-          Overlap(segment.offset, segment.values.size(), shard);
+          Overlap(segment.offset, segment.values.size(), shard.range);
       if (part.size() == 0) continue;
       const auto len = static_cast<Eigen::Index>(part.size());
+      const uint64_t at = part.begin - shard.range.begin;  // in the shard
       ConstVec u(segment.values.data() + (part.begin - segment.offset), len);
-      Vec w(values_.data() + part.begin, len);
-      if (velocity_.empty()) {
+      Vec w(shard.values.data() + at, len);
+      if (!momentum) {
         w += scale * u;
-        for (std::vector<float>& acc : accumulators_) {
-          Vec(acc.data() + part.begin, len) += scale * u;
+        for (size_t id : accumulate) {
+          Vec(shard.accumulators[id].data() + at, len) += scale * u;
         }
       } else {
-        Vec v(velocity_.data() + part.begin, len);
-        v = momentum * v + scale * u;
+        Vec v(shard.velocity.data() + at, len);
+        v = *momentum * v + scale * u;
         w += v;
-        for (std::vector<float>& acc : accumulators_) {
-          Vec(acc.data() + part.begin, len) += v;
+        for (size_t id : accumulate) {
+          Vec(shard.accumulators[id].data() + at, len) += v;
         }
       }
     }
@@ -154,38 +167,39 @@ uint64_t ParameterStore::Apply(std::span<const UpdateSegment> segments,
   return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
 }
 
+uint64_t ParameterStore::Apply(std::span<const UpdateSegment> segments,
+                               std::span<const ReadSegment> read_back) {
+  std::optional<float> momentum;
+  if (!velocity_.empty()) momentum = static_cast<float>(rule_.momentum);
+  return AddSegments(segments, rule_.Scale(), momentum, accumulator_ids_,
+                     read_back);
+}
+
 size_t ParameterStore::AddAccumulator() {
-  accumulators_.emplace_back(values_.size(), 0.0f);
+  std::vector<float>& acc = accumulators_.emplace_back(values_.size(), 0.0f);
+  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
+    shard.accumulators.push_back(
+        std::span<float>(acc).subspan(shard.range.begin, shard.range.size()));
+  });
+  accumulator_ids_.push_back(accumulators_.size() - 1);
   return accumulators_.size() - 1;
 }
 
 uint64_t ParameterStore::ApplyExternal(std::span<const UpdateSegment> segments,
                                        std::span<const size_t> accumulate) {
-  ForEachShardLocked([&](const KeyRange& shard) {
-    for (const UpdateSegment& segment : segments) {
-      const KeyRange part =
-          Overlap(segment.offset, segment.values.size(), shard);
-      if (part.size() == 0) continue;
-      const auto len = static_cast<Eigen::Index>(part.size());
-      ConstVec u(segment.values.data() + (part.begin - segment.offset), len);
-      Vec(values_.data() + part.begin, len) += u;
-      for (size_t id : accumulate) {
-        Vec(accumulators_[id].data() + part.begin, len) += u;
-      }
-    }
-  });
-  return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  // scale 1 adds the values exactly as they are (1.0f * u == u).
+  return AddSegments(segments, 1.0f, std::nullopt, accumulate, {});
 }
 
 uint64_t ParameterStore::ApplyExternalSparse(
     std::span<const uint64_t> indices, std::span<const float> values,
     std::span<const size_t> accumulate) {
   size_t next = 0;  // indices ascend: each shard takes the next run
-  ForEachShardLocked([&](const KeyRange& shard) {
-    while (next < indices.size() && indices[next] < shard.end) {
-      const uint64_t key = indices[next];
-      values_[key] += values[next];
-      for (size_t id : accumulate) accumulators_[id][key] += values[next];
+  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
+    while (next < indices.size() && indices[next] < shard.range.end) {
+      const uint64_t at = indices[next] - shard.range.begin;
+      shard.values[at] += values[next];
+      for (size_t id : accumulate) shard.accumulators[id][at] += values[next];
       ++next;
     }
   });
@@ -195,10 +209,10 @@ uint64_t ParameterStore::ApplyExternalSparse(
 uint64_t ParameterStore::AverageWith(std::span<const float> others_sum,
                                      uint32_t others) {
   const float inverse = 1.0f / static_cast<float>(others + 1);
-  ForEachShardLocked([&](const KeyRange& shard) {
-    const auto len = static_cast<Eigen::Index>(shard.size());
-    Vec w(values_.data() + shard.begin, len);
-    w = (w + ConstVec(others_sum.data() + shard.begin, len)) * inverse;
+  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
+    const auto len = static_cast<Eigen::Index>(shard.range.size());
+    Vec w(shard.values.data(), len);
+    w = (w + ConstVec(others_sum.data() + shard.range.begin, len)) * inverse;
   });
   return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
 }
@@ -206,30 +220,95 @@ uint64_t ParameterStore::AverageWith(std::span<const float> others_sum,
 void ParameterStore::VisitAccumulator(
     size_t id, const std::function<void(const KeyRange&, std::span<const float>,
                                         std::span<float>)>& fn) {
-  std::vector<float>& acc = accumulators_[id];
-  ForEachShardLocked([&](const KeyRange& shard) {
-    fn(shard,
-       std::span<const float>(values_.data() + shard.begin, shard.size()),
-       std::span<float>(acc.data() + shard.begin, shard.size()));
+  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
+    fn(shard.range, shard.values, shard.accumulators[id]);
   });
 }
 
 void ParameterStore::AddToAccumulator(size_t id,
                                       std::span<const uint64_t> indices,
                                       std::span<const float> values) {
-  std::vector<float>& acc = accumulators_[id];
   // Indices arrive sorted from the filter: each shard takes the next run.
   size_t next = 0;
-  ForEachShardLocked([&](const KeyRange& shard) {
-    while (next < indices.size() && indices[next] < shard.end) {
-      acc[indices[next]] += values[next];
+  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
+    std::span<float> acc = shard.accumulators[id];
+    while (next < indices.size() && indices[next] < shard.range.end) {
+      acc[indices[next] - shard.range.begin] += values[next];
       ++next;
     }
   });
 }
 
+std::vector<float> ParameterStore::CopyVelocity() const {
+  std::vector<float> out(velocity_.size());
+  if (out.empty()) return out;
+  ForEachShardLocked([&](const Shard& shard) REQUIRES(shard.mu) {
+    std::copy(shard.velocity.begin(), shard.velocity.end(),
+              out.begin() + static_cast<std::ptrdiff_t>(shard.range.begin));
+  });
+  return out;
+}
+
+std::vector<float> ParameterStore::CopyAccumulator(size_t id) const {
+  std::vector<float> out(values_.size());
+  ForEachShardLocked([&](const Shard& shard) REQUIRES(shard.mu) {
+    const std::span<float> acc = shard.accumulators[id];
+    std::copy(acc.begin(), acc.end(),
+              out.begin() + static_cast<std::ptrdiff_t>(shard.range.begin));
+  });
+  return out;
+}
+
+Status ParameterStore::Restore(std::span<const float> values,
+                               std::span<const float> velocity,
+                               uint64_t version) {
+  if (!velocity.empty() && velocity.size() != values_.size()) {
+    return InvalidArgumentError(
+        "velocity has " + std::to_string(velocity.size()) +
+        " elements, the model " + std::to_string(values_.size()));
+  }
+  MERIDIAN_RETURN_IF_ERROR(Assign(values));
+  if (!velocity.empty()) {
+    EnsureVelocity();
+    ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
+      std::copy_n(
+          velocity.begin() + static_cast<std::ptrdiff_t>(shard.range.begin),
+          shard.range.size(), shard.velocity.begin());
+    });
+  }
+  version_.store(version, std::memory_order_release);
+  return Status::Ok();
+}
+
+Status ParameterStore::RestoreAccumulator(size_t id,
+                                          std::span<const float> values) {
+  if (id >= accumulators_.size() || values.size() != values_.size()) {
+    return InvalidArgumentError("accumulator " + std::to_string(id) + " of " +
+                                std::to_string(accumulators_.size()) +
+                                " with " + std::to_string(values.size()) +
+                                " elements, the model has " +
+                                std::to_string(values_.size()));
+  }
+  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
+    std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(shard.range.begin),
+                shard.range.size(), shard.accumulators[id].begin());
+  });
+  return Status::Ok();
+}
+
 UpdateAccumulator::UpdateAccumulator(uint64_t num_elements)
     : sum_(num_elements, 0.0f) {}
+
+Status UpdateAccumulator::Restore(std::span<const float> sum, uint32_t count) {
+  if (sum.size() != sum_.size()) {
+    return InvalidArgumentError(
+        "barrier aggregate of " + std::to_string(sum.size()) +
+        " elements, the model has " + std::to_string(sum_.size()));
+  }
+  std::copy(sum.begin(), sum.end(), sum_.begin());
+  count_ = count;
+  return Status::Ok();
+}
 
 void UpdateAccumulator::Add(std::span<const UpdateSegment> segments) {
   for (const UpdateSegment& segment : segments) {

@@ -37,14 +37,13 @@ void OutboundChannel::Attach(std::unique_ptr<zmq::socket_t> socket,
   }
   hello_ = std::move(hello);
   hello_pending_ = true;
-  next_to_send_ = retained_.empty() ? next_sequence_
-                                    : retained_.front().sequence;
+  next_to_send_ =
+      retained_.empty() ? next_sequence_ : retained_.front().sequence;
   Pump(now);
 }
 
 uint64_t OutboundChannel::Enqueue(pb::Header header,
-                                  std::vector<std::string> frames,
-                                  double now) {
+                                  std::vector<std::string> frames, double now) {
   RetainedMessage message;
   message.sequence = next_sequence_++;
   header.set_sequence(message.sequence);
@@ -74,8 +73,7 @@ void OutboundChannel::Pump(double now) {
       ++next_to_send_;
     }
   }
-  if (last_send_s_ < 0 ||
-      now - last_send_s_ >= options_.heartbeat_interval_s) {
+  if (last_send_s_ < 0 || now - last_send_s_ >= options_.heartbeat_interval_s) {
     pb::Header heartbeat = MakeHeader(pb::HEARTBEAT, self_, 0);
     heartbeat.mutable_heartbeat()->set_last_sequence(last_sent_sequence_);
     SendControl(heartbeat, now);
@@ -113,9 +111,9 @@ void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
     ++resend_requests_;
     const uint64_t from = applied_sequence_ + 1;
     if (!retained_.empty() && from < retained_.front().sequence) {
-      MLOG(ERROR) << "site '" << peer_ << "' asks for messages from "
-                  << from << " but this site kept only "
-                  << retained_.front().sequence << " onwards (it acknowledged "
+      MLOG(ERROR) << "site '" << peer_ << "' asks for messages from " << from
+                  << " but this site kept only " << retained_.front().sequence
+                  << " onwards (it acknowledged "
                   << "them as durable before): they cannot be sent again";
     }
     const uint64_t first =
@@ -184,13 +182,12 @@ void OutboundChannel::SendHello(double now) {
   if (SendControl(hello, now)) hello_pending_ = false;
 }
 
-bool OutboundChannel::SendRetained(const RetainedMessage& message,
-                                   double now) {
+bool OutboundChannel::SendRetained(const RetainedMessage& message, double now) {
   try {
     const bool more = !message.frames.empty();
-    if (!socket_->send(zmq::buffer(message.header),
-                       more ? zmq::send_flags::sndmore
-                            : zmq::send_flags::none)) {
+    if (!socket_->send(
+            zmq::buffer(message.header),
+            more ? zmq::send_flags::sndmore : zmq::send_flags::none)) {
       return false;  // would block: the peer is not reading fast enough
     }
     for (size_t i = 0; i < message.frames.size(); ++i) {
@@ -235,8 +232,7 @@ void OutboundChannel::Forget(uint64_t up_to) {
 
 // ---- InboundChannel ---------------------------------------------------------
 
-InboundChannel::Admission InboundChannel::Admit(uint64_t sequence,
-                                                double now) {
+InboundChannel::Admission InboundChannel::Admit(uint64_t sequence, double now) {
   last_heard_s_ = now;
   if (sequence <= applied_) {
     ++duplicates_;
@@ -285,12 +281,12 @@ void InboundChannel::OnHeartbeat(uint64_t last_sequence, double now) {
   }
 }
 
-std::optional<pb::MirrorAck> InboundChannel::AckDue(double now,
-                                                    int64_t clock) {
+std::optional<pb::MirrorAck> InboundChannel::AckDue(double now, int64_t clock) {
   if (incarnation_ == 0) return std::nullopt;  // nobody to answer yet
-  bool due = ack_now_ || durable_ != acked_durable_ || last_ack_s_ < 0 ||
-             now - last_ack_s_ >= options_.heartbeat_interval_s ||
-             (applied_ != acked_ && now - last_ack_s_ >= kAckSpacingS);
+  bool due =
+      ack_now_ || (options_.checkpointed && durable_ != acked_durable_) ||
+      last_ack_s_ < 0 || now - last_ack_s_ >= options_.heartbeat_interval_s ||
+      (applied_ != acked_ && now - last_ack_s_ >= kAckSpacingS);
   bool resend = false;
   if (gap_ && (last_resend_request_s_ < 0 ||
                now - last_resend_request_s_ >= options_.heartbeat_interval_s)) {
@@ -298,9 +294,11 @@ std::optional<pb::MirrorAck> InboundChannel::AckDue(double now,
     due = true;
   }
   if (!due) return std::nullopt;
+  const uint64_t durable =
+      options_.checkpointed ? std::min(durable_, applied_) : applied_;
   pb::MirrorAck ack;
   ack.set_applied_sequence(applied_);
-  ack.set_durable_sequence(std::min(durable_, applied_));
+  ack.set_durable_sequence(durable);
   ack.set_incarnation(incarnation_);
   ack.set_clock(clock);
   if (resend) {

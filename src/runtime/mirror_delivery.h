@@ -31,6 +31,7 @@
 #ifndef MERIDIAN_RUNTIME_MIRROR_DELIVERY_H_
 #define MERIDIAN_RUNTIME_MIRROR_DELIVERY_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -50,10 +51,14 @@ struct DeliveryOptions {
   double heartbeat_interval_s = 1.0;
   // Bytes of messages kept for a resend; full() beyond it.
   uint64_t retention_limit_bytes = uint64_t{4} << 20;
-  // Forget a message only once the receiver's checkpoint holds it
+  // Sender: forget a message only once the receiver's checkpoint holds it
   // (durable_sequence), not when it was merely applied: the receiver may
   // crash and restart from that checkpoint.
-  bool wait_for_durable = false;
+  bool wait_for_durable = true;
+  // Receiver: this site writes checkpoints, and what it applied counts as
+  // durable once NoteDurable() says a checkpoint holds it; false: applied
+  // is durable (nothing better will come).
+  bool checkpointed = false;
 };
 
 // A message as kept for (re)sending: serialized header and payload frames.
@@ -101,7 +106,9 @@ class OutboundChannel {
   void OnAck(const pb::MirrorAck& ack, double now);
 
   // Retention at its limit: create no new messages for this peer.
-  bool full() const { return retained_bytes_ >= options_.retention_limit_bytes; }
+  bool full() const {
+    return retained_bytes_ >= options_.retention_limit_bytes;
+  }
   // Every message up to `sequence` was applied by the peer.
   bool Delivered(uint64_t sequence) const {
     return applied_sequence_ >= sequence;
@@ -189,6 +196,11 @@ class InboundChannel {
  public:
   explicit InboundChannel(DeliveryOptions options) : options_(options) {}
 
+  // See DeliveryOptions::checkpointed.
+  void SetCheckpointed(bool checkpointed) {
+    options_.checkpointed = checkpointed;
+  }
+
   enum class Admission {
     kApply,      // the next message: apply it, then Applied()
     kDuplicate,  // applied before (a resend): drop
@@ -196,8 +208,12 @@ class InboundChannel {
   };
   // A numbered message arrived.
   Admission Admit(uint64_t sequence, double now);
-  // It was applied (or refused for good: either way it is done).
-  void Applied(uint64_t sequence) { applied_ = sequence; }
+  // It was applied (or refused for good: either way it is done); `bytes`:
+  // its size, counted until a checkpoint holds it.
+  void Applied(uint64_t sequence, uint64_t bytes = 0) {
+    applied_ = sequence;
+    bytes_since_durable_ += bytes;
+  }
 
   // MIRROR_HELLO: `incarnation` of the sender, which may send from
   // `first_sequence` on; `resumed`: it restarted from a checkpoint and
@@ -213,10 +229,15 @@ class InboundChannel {
   // it before it exits).
   void AckSoon() { ack_now_ = true; }
 
-  // A checkpoint holding everything applied up to `sequence` is durable.
-  void NoteDurable(uint64_t sequence) {
+  // A checkpoint holding everything applied up to `sequence` is durable;
+  // `bytes_after`: the bytes applied since that checkpoint's snapshot.
+  void NoteDurable(uint64_t sequence, uint64_t bytes_after = 0) {
     durable_ = std::max(durable_, sequence);
+    bytes_since_durable_ = std::min(bytes_since_durable_, bytes_after);
   }
+  // Bytes of messages applied that no durable checkpoint holds yet: the
+  // sender keeps as much for a resend.
+  uint64_t bytes_since_durable() const { return bytes_since_durable_; }
 
   // The acknowledgement to send now, if one is due: after a gap or a
   // hello at once (a resend request at most every interval), after new
@@ -241,7 +262,7 @@ class InboundChannel {
   }
 
  private:
-  const DeliveryOptions options_;
+  DeliveryOptions options_;
   uint64_t incarnation_ = 0;
   uint64_t applied_ = 0;
   uint64_t durable_ = 0;
@@ -255,6 +276,7 @@ class InboundChannel {
   double last_heard_s_ = -1;
   uint64_t duplicates_ = 0;
   uint64_t gaps_ = 0;
+  uint64_t bytes_since_durable_ = 0;
 };
 
 }  // namespace meridian

@@ -49,6 +49,9 @@ Result<ChildProcess> ChildProcess::Spawn(std::string name,
     // the launcher is killed outright.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);
+    // Its own process group: the terminal's Ctrl-C reaches the launcher
+    // only, which stops its children in order (see the header).
+    ::setpgid(0, 0);
     ::dup2(log_fd, STDOUT_FILENO);
     ::dup2(log_fd, STDERR_FILENO);
     ::dup2(ready[1], kReadyFd);  // dup2 clears close-on-exec on the copy
@@ -105,33 +108,51 @@ void ChildProcess::Reset() {
   ready_fd_ = -1;
 }
 
+std::optional<std::string> ChildProcess::TakeReadyLine() {
+  const size_t newline = ready_buffer_.find('\n');
+  if (newline == std::string::npos) return std::nullopt;
+  std::string line = ready_buffer_.substr(0, newline);
+  ready_buffer_.erase(0, newline + 1);
+  return line;
+}
+
+Result<bool> ChildProcess::FillReadyBuffer(int timeout_ms) {
+  if (ready_fd_ < 0)
+    return UnavailableError(name_ + " ended before it was ready");
+  pollfd item{ready_fd_, POLLIN, 0};
+  const int ready = ::poll(&item, 1, timeout_ms);
+  if (ready < 0 && errno == EINTR) return false;
+  if (ready <= 0) return false;
+  char buffer[256];
+  const ssize_t n = ::read(ready_fd_, buffer, sizeof(buffer));
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return false;
+  if (n <= 0) return UnavailableError(name_ + " ended before it was ready");
+  ready_buffer_.append(buffer, static_cast<size_t>(n));
+  return true;
+}
+
 Result<std::string> ChildProcess::ReadReadyLine(
     std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    const size_t newline = ready_buffer_.find('\n');
-    if (newline != std::string::npos) {
-      std::string line = ready_buffer_.substr(0, newline);
-      ready_buffer_.erase(0, newline + 1);
-      return line;
-    }
+    if (std::optional<std::string> line = TakeReadyLine()) return *line;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       return DeadlineExceededError(name_ + " did not report ready within " +
                                    std::to_string(timeout.count()) + " ms");
     }
-    pollfd item{ready_fd_, POLLIN, 0};
-    const int ready = ::poll(&item, 1, static_cast<int>(left.count()));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;
-    char buffer[256];
-    const ssize_t n = ::read(ready_fd_, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return UnavailableError(name_ + " ended before it was ready");
-    }
-    ready_buffer_.append(buffer, static_cast<size_t>(n));
+    MERIDIAN_RETURN_IF_ERROR(
+        FillReadyBuffer(static_cast<int>(left.count())).status());
+  }
+}
+
+Result<std::optional<std::string>> ChildProcess::TryReadReadyLine() {
+  // Whatever is there now, a read at a time (a line is short).
+  while (true) {
+    if (std::optional<std::string> line = TakeReadyLine()) return line;
+    MERIDIAN_ASSIGN_OR_RETURN(const bool read, FillReadyBuffer(0));
+    if (!read) return std::optional<std::string>();
   }
 }
 
@@ -178,6 +199,14 @@ std::string ChildProcess::LogTail(int lines) const {
   std::string out;
   for (const std::string& l : tail) out += "    " + l + "\n";
   return out;
+}
+
+Status AppendLogLine(const std::string& path, const std::string& line) {
+  std::ofstream out(path, std::ios::app);
+  out << line << "\n";
+  out.flush();
+  if (!out) return InvalidArgumentError("cannot append to log '" + path + "'");
+  return Status::Ok();
 }
 
 }  // namespace meridian

@@ -1,5 +1,11 @@
 // Child processes of the launcher: spawn with a log file and a readiness
 // pipe, poll, signal, reap. POSIX only.
+//
+// Each child runs in its own process group, so that a terminal's Ctrl-C
+// (or a signal to the launcher's group) reaches only the launcher, which
+// then stops its children in order (workers, site servers, emulator)
+// instead of every process at once. A child still dies with its launcher
+// (SIGTERM through PR_SET_PDEATHSIG), so none is orphaned.
 #ifndef MERIDIAN_RUNTIME_PROCESS_H_
 #define MERIDIAN_RUNTIME_PROCESS_H_
 
@@ -41,6 +47,10 @@ class ChildProcess {
   // Reads one line the child writes on its readiness pipe, waiting up to
   // `timeout`. Fails if the child closes the pipe (e.g. exits) first.
   Result<std::string> ReadReadyLine(std::chrono::milliseconds timeout);
+  // The same without waiting: the line once the child has written all of
+  // it, nullopt while it has not (yet); Unavailable once the child closed
+  // the pipe without a whole line (it exited, or said ready and closed).
+  Result<std::optional<std::string>> TryReadReadyLine();
 
   // Non-blocking: true once the child has exited (then exit_status() holds
   // the raw wait status).
@@ -59,6 +69,10 @@ class ChildProcess {
  private:
   ChildProcess() = default;
   void Reset();
+  // Reads what the ready pipe holds, waiting up to `timeout_ms` for it.
+  // Ok(false): nothing arrived in time; Unavailable: the pipe closed.
+  Result<bool> FillReadyBuffer(int timeout_ms);
+  std::optional<std::string> TakeReadyLine();
 
   std::string name_;
   std::string log_path_;
@@ -68,6 +82,10 @@ class ChildProcess {
   int status_ = 0;
   std::string ready_buffer_;
 };
+
+// Appends `line` and a newline to the log file at `path` (created when
+// missing): the separator written before a restarted child's output.
+Status AppendLogLine(const std::string& path, const std::string& line);
 
 }  // namespace meridian
 

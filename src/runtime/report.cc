@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <utility>
 
 namespace meridian {
 namespace {
@@ -115,6 +118,11 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
     report.set_search_time_s(
         std::max(report.search_time_s(), site.search_time_s()));
   }
+  uint32_t lost_commits = 0;
+  for (const pb::SiteSummary& site : sites) {
+    lost_commits += site.recovery().lost_commits();
+  }
+  report.set_lost_commits(lost_commits);
   report.set_reached_target(all_reached);
   report.set_time_to_target_s(all_reached ? last_target_time : -1);
   if (!sites.empty()) {
@@ -122,6 +130,128 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
     report.set_final_loss(loss / sites.size());
   }
   return report;
+}
+
+void AddFaultEvents(const std::vector<pb::FaultEvent>& launcher_events,
+                    double run_start_unix_s, pb::RunReport* report) {
+  std::vector<pb::FaultEvent> events;
+  for (const pb::SiteSummary& site : report->sites()) {
+    events.insert(events.end(), site.events().begin(), site.events().end());
+  }
+  events.insert(events.end(), launcher_events.begin(), launcher_events.end());
+  std::stable_sort(events.begin(), events.end(),
+                   [](const pb::FaultEvent& a, const pb::FaultEvent& b) {
+                     return a.unix_s() < b.unix_s();
+                   });
+  report->clear_events();
+  for (pb::FaultEvent& event : events) {
+    event.set_t_s(event.unix_s() - run_start_unix_s);
+    *report->add_events() = std::move(event);
+  }
+}
+
+void AddWanTraffic(const std::vector<pb::WanIncarnation>& incarnations,
+                   pb::RunReport* report) {
+  // Link directions in the order the first process that had them listed
+  // them; later processes add to their counters.
+  std::vector<pb::LinkTraffic> links;
+  std::map<std::pair<std::string, std::string>, size_t> index;
+  double uncounted_s = 0;
+  for (const pb::WanIncarnation& incarnation : incarnations) {
+    uncounted_s += incarnation.uncounted_s();
+    for (const pb::LinkTraffic& link : incarnation.links()) {
+      const auto key = std::make_pair(link.link(), link.from_site());
+      auto [it, added] = index.emplace(key, links.size());
+      if (added) {
+        links.push_back(link);
+        continue;
+      }
+      pb::LinkTraffic& sum = links[it->second];
+      sum.set_bytes(sum.bytes() + link.bytes());
+      sum.set_messages(sum.messages() + link.messages());
+      sum.set_bandwidth_bps(link.bandwidth_bps());
+      sum.set_latency_s(link.latency_s());
+    }
+  }
+  report->clear_links();
+  double total = 0;
+  for (pb::LinkTraffic& link : links) {
+    total += link.bytes();
+    *report->add_links() = std::move(link);
+  }
+  report->set_wan_bytes_total(total);
+  report->set_wan_reduction(total > 0 ? report->dense_equivalent_bytes() / total
+                                      : 0);
+  report->set_wan_uncounted_s(uncounted_s);
+  report->set_wanem_processes(static_cast<uint32_t>(incarnations.size()));
+}
+
+namespace {
+
+// Splits a CSV row (no quoting: traffic.csv has none).
+std::vector<std::string> SplitRow(const std::string& line) {
+  std::vector<std::string> cells;
+  std::stringstream row(line);
+  for (std::string cell; std::getline(row, cell, ',');) cells.push_back(cell);
+  return cells;
+}
+
+std::string FormatCount(double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.0f", value);
+  return buf;
+}
+
+}  // namespace
+
+Status MergeTrafficCsv(const std::vector<std::string>& inputs,
+                       const std::vector<double>& offsets_s,
+                       const std::string& path) {
+  if (offsets_s.size() != inputs.size()) {
+    return InvalidArgumentError("MergeTrafficCsv: one offset per input");
+  }
+  // Per link direction ("link,from_site"): bytes and messages every earlier
+  // file ended with.
+  std::map<std::string, std::pair<double, double>> carried;
+  std::string header;
+  std::ostringstream out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::ifstream in(inputs[i]);
+    if (!in) continue;
+    std::string line;
+    if (!std::getline(in, line)) continue;
+    if (header.empty()) {
+      header = line;
+      out << header << "\n";
+    }
+    std::map<std::string, std::pair<double, double>> last;
+    while (std::getline(in, line)) {
+      std::vector<std::string> cells = SplitRow(line);
+      // t_s,link,from_site,to_site,bytes,messages,...
+      if (cells.size() < 6) continue;
+      const double t = std::strtod(cells[0].c_str(), nullptr);
+      const double bytes = std::strtod(cells[4].c_str(), nullptr);
+      const double messages = std::strtod(cells[5].c_str(), nullptr);
+      const std::string key = cells[1] + "," + cells[2];
+      last[key] = {bytes, messages};
+      const auto& [base_bytes, base_messages] = carried[key];
+      char stamp[32];
+      std::snprintf(stamp, sizeof(stamp), "%.3f", t + offsets_s[i]);
+      cells[0] = stamp;
+      cells[4] = FormatCount(bytes + base_bytes);
+      cells[5] = FormatCount(messages + base_messages);
+      for (size_t c = 0; c < cells.size(); ++c) {
+        out << (c == 0 ? "" : ",") << cells[c];
+      }
+      out << "\n";
+    }
+    for (const auto& [key, counts] : last) {
+      carried[key].first += counts.first;
+      carried[key].second += counts.second;
+    }
+  }
+  if (header.empty()) return NotFoundError("no traffic samples to merge");
+  return WriteFileAtomically(path, out.str());
 }
 
 namespace {

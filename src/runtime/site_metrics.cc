@@ -41,6 +41,14 @@ void SiteMetrics::Publish(const SiteMetricsSnapshot& s) {
         s.workers_joined);
   gauge("meridian_site_workers_expected", "Workers the site server serves",
         s.workers_expected);
+  gauge("meridian_site_workers_dead",
+        "Workers declared dead (silent past fault.worker_timeout_s) that have "
+        "not come back",
+        s.workers_dead);
+  counter("meridian_site_duplicate_commits_total",
+          "Commits sent again after a reconnect whose id was already applied: "
+          "answered with the model, not applied twice",
+          static_cast<double>(s.duplicate_commits));
   counter("meridian_site_commits_total", "Worker commits accepted",
           static_cast<double>(s.commits));
   gauge("meridian_site_commits_per_second",
@@ -101,6 +109,10 @@ void SiteMetrics::Publish(const SiteMetricsSnapshot& s) {
   gauge("meridian_sync_clock_lag",
         "The site's clock minus its slowest peer's (bounded by DS)",
         static_cast<double>(s.clock - sync.slowest_peer_clock()));
+  gauge("meridian_sync_peers_unreachable",
+        "Peer sites declared unreachable right now (silent past "
+        "fault.peer_timeout_s)",
+        static_cast<double>(sync.unreachable_peers()));
   const pb::SyncSummary summary = sync.Summary();
   counter("meridian_sync_updates_sent_total", "MIRROR_UPDATE messages sent",
           summary.updates_sent());

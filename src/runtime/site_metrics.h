@@ -22,6 +22,9 @@ struct SiteMetricsSnapshot {
   double training_s = 0;
   uint32_t workers_joined = 0;
   uint32_t workers_expected = 0;
+  uint32_t workers_dead = 0;  // declared dead and not back (yet)
+  // Commits received again with an id already applied (not applied).
+  uint64_t duplicate_commits = 0;
   uint64_t commits = 0;
   double commits_per_s = 0;
   uint64_t pulls = 0;
@@ -52,6 +55,9 @@ struct SiteMetricsSnapshot {
   const SyncEngine* sync = nullptr;
 };
 
+// Thread-compatible: the site server's event loop owns it and alone calls
+// Publish (cells_ is not locked). The metrics server's threads read the
+// same series through the registry, whose cells are atomic.
 class SiteMetrics {
  public:
   SiteMetrics(MetricsRegistry* registry, std::string site);
@@ -71,7 +77,8 @@ class SiteMetrics {
 };
 
 // Windowed statistics of commit staleness: Add() per commit; Roll() at
-// the end of each window makes its mean and max current.
+// the end of each window makes its mean and max current. Thread-compatible:
+// used by the site server's event loop alone.
 class StalenessWindow {
  public:
   void Add(uint64_t lag) {

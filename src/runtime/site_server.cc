@@ -1,14 +1,41 @@
+// The site server: the event loop and the commit path. Membership and
+// liveness of the workers live in WorkerTable (worker_table.h), the
+// evaluator thread in Evaluator (evaluator.h), the inter-site sync in
+// SyncEngine (sync_engine.h).
+//
+// Threads, and the state each may touch
+// -------------------------------------
+// - The event loop (the thread that calls Run()): everything of Impl that
+//   is not named below — the worker socket, the WorkerTable, the policy,
+//   the barrier aggregate, the SyncEngine (every call), the counters, the
+//   fault events, the summary, the metrics snapshot. It alone applies to
+//   the ParameterStore (writes go through no other thread).
+// - The evaluator thread (Evaluator): its own model copy and data sets;
+//   reads the store through ParameterStore::Snapshot (shard locks), commits_
+//   and the training time (atomics); shares its timeline and loss results
+//   under Evaluator::mu_.
+// - The metrics HTTP server's threads (MetricsServer): render the
+//   MetricsRegistry (atomic cells) and never touch Impl; the event loop
+//   publishes into the registry.
+// - The sync engine's ZAP handler thread (under CURVE, inside SyncEngine):
+//   answers libzmq's authentication requests from the job's key list;
+//   never touches Impl or the engine's channels.
+// - The checkpoint writer (SiteCheckpointer's CheckpointWriter): writes
+//   the snapshot the event loop hands it (a copy), never reads Impl.
+// - Any thread: SiteServer::Snapshot() (the store's shard locks), and the
+//   endpoints (fixed once Create returned).
 #include "meridian/site_server.h"
 
+#include <zlib.h>
+
 #include <algorithm>
-#include <condition_variable>
+#include <chrono>
+#include <cmath>
 #include <deque>
 #include <fstream>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 #include <zmq.hpp>
@@ -18,24 +45,23 @@
 #include "meridian/dataset.h"
 #include "meridian/log.h"
 #include "meridian/message.h"
+#include "meridian/metrics.h"
 #include "meridian/model.h"
 #include "meridian/param_store.h"
 #include "meridian/policy.h"
+#include "meridian/report.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
-#include "meridian/report.h"
-#include "meridian/metrics.h"
+#include "runtime/evaluator.h"
+#include "runtime/site_checkpoint.h"
 #include "runtime/site_metrics.h"
 #include "runtime/sync_engine.h"
+#include "runtime/worker_table.h"
 
 namespace meridian {
 namespace {
 
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
-// After the job ends, how long workers get to collect their stop and say
-// BYE before the server exits anyway (a worker mid-step needs at most one
-// step; one that died never says BYE).
-constexpr double kDrainTimeoutS = 5.0;
 // M of the MEAN apply rule: the workers whose updates end up summed in
 // this site's model. When sites exchange every change (GAIA, DENSE), that is
 // every worker of the job, so a job divides its updates the same way
@@ -68,29 +94,64 @@ constexpr double kSyncFinishTimeoutS = 60.0;
 constexpr double kRateWindowS = 5.0;
 // How often the event loop copies its counters into the metrics registry.
 constexpr double kMetricsPeriodS = 0.25;
+// Fault events kept in the summary; later ones are logged only (a worker
+// dying and coming back every few seconds for days must not grow the
+// summary without bound).
+constexpr int kMaxFaultEvents = 1000;
 
-struct WorkerSlot {
-  bool joined = false;
-  bool left = false;
-  std::string routing_id;
-  // The worker's COMMIT or PULL that has not been answered yet.
-  bool awaiting_reply = false;
-  // Sequence number of the worker's last accepted request: a request must
-  // carry a larger one (a replayed or reordered message is refused).
-  uint64_t last_sequence = 0;
-  // Its answer is ready but held by the sync (DS bound etc.) since then.
-  bool held = false;
-  double held_since_s = 0;
-  // What its pending request reads (a PULL's ranges); empty: everything.
-  std::vector<pb::TensorSlice> read_ranges;
-  pb::WorkerStats stats;
-  double step_time_s = 0;
-  std::string site;    // the worker's own site (may differ from the server's)
-  uint32_t index = 0;  // inside that site
-  std::string Name() const { return site + "/" + std::to_string(index); }
+// A positive, finite setting, or `fallback`.
+double Positive(double value, double fallback) {
+  return std::isfinite(value) && value > 0 ? value : fallback;
+}
+
+std::string FormatSeconds(double s, int decimals = 0) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.*f", decimals, s);
+  return buf;
+}
+
+const char* PendingName(Pending pending) {
+  switch (pending) {
+    case Pending::kNone:
+      return "nothing";
+    case Pending::kHello:
+      return "its HELLO";
+    case Pending::kCommit:
+      return "a COMMIT (applied on arrival)";
+    case Pending::kPull:
+      return "a PULL";
+  }
+  return "?";
+}
+
+class SystemWallClockImpl final : public WallClock {
+ public:
+  double UnixSeconds() const override {
+    return std::chrono::duration<double>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
 };
 
 }  // namespace
+
+const WallClock* SystemWallClock() {
+  static const SystemWallClockImpl* const clock = new SystemWallClockImpl();
+  return clock;
+}
+
+SiteServerTimeouts SiteServerTimeouts::FromJob(const pb::JobConfig& job) {
+  SiteServerTimeouts timeouts;
+  const pb::FaultConfig& fault = job.fault();
+  timeouts.heartbeat_interval_s =
+      Positive(fault.heartbeat_interval_s(), timeouts.heartbeat_interval_s);
+  timeouts.worker_timeout_s =
+      Positive(fault.worker_timeout_s(), timeouts.worker_timeout_s);
+  timeouts.join_timeout_s =
+      Positive(job.server().join_timeout_s(), timeouts.join_timeout_s);
+  timeouts.min_workers = std::max<uint32_t>(fault.min_workers(), 1);
+  return timeouts;
+}
 
 class SiteServer::Impl {
  public:
@@ -102,30 +163,36 @@ class SiteServer::Impl {
         site_index_(site_index),
         site_config_(job_.site(site_index)),
         self_(MakeSelf(site_config_.name())),
+        clock_(options_.clock != nullptr ? options_.clock : SystemClock()),
+        wall_clock_(options_.wall_clock != nullptr ? options_.wall_clock
+                                                   : SystemWallClock()),
+        timeouts_(
+            options_.timeouts.value_or(SiteServerTimeouts::FromJob(job_))),
         model_(std::move(model)),
-        eval_model_(std::move(eval_model)),
-        test_set_(std::move(test_set)),
-        loss_set_(std::move(loss_set)),
         policy_(std::move(policy)),
         store_(model_->layout(), job_.server().num_shards(),
                ApplyRule::FromConfig(job_.server(),
                                      ContributingWorkers(job_, site_index))),
         aggregate_(model_->layout().num_elements()),
+        workers_(MakeSlots(job_, site_index), site_config_.name(),
+                 timeouts_.worker_timeout_s),
         socket_(context_, zmq::socket_type::router) {
-    // Slots in config order: this site's workers, then those of the sites
-    // whose server_site names this one. Policies see slot numbers.
-    for (const WorkerRef& ref : ServedWorkers(job_, site_index)) {
-      const pb::SiteConfig& site = job_.site(ref.site);
-      WorkerSlot slot;
-      slot.site = site.name();
-      slot.index = ref.index;
-      slot.step_time_s = WorkerGroupOf(site, ref.index).step_time_s();
-      workers_.push_back(std::move(slot));
-    }
+    open_dead_event_.assign(workers_.size(), -1);
+    EvaluatorOptions eval;
+    eval.store = &store_;
+    eval.model = std::move(eval_model);
+    eval.test_set = std::move(test_set);
+    eval.loss_set = std::move(loss_set);
+    eval.eval_period_s = job_.server().eval_period_s();
+    eval.target_accuracy = job_.target_accuracy();
+    eval.clock = clock_;
+    eval.training_s = [this] { return EvalTime(); };
+    eval.commits = [this] { return commits_.load(); };
+    evaluator_ = std::make_unique<Evaluator>(std::move(eval));
     summary_.set_name(site_config_.name());
   }
 
-  ~Impl() { StopEvaluator(); }
+  ~Impl() { evaluator_->Stop(); }
 
   Status Init() {
     std::vector<float> initial(model_->layout().num_elements());
@@ -158,6 +225,7 @@ class SiteServer::Impl {
       sync.clock = clock_;
       MERIDIAN_ASSIGN_OR_RETURN(sync_, SyncEngine::Create(std::move(sync)));
     }
+    MERIDIAN_RETURN_IF_ERROR(OpenCheckpoints());
     metrics_server_ = StartMetricsServerOrWarn(
         &metrics_registry_,
         options_.metrics_address.empty() ? site_config_.metrics_address()
@@ -168,7 +236,10 @@ class SiteServer::Impl {
                << model_->layout().DebugString() << " ("
                << model_->layout().num_elements() << " parameters, "
                << store_.num_shards() << " shards); policy " << policy_->name()
-               << "; test set " << test_set_.size() << " samples";
+               << "; test set " << evaluator_->test_set_size()
+               << " samples; a worker silent for "
+               << FormatSeconds(timeouts_.worker_timeout_s, 1)
+               << " s is declared dead";
     return Status::Ok();
   }
 
@@ -187,6 +258,12 @@ class SiteServer::Impl {
   const pb::SiteSummary& summary() const { return summary_; }
 
   Status Run() {
+    if (resumed_finished_) {
+      // Resumed a job this site had finished: report it again.
+      finished_ = true;
+      Finish();
+      return Status::Ok();
+    }
     MERIDIAN_RETURN_IF_ERROR(AwaitWorkers());
     if (finished_) {  // stopped before training began
       WriteSummary();
@@ -211,6 +288,22 @@ class SiteServer::Impl {
     return self;
   }
 
+  // Slots in config order: this site's workers, then those of the sites
+  // whose server_site names this one. Policies see slot numbers.
+  static std::vector<WorkerSlot> MakeSlots(const pb::JobConfig& job,
+                                           int site_index) {
+    std::vector<WorkerSlot> slots;
+    for (const WorkerRef& ref : ServedWorkers(job, site_index)) {
+      const pb::SiteConfig& site = job.site(ref.site);
+      WorkerSlot slot;
+      slot.site = site.name();
+      slot.index = ref.index;
+      slot.step_time_s = WorkerGroupOf(site, ref.index).step_time_s();
+      slots.push_back(std::move(slot));
+    }
+    return slots;
+  }
+
   double Now() const { return clock_->NowSeconds(); }
 
   // Whether this site exchanges updates with other sites.
@@ -218,42 +311,44 @@ class SiteServer::Impl {
     if (job_.sync().kind() == pb::SYNC_NONE) return false;
     return !RoleOf(job_, site_index_).Peers().empty();
   }
-  double Elapsed() const { return Now() - start_s_; }
+  // Seconds of training, the run this one resumed included.
+  double Elapsed() const { return Now() - start_s_ + trained_before_s_; }
+  // Evaluation timestamps: seconds of training, frozen once the job ended.
+  // Any thread.
+  double EvalTime() const {
+    const double frozen = training_s_.load();
+    return frozen > 0 ? frozen : Elapsed();
+  }
   bool StopRequested() const {
     return options_.stop_requested != nullptr &&
            options_.stop_requested->load(std::memory_order_relaxed);
   }
 
-  // ---- phase 1: every worker joins -----------------------------------------
+  // ---- phase 1: workers join -----------------------------------------------
+  // Until every worker is live, or the join timeout passed with at least
+  // min_workers live (the rest may join late).
   Status AwaitWorkers() {
-    const double deadline = Now() + job_.server().join_timeout_s();
-    while (JoinedCount() < workers_.size()) {
+    const double deadline = Now() + timeouts_.join_timeout_s;
+    const uint32_t needed = std::min(timeouts_.min_workers, workers_.size());
+    while (workers_.LiveCount() < workers_.size()) {
       if (StopRequested()) {
         FinishJob("stopped before all workers joined");
         return Status::Ok();
       }
       if (Now() > deadline) {
-        std::string missing;
-        for (uint32_t i = 0; i < workers_.size(); ++i) {
-          if (!workers_[i].joined) {
-            missing += (missing.empty() ? "" : ", ") + workers_[i].Name();
-          }
-        }
+        if (workers_.LiveCount() >= needed && workers_.LiveCount() > 0) break;
         return DeadlineExceededError(
-            "workers [" + missing + "] of site server '" + site_config_.name() +
-            "' did not join within " +
-            std::to_string(job_.server().join_timeout_s()) + " s");
+            "workers [" + workers_.DescribeNotLive() + "] of site server '" +
+            site_config_.name() + "' did not join within " +
+            FormatSeconds(timeouts_.join_timeout_s) + " s (" +
+            std::to_string(workers_.LiveCount()) + " joined, at least " +
+            std::to_string(std::max<uint32_t>(needed, 1)) +
+            " needed: fault.min_workers)");
       }
       MERIDIAN_RETURN_IF_ERROR(PollOnce());
       if (finished_) return Status::Ok();
     }
     return Status::Ok();
-  }
-
-  uint32_t JoinedCount() const {
-    return static_cast<uint32_t>(
-        std::count_if(workers_.begin(), workers_.end(),
-                      [](const WorkerSlot& w) { return w.joined; }));
   }
 
   void StartTraining() {
@@ -265,10 +360,30 @@ class SiteServer::Impl {
     start_s_ = Now();
     training_ = true;
     waiting_notice_.Reset();
-    policy_->Start(static_cast<uint32_t>(workers_.size()), clock_->Now());
-    MLOG(INFO) << "all " << workers_.size() << " workers joined; training";
-    for (uint32_t i = 0; i < workers_.size(); ++i) SendWelcome(i);
-    StartEvaluator();
+    const Duration now = clock_->Now();
+    policy_->Start(workers_.size(), now);
+    // Nobody waits for a worker that is not here; it may join late.
+    for (uint32_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i].state != SlotState::kLive) {
+        Execute(policy_->OnLeave(i, now));
+      }
+    }
+    if (workers_.LiveCount() == workers_.size()) {
+      MLOG(INFO) << "all " << workers_.size() << " workers joined; training";
+    } else {
+      MLOG(WARNING) << workers_.LiveCount() << " of " << workers_.size()
+                    << " workers joined within "
+                    << FormatSeconds(timeouts_.join_timeout_s)
+                    << " s; training without [" << workers_.DescribeNotLive()
+                    << "] (they may join late)";
+    }
+    for (uint32_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i].state == SlotState::kLive &&
+          workers_[i].pending == Pending::kHello) {
+        SendWelcome(i);
+      }
+    }
+    evaluator_->Start();
   }
 
   // ---- phase 2: training ---------------------------------------------------
@@ -284,7 +399,7 @@ class SiteServer::Impl {
 
   void CheckStopConditions() {
     if (finished_) return;
-    if (job_.stop_at_target() && target_reached_.load()) {
+    if (job_.stop_at_target() && evaluator_->target_reached()) {
       FinishJob("target accuracy reached");
     } else if (Elapsed() >= job_.time_budget_s()) {
       FinishJob("time budget of " + FormatSeconds(job_.time_budget_s()) +
@@ -294,8 +409,8 @@ class SiteServer::Impl {
     } else if (sync_ && sync_->peer_finished()) {
       summary_.set_stopped_by_peer(true);
       FinishJob("site '" + sync_->finished_peer() + "' finished the job");
-    } else if (std::all_of(workers_.begin(), workers_.end(),
-                           [](const WorkerSlot& w) { return w.left; })) {
+    } else if (workers_.AllLeft()) {
+      // BYEs only: dead workers may still come back.
       FinishJob("every worker left");
     }
   }
@@ -316,32 +431,29 @@ class SiteServer::Impl {
     }
     for (uint32_t i = 0; i < workers_.size(); ++i) {
       workers_[i].held = false;
-      if (workers_[i].awaiting_reply) SendModel(i);
+      if (workers_[i].state == SlotState::kLive &&
+          workers_[i].awaiting_reply()) {
+        SendReply(i);
+      }
     }
   }
 
   // ---- phase 3: let workers leave, final evaluation ------------------------
+  // Until every live worker said BYE (dead ones never will), at most
+  // drain_s.
   Status Drain() {
-    const double deadline = Now() + kDrainTimeoutS;
-    while (Now() < deadline &&
-           !std::all_of(workers_.begin(), workers_.end(),
-                        [](const WorkerSlot& w) { return w.left; })) {
+    const double deadline = Now() + timeouts_.drain_s;
+    while (Now() < deadline && !workers_.NoneLive()) {
       MERIDIAN_RETURN_IF_ERROR(PollOnce());
     }
     return Status::Ok();
   }
 
   void Finish() {
-    StopEvaluator();
+    evaluator_->Stop();
     // The final model's quality, measured once more after the last update.
-    std::vector<float> params(store_.num_elements());
-    const uint64_t version = store_.Snapshot(params);
-    const EvalResult final_eval = eval_model_->Evaluate(params, test_set_);
-    {
-      std::lock_guard<std::mutex> lock(eval_mu_);
-      RecordEvalLocked(final_eval, version, commits_.load());
-    }
-    const pb::EvalPoint& last = timeline_.back();
+    evaluator_->EvaluateNow();
+    const pb::EvalPoint last = evaluator_->Last().value_or(pb::EvalPoint());
     summary_.set_final_accuracy(last.accuracy());
     summary_.set_final_loss(last.loss());
     summary_.set_model_version(store_.version());
@@ -351,41 +463,66 @@ class SiteServer::Impl {
     summary_.set_stop_reason(stop_reason_);
     summary_.set_model_parameters(
         static_cast<uint32_t>(model_->layout().num_elements()));
-    if (sync_) *summary_.mutable_sync() = sync_->Summary();
+    if (sync_) {
+      *summary_.mutable_sync() = sync_->Summary();
+      for (const pb::FaultEvent& event : sync_->events()) {
+        if (summary_.events_size() >= kMaxFaultEvents) break;
+        *summary_.add_events() = event;
+      }
+    }
+    if (recovery_.restarts() > 0) *summary_.mutable_recovery() = recovery_;
     summary_.set_search_time_s(policy_->search_time_s());
     summary_.set_loss_evaluations(static_cast<uint32_t>(loss_evaluations_));
     summary_.set_server_momentum(store_.rule().momentum);
-    summary_.set_reached_target(time_to_target_s_ >= 0);
-    summary_.set_time_to_target_s(time_to_target_s_);
+    const double time_to_target = evaluator_->time_to_target_s();
+    summary_.set_reached_target(time_to_target >= 0);
+    summary_.set_time_to_target_s(time_to_target);
     MLOG(INFO) << "final accuracy " << last.accuracy() << " loss "
                << last.loss() << " after " << commits_.load() << " commits ("
                << stop_reason_ << ")";
     WriteSummary();
+    WriteModelFile();
+    FinalCheckpoint();
     PublishMetrics(/*force=*/true);
   }
 
+  // <out_dir>/model-<site>.f32: the final model, little-endian float32 in
+  // layout order (the summary's model_parameters of them), for comparing
+  // replicas and for using the model.
+  void WriteModelFile() {
+    if (options_.out_dir.empty()) return;
+    const std::string path =
+        options_.out_dir + "/model-" + site_config_.name() + ".f32";
+    const std::vector<float> model = Snapshot();
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(model.data()),
+              static_cast<std::streamsize>(model.size() * sizeof(float)));
+    if (!out) MLOG(ERROR) << "cannot write the final model to " << path;
+  }
+
   void WriteSummary() {
-    {
-      std::lock_guard<std::mutex> lock(eval_mu_);
-      summary_.clear_timeline();
-      for (const pb::EvalPoint& point : timeline_) {
-        *summary_.add_timeline() = point;
-      }
+    summary_.clear_timeline();
+    for (const pb::EvalPoint& point : evaluator_->Timeline()) {
+      *summary_.add_timeline() = point;
     }
     summary_.clear_workers();
-    for (uint32_t i = 0; i < workers_.size(); ++i) {
+    for (const WorkerSlot& slot : workers_.slots()) {
       pb::WorkerSummary* w = summary_.add_workers();
-      w->set_site(workers_[i].site);
-      w->set_index(workers_[i].index);
-      const pb::WorkerStats& s = workers_[i].stats;
+      w->set_site(slot.site);
+      w->set_index(slot.index);
+      const pb::WorkerStats s = WorkerTable::TotalStats(slot);
       w->set_steps(s.steps());
       w->set_commits(s.commits());
       w->set_compute_s(s.compute_s());
       w->set_device_wait_s(s.device_wait_s());
       w->set_blocked_s(s.blocked_s());
-      w->set_step_time_s(workers_[i].step_time_s);
+      w->set_step_time_s(slot.step_time_s);
       w->set_steps_per_s(training_s_ > 0 ? s.steps() / training_s_ : 0);
+      w->set_commits_applied(static_cast<uint32_t>(slot.commits_applied));
+      w->set_incarnations(slot.incarnations);
     }
+    summary_.set_duplicate_commits(
+        static_cast<uint32_t>(workers_.duplicate_commits()));
     if (options_.out_dir.empty()) return;
     const std::string path =
         options_.out_dir + "/site-" + site_config_.name() + ".json";
@@ -396,7 +533,7 @@ class SiteServer::Impl {
 
   // ---- the event loop ------------------------------------------------------
   // Waits up to kPollInterval for the worker socket and the sync sockets,
-  // then handles what arrived.
+  // then handles what arrived and looks after the workers' liveness.
   Status PollOnce() {
     std::vector<zmq::pollitem_t> items = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
     if (sync_) sync_->AddPollItems(&items);
@@ -419,8 +556,11 @@ class SiteServer::Impl {
     }
     if (sync_) {
       sync_->HandleReadable(std::span<const zmq::pollitem_t>(items).subspan(1));
+      AdvanceClock();  // the clock floor moves with what peers say
       ReleaseHeld();
     }
+    MaybeCheckpoint();
+    CheckLiveness();
     SampleRate();
     NoteWaiting();
     PublishMetrics();
@@ -433,6 +573,9 @@ class SiteServer::Impl {
     MLOG(ERROR) << "rejected " << DescribeHeader(header) << ": "
                 << pb::ErrorCode_Name(rejection.code) << ": "
                 << rejection.reason;
+    // A heartbeat is never answered, not even with an ERROR: its sender
+    // would take the ERROR for the reply to its request.
+    if (header.type() == pb::HEARTBEAT) return;
     Status status = SendError(socket_, self_, ++sequence_, rejection,
                               header.sequence(), routing_id);
     if (!status.ok()) {
@@ -450,6 +593,8 @@ class SiteServer::Impl {
         return HandlePull(message);
       case pb::BYE:
         return HandleBye(message);
+      case pb::HEARTBEAT:
+        return workers_.OnHeartbeat(message.header, message.routing_id, Now());
       case pb::STATUS_REQUEST:
         return SendStatus(message);
       case pb::SET_PEERS:
@@ -491,76 +636,26 @@ class SiteServer::Impl {
     SendStatus(message);
   }
 
-  // The slot of the worker (site, index), if this server serves it.
-  std::optional<uint32_t> FindSlot(const std::string& site,
-                                   uint32_t index) const {
-    for (uint32_t i = 0; i < workers_.size(); ++i) {
-      if (workers_[i].site == site && workers_[i].index == index) return i;
-    }
-    return std::nullopt;
-  }
-
-  std::string ServedDescription() const {
-    std::string out;
-    for (const WorkerSlot& slot : workers_) {
-      out += (out.empty() ? "" : ", ") + slot.Name();
-    }
-    return out;
-  }
-
-  // The slot behind a request from a joined worker, or nullopt after
+  // The slot behind a request from a live worker, or nullopt after
   // refusing it.
-  std::optional<uint32_t> Sender(const Envelope& message) {
-    const pb::Endpoint& sender = message.header.sender();
-    const std::optional<uint32_t> found =
-        sender.role() == pb::ROLE_WORKER ? FindSlot(sender.site(), sender.id())
-                                         : std::nullopt;
-    if (!found) {
-      Refuse(message.routing_id, message.header,
-             {pb::ERROR_UNKNOWN_SENDER,
-              "sender is not a worker of site server '" + site_config_.name() +
-                  "' (it serves " + ServedDescription() + ")"});
-      return std::nullopt;
+  std::optional<uint32_t> Sender(const Envelope& message,
+                                 bool allow_pending = false) {
+    const WorkerTable::Checked checked = workers_.CheckRequest(
+        message.header, message.routing_id, Now(), allow_pending);
+    if (!checked.slot) {
+      Refuse(message.routing_id, message.header, checked.refusal);
     }
-    WorkerSlot& slot = workers_[*found];
-    if (!slot.joined || slot.routing_id != message.routing_id) {
-      Refuse(
-          message.routing_id, message.header,
-          {pb::ERROR_UNKNOWN_SENDER,
-           "worker " + slot.Name() + " has not joined from this connection"});
-      return std::nullopt;
-    }
-    if (slot.left) {
-      Refuse(message.routing_id, message.header,
-             {pb::ERROR_UNEXPECTED, "worker " + slot.Name() + " already left"});
-      return std::nullopt;
-    }
-    if (message.header.sequence() <= slot.last_sequence) {
-      Refuse(message.routing_id, message.header,
-             {pb::ERROR_STALE, "sequence number " +
-                                   std::to_string(message.header.sequence()) +
-                                   " is not above the last accepted " +
-                                   std::to_string(slot.last_sequence) +
-                                   " (replayed or reordered request)"});
-      return std::nullopt;
-    }
-    if (slot.awaiting_reply) {
-      Refuse(message.routing_id, message.header,
-             {pb::ERROR_UNEXPECTED,
-              "worker " + slot.Name() +
-                  " sent a request before its previous one was answered"});
-      return std::nullopt;
-    }
-    slot.last_sequence = message.header.sequence();
-    return found;
+    return checked.slot;
   }
 
+  // ---- membership ----------------------------------------------------------
   void HandleHello(Envelope& message) {
     const pb::Endpoint& sender = message.header.sender();
-    const uint32_t index = message.header.hello().worker_index();
+    const pb::Hello& hello = message.header.hello();
+    const uint32_t index = hello.worker_index();
     const std::optional<uint32_t> found =
         sender.role() == pb::ROLE_WORKER && sender.id() == index
-            ? FindSlot(sender.site(), index)
+            ? workers_.Find(sender.site(), index)
             : std::nullopt;
     if (!found) {
       return Refuse(
@@ -568,10 +663,9 @@ class SiteServer::Impl {
           {pb::ERROR_UNKNOWN_SENDER,
            "HELLO from worker " + sender.site() + "/" + std::to_string(index) +
                ": site server '" + site_config_.name() + "' serves " +
-               ServedDescription()});
+               workers_.Describe()});
     }
-    Result<ModelLayout> layout =
-        ModelLayout::FromSpecs(message.header.hello().layout());
+    Result<ModelLayout> layout = ModelLayout::FromSpecs(hello.layout());
     if (!layout.ok() || !(*layout == model_->layout())) {
       return Refuse(
           message.routing_id, message.header,
@@ -582,25 +676,179 @@ class SiteServer::Impl {
                "] differs from the site's [" + model_->layout().DebugString() +
                "]: are both started from the same job file?"});
     }
-    WorkerSlot& slot = workers_[*found];
-    if (slot.joined) {
-      return Refuse(
-          message.routing_id, message.header,
-          {pb::ERROR_UNEXPECTED, "worker " + slot.Name() + " already joined"});
-    }
-    if (finished_) {
+    const uint32_t worker = *found;
+    const bool same_process =
+        hello.incarnation() != 0 &&
+        hello.incarnation() == workers_[worker].incarnation;
+    if (finished_ && !same_process) {
+      // Only a process that may still hold an unanswered commit is let in
+      // after the end (to send it again).
       return Refuse(message.routing_id, message.header,
                     {pb::ERROR_UNEXPECTED, "the job has finished"});
     }
-    slot.joined = true;
-    slot.routing_id = message.routing_id;
-    slot.awaiting_reply = true;
-    slot.last_sequence = message.header.sequence();
-    MLOG(INFO) << "worker " << slot.Name() << " joined (" << JoinedCount()
-               << "/" << workers_.size() << ")";
-    if (training_) SendWelcome(*found);
+    const Admission admission =
+        workers_.Admit(worker, hello.incarnation(), message.routing_id,
+                       message.header.sequence(), Now());
+    if (admission.kind == Admission::Kind::kRefused) {
+      return Refuse(message.routing_id, message.header, admission.refusal);
+    }
+    if (finished_) {
+      MLOG(INFO) << "worker " << workers_[worker].Name()
+                 << " came back after the end of the job: it may send its "
+                    "unanswered commit again, then stops";
+      return SendReply(worker);  // WELCOME with stop
+    }
+    OnAdmitted(worker, admission);
   }
 
+  // A worker was admitted: log, record the event, and during training tell
+  // the policy (which releases the joiner's WELCOME when it may start).
+  // Before training every live worker waits for the start.
+  void OnAdmitted(uint32_t worker, const Admission& admission) {
+    const WorkerSlot& slot = workers_[worker];
+    const Duration now = clock_->Now();
+    switch (admission.kind) {
+      case Admission::Kind::kJoined:
+        if (!training_) {
+          MLOG(INFO) << "worker " << slot.Name() << " joined ("
+                     << workers_.LiveCount() << "/" << workers_.size() << ")";
+          return;
+        }
+        MLOG(INFO) << "worker " << slot.Name() << " joined late ("
+                   << workers_.LiveCount() << "/" << workers_.size()
+                   << " live)";
+        RecordEvent(
+            pb::WORKER_JOINED_LATE, slot.Name(), 0,
+            "joined " + FormatSeconds(Elapsed(), 1) + " s into training");
+        Execute(policy_->OnJoin(worker, now));
+        return;
+      case Admission::Kind::kReconnected:
+        MLOG(INFO) << "worker " << slot.Name()
+                   << " reconnected (same process, new connection)"
+                   << (admission.request_pending
+                           ? "; its pending request is answered there"
+                           : "");
+        // A held request is answered when it is released, as a WELCOME.
+        if (training_ && !admission.request_pending) Answer(worker);
+        return;
+      case Admission::Kind::kRejoined:
+        MLOG(WARNING) << "worker " << slot.Name() << " is back after "
+                      << FormatSeconds(admission.dead_s, 1)
+                      << " s declared dead (same process); last commit id "
+                      << slot.last_commit_id;
+        CloseDeadEvent(worker, admission.dead_s);
+        RecordEvent(pb::WORKER_REJOINED, slot.Name(), admission.dead_s,
+                    "same process; its last applied commit id " +
+                        std::to_string(slot.last_commit_id));
+        if (training_) Execute(policy_->OnJoin(worker, now));
+        return;
+      case Admission::Kind::kRestarted: {
+        std::string detail = "a new process took the slot";
+        if (admission.previous == SlotState::kLive) {
+          detail += "; the old one's unanswered request (" +
+                    std::string(PendingName(admission.dropped)) +
+                    ") is dropped";
+        }
+        MLOG(WARNING) << "worker " << slot.Name() << " restarted (process "
+                      << slot.incarnations << " of this slot): " << detail;
+        if (admission.previous == SlotState::kDead) {
+          CloseDeadEvent(worker, admission.dead_s);
+        }
+        RecordEvent(
+            pb::WORKER_RESTARTED, slot.Name(),
+            admission.previous == SlotState::kDead ? admission.dead_s : 0,
+            detail);
+        if (!training_) return;
+        if (admission.previous == SlotState::kLive) {
+          Execute(policy_->OnLeave(worker, now));
+        }
+        Execute(policy_->OnJoin(worker, now));
+        return;
+      }
+      case Admission::Kind::kRefused:
+        return;
+    }
+  }
+
+  // Declares silent workers dead, forgives our own stalls, and sends
+  // HEARTBEATs to the workers whose replies we hold.
+  void CheckLiveness() {
+    const double now = Now();
+    double stalled_s = 0;
+    for (const WorkerTable::Death& death :
+         workers_.CheckLiveness(now, &stalled_s)) {
+      DeclareDead(death);
+    }
+    if (stalled_s > 0) {
+      MLOG(WARNING) << "the event loop did not run for "
+                    << FormatSeconds(stalled_s, 1)
+                    << " s (was this process stopped or starved?): every "
+                       "live worker gets a fresh "
+                    << FormatSeconds(timeouts_.worker_timeout_s, 1)
+                    << " s window";
+    }
+    for (uint32_t worker :
+         workers_.DueForHeartbeat(now, timeouts_.heartbeat_interval_s)) {
+      pb::Header heartbeat = MakeHeader(pb::HEARTBEAT, self_, 0);
+      heartbeat.mutable_heartbeat();
+      // Never blocks; a heartbeat a dying connection cannot take is lost.
+      (void)TrySendMessage(socket_, heartbeat, workers_[worker].routing_id);
+      workers_.NoteSent(worker, now);
+    }
+  }
+
+  void DeclareDead(const WorkerTable::Death& death) {
+    const WorkerSlot& slot = workers_[death.slot];
+    ++worker_deaths_;
+    MLOG(WARNING) << "worker " << slot.Name() << " silent for "
+                  << FormatSeconds(death.silent_s, 1) << " s: declared dead"
+                  << (death.dropped == Pending::kNone
+                          ? std::string()
+                          : std::string("; its unanswered request (") +
+                                PendingName(death.dropped) +
+                                ") will not be answered")
+                  << "; " << workers_.LiveCount() << " of " << workers_.size()
+                  << " workers live";
+    open_dead_event_[death.slot] =
+        RecordEvent(pb::WORKER_DEAD, slot.Name(), 0,
+                    "silent for " + FormatSeconds(death.silent_s, 1) + " s");
+    if (training_ && !finished_) {
+      Execute(policy_->OnLeave(death.slot, clock_->Now()));
+    }
+  }
+
+  // Appends a fault event to the summary (up to kMaxFaultEvents); returns
+  // its index, or -1 when it was not kept.
+  int RecordEvent(pb::FaultKind kind, const std::string& subject,
+                  double duration_s, const std::string& detail) {
+    if (summary_.events_size() >= kMaxFaultEvents) {
+      if (!events_capped_) {
+        events_capped_ = true;
+        MLOG(WARNING) << "more than " << kMaxFaultEvents
+                      << " fault events: later ones are logged only";
+      }
+      return -1;
+    }
+    pb::FaultEvent* event = summary_.add_events();
+    event->set_kind(kind);
+    event->set_site(site_config_.name());
+    event->set_subject(subject);
+    event->set_unix_s(wall_clock_->UnixSeconds());
+    event->set_duration_s(duration_s);
+    event->set_detail(detail);
+    return summary_.events_size() - 1;
+  }
+
+  // The worker's WORKER_DEAD event is resolved: it lasted `dead_s`.
+  void CloseDeadEvent(uint32_t worker, double dead_s) {
+    const int index = open_dead_event_[worker];
+    open_dead_event_[worker] = -1;
+    if (index >= 0 && index < summary_.events_size()) {
+      summary_.mutable_events(index)->set_duration_s(dead_s);
+    }
+  }
+
+  // ---- the commit path -----------------------------------------------------
   void HandleCommit(Envelope& message) {
     const std::optional<uint32_t> found = Sender(message);
     if (!found) return;
@@ -624,6 +872,18 @@ class SiteServer::Impl {
       }
     }
     const pb::Commit& commit = message.header.commit();
+    if (workers_.IsDuplicate(worker, commit.commit_id())) {
+      // Sent again after a reconnect although it was applied: answer it
+      // with the model, never apply it twice.
+      workers_.RecordDuplicate(worker);
+      MLOG(INFO) << "commit " << commit.commit_id() << " of worker "
+                 << slot->Name()
+                 << " was applied already: answered, not applied again";
+      slot->stats = commit.stats();
+      slot->pending = Pending::kCommit;
+      slot->read_ranges.clear();
+      return Answer(worker);
+    }
     if (commit.base_version() > store_.version()) {
       return Refuse(
           message.routing_id, message.header,
@@ -632,16 +892,18 @@ class SiteServer::Impl {
                                 ", newer than the site's " +
                                 std::to_string(store_.version())});
     }
+    NoteLostCommits(worker, commit.commit_id());
     staleness_.Add(store_.version() - commit.base_version());
     slot->stats = commit.stats();
-    slot->awaiting_reply = true;
+    slot->pending = Pending::kCommit;
     slot->read_ranges.clear();  // a commit is answered with the whole model
 
     if (finished_) {
       // The job is over, but the worker's last update is real work: apply
       // it so that nothing accepted is lost, then tell it to stop.
       ApplyCommit(message);
-      SendModel(worker);
+      workers_.RecordApplied(worker, commit.commit_id());
+      SendReply(worker);
       return;
     }
     CommitEvent event;
@@ -654,6 +916,7 @@ class SiteServer::Impl {
     PolicyDecision decision = policy_->OnCommit(event);
     switch (decision.update) {
       case PolicyDecision::Update::kApply: {
+        workers_.RecordApplied(worker, commit.commit_id());
         auto released =
             std::find(decision.release.begin(), decision.release.end(), worker);
         if (released != decision.release.end() && !decision.flush_aggregate &&
@@ -671,11 +934,13 @@ class SiteServer::Impl {
         break;
       }
       case PolicyDecision::Update::kAggregate:
+        // Applied with its round (FinishJob flushes an open one).
+        workers_.RecordApplied(worker, commit.commit_id());
         aggregate_.Add(Segments(message));
         ++commits_;
         break;
       case PolicyDecision::Update::kReject:
-        slot->awaiting_reply = false;
+        slot->pending = Pending::kNone;
         Refuse(message.routing_id, message.header,
                {pb::ERROR_STALE, decision.reject_reason});
         break;
@@ -697,18 +962,21 @@ class SiteServer::Impl {
     }
     workers_[*worker].read_ranges.assign(pull.ranges().begin(),
                                          pull.ranges().end());
-    workers_[*worker].awaiting_reply = true;
+    workers_[*worker].pending = Pending::kPull;
     ++pulls_;
-    if (finished_ || !training_) return SendModel(*worker);
+    if (finished_ || !training_) return SendReply(*worker);
     Execute(policy_->OnPull(*worker, clock_->Now()));
   }
 
   void HandleBye(Envelope& message) {
-    const std::optional<uint32_t> worker = Sender(message);
+    // A BYE may come while a request is pending (a worker stopped while it
+    // waited): the request is dropped.
+    const std::optional<uint32_t> worker =
+        Sender(message, /*allow_pending=*/true);
     if (!worker) return;
     WorkerSlot& slot = workers_[*worker];
     if (message.header.has_bye()) slot.stats = message.header.bye().stats();
-    slot.left = true;
+    workers_.Leave(*worker);
     MLOG(INFO) << "worker " << slot.Name() << " left after "
                << slot.stats.steps() << " steps, " << slot.stats.commits()
                << " commits";
@@ -749,7 +1017,7 @@ class SiteServer::Impl {
 
   void Execute(const PolicyDecision& decision) {
     if (decision.flush_aggregate && aggregate_.count() > 0) FlushAggregate();
-    if (decision.evaluate_loss) RequestLossEvaluation();
+    if (decision.evaluate_loss) evaluator_->RequestLoss();
     if (const std::optional<double> momentum = policy_->ServerMomentum();
         momentum && *momentum != store_.rule().momentum) {
       MLOG(INFO) << "server momentum " << store_.rule().momentum << " -> "
@@ -758,19 +1026,43 @@ class SiteServer::Impl {
     }
     AdvanceClock();
     for (uint32_t worker : decision.release) {
-      if (worker < workers_.size() && workers_[worker].awaiting_reply &&
-          !workers_[worker].left) {
+      if (worker < workers_.size() &&
+          workers_[worker].state == SlotState::kLive &&
+          workers_[worker].awaiting_reply()) {
         Answer(worker);
       }
     }
   }
 
-  // Tells the sync about every clock the policy has completed, in order.
+  // Tells the sync about every clock the site has completed: the policy's
+  // rounds, plus an offset when the site jumped forward (it resumed from a
+  // checkpoint, or it was more than DS clocks behind the reachable peers
+  // after a freeze or a partition: SyncEngine::ClockFloor). One clock at a
+  // time, a jump in one step.
   void AdvanceClock() {
-    const auto clock = static_cast<int64_t>(policy_->clock());
+    int64_t clock = static_cast<int64_t>(policy_->clock()) + clock_offset_;
+    if (sync_ && training_ && !finished_) {
+      const int64_t floor = sync_->ClockFloor();
+      if (floor > clock) {
+        MLOG(INFO) << "clock " << clock << " -> " << floor
+                   << ": more than DS clocks behind the reachable peers";
+        clock_offset_ += floor - clock;
+        clock = floor;
+      }
+    }
+    if (clock <= last_clock_) return;
+    if (!sync_) {
+      last_clock_ = clock;
+      return;
+    }
+    if (clock - last_clock_ > 2) {
+      last_clock_ = clock;
+      sync_->OnLocalClock(last_clock_);
+      return;
+    }
     while (last_clock_ < clock) {
       ++last_clock_;
-      if (sync_) sync_->OnLocalClock(last_clock_);
+      sync_->OnLocalClock(last_clock_);
     }
   }
 
@@ -794,7 +1086,7 @@ class SiteServer::Impl {
 
   // Answers a released worker, or holds the answer until the sync allows.
   void Answer(uint32_t worker) {
-    if (ReadsAllowed(worker)) return SendModel(worker);
+    if (ReadsAllowed(worker)) return SendReply(worker);
     if (!workers_[worker].held) {
       workers_[worker].held = true;
       workers_[worker].held_since_s = Now();
@@ -808,7 +1100,9 @@ class SiteServer::Impl {
       if (!slot.held || !ReadsAllowed(i)) continue;
       slot.held = false;
       sync_->NoteHeld(Now() - slot.held_since_s);
-      if (slot.awaiting_reply && !slot.left) SendModel(i);
+      if (slot.awaiting_reply() && slot.state == SlotState::kLive) {
+        SendReply(i);
+      }
     }
   }
 
@@ -826,7 +1120,7 @@ class SiteServer::Impl {
                            std::span<const pb::TensorSlice> ranges = {}) {
     ModelReply reply;
     reply.header = MakeHeader(type, self_, ++sequence_);
-    reply.header.set_clock(static_cast<int64_t>(policy_->clock()));
+    reply.header.set_clock(last_clock_);
     if (ranges.empty()) {
       AddLayoutSlices(model_->layout(), &reply.header);
     } else {
@@ -854,6 +1148,16 @@ class SiteServer::Impl {
     return reply;
   }
 
+  // Answers `worker`'s pending request as its kind says: a HELLO with
+  // WELCOME, a COMMIT or PULL with MODEL.
+  void SendReply(uint32_t worker) {
+    if (workers_[worker].pending == Pending::kHello) return SendWelcome(worker);
+    SendModel(worker);
+  }
+
+  // The model, the plan, and what the site applied of the worker's
+  // process. After the end of the job it says stop (the worker may still
+  // send an unapplied commit).
   void SendWelcome(uint32_t worker) {
     ModelReply reply = NewModelReply(pb::WELCOME);
     pb::Welcome* welcome = reply.header.mutable_welcome();
@@ -861,14 +1165,16 @@ class SiteServer::Impl {
     welcome->set_model_version(store_.version());
     store_.Read(reply.reads);
     *welcome->mutable_plan() = policy_->PlanFor(worker);
-    welcome->set_site_workers(static_cast<uint32_t>(workers_.size()));
+    welcome->set_site_workers(workers_.size());
+    welcome->set_last_commit_id(workers_[worker].last_commit_id);
+    if (finished_) welcome->set_stop(true);
     Deliver(worker, reply.header, std::move(reply.frames));
   }
 
   void SendModel(uint32_t worker) {
     if (finished_) {
       pb::Header header = MakeHeader(pb::MODEL, self_, ++sequence_);
-      header.set_clock(static_cast<int64_t>(policy_->clock()));
+      header.set_clock(last_clock_);
       pb::Model* model = header.mutable_model();
       model->set_version(store_.version());
       model->set_stop(true);
@@ -893,11 +1199,13 @@ class SiteServer::Impl {
 
   void Deliver(uint32_t worker, const pb::Header& header,
                std::vector<zmq::message_t> frames) {
-    WorkerSlot& slot = workers_[worker];
-    slot.awaiting_reply = false;
+    workers_.NoteAnswered(worker, Now());
+    const WorkerSlot& slot = workers_[worker];
     if (Status status =
             SendMessage(socket_, header, std::move(frames), slot.routing_id);
         !status.ok()) {
+      // The worker's connection is gone; it will rejoin, and learns from
+      // WELCOME.last_commit_id what was applied.
       MLOG(WARNING) << "cannot reply to worker " << slot.Name() << ": "
                     << status;
     }
@@ -905,7 +1213,7 @@ class SiteServer::Impl {
 
   void SendStatus(const Envelope& request) {
     pb::Header header = MakeHeader(pb::STATUS_REPLY, self_, ++sequence_);
-    header.set_clock(static_cast<int64_t>(policy_->clock()));
+    header.set_clock(last_clock_);
     pb::SiteStatus* status = header.mutable_status();
     status->set_site(site_config_.name());
     status->set_elapsed_s(
@@ -913,18 +1221,19 @@ class SiteServer::Impl {
     status->set_model_version(store_.version());
     status->set_commits(commits_.load());
     status->set_commits_per_s(CommitRate());
-    status->set_workers_joined(JoinedCount());
-    status->set_workers_expected(static_cast<uint32_t>(workers_.size()));
+    status->set_workers_joined(workers_.JoinedCount());
+    status->set_workers_expected(workers_.size());
+    status->set_workers_dead(workers_.Count(SlotState::kDead));
     status->set_finished(finished_);
     status->set_rejected(rejected_);
     if (sync_) {
       status->set_theta(sync_->theta());
       status->set_wan_bytes_sent(sync_->bytes_sent());
       status->set_slowest_peer_clock(sync_->slowest_peer_clock());
+      status->set_peers_unreachable(sync_->unreachable_peers());
     }
-    {
-      std::lock_guard<std::mutex> lock(eval_mu_);
-      if (!timeline_.empty()) *status->mutable_last_eval() = timeline_.back();
+    if (std::optional<pb::EvalPoint> last = evaluator_->Last()) {
+      *status->mutable_last_eval() = *last;
     }
     if (Status sent = SendMessage(socket_, header, {}, request.routing_id);
         !sent.ok()) {
@@ -941,8 +1250,8 @@ class SiteServer::Impl {
     // that said MIRROR_HELLO stays heard).
     if (all_peers_heard_ || finished_ || !waiting_notice_.Due(Now())) return;
     if (!training_) {
-      if (JoinedCount() < workers_.size()) {
-        MLOG(INFO) << "waiting for workers: " << JoinedCount() << " of "
+      if (workers_.LiveCount() < workers_.size()) {
+        MLOG(INFO) << "waiting for workers: " << workers_.LiveCount() << " of "
                    << workers_.size() << " joined (listening on " << endpoint_
                    << ")";
       }
@@ -977,28 +1286,29 @@ class SiteServer::Impl {
     s.training = training_;
     s.finished = finished_;
     s.training_s = training_ ? (finished_ ? training_s_.load() : Elapsed()) : 0;
-    s.workers_joined = JoinedCount();
-    s.workers_expected = static_cast<uint32_t>(workers_.size());
+    s.workers_joined = workers_.JoinedCount();
+    s.workers_expected = workers_.size();
+    s.workers_dead = workers_.Count(SlotState::kDead);
+    s.duplicate_commits = workers_.duplicate_commits();
     s.commits = commits_.load();
     s.commits_per_s = CommitRate();
     s.pulls = pulls_;
     s.rejected = rejected_;
     s.model_version = store_.version();
-    s.clock = static_cast<int64_t>(policy_->clock());
-    {
-      std::lock_guard<std::mutex> lock(eval_mu_);
-      if (!timeline_.empty()) {
-        s.has_eval = true;
-        s.accuracy = timeline_.back().accuracy();
-        s.loss = timeline_.back().loss();
-        s.eval_t_s = timeline_.back().t_s();
-      }
+    s.clock = last_clock_;
+    if (std::optional<pb::EvalPoint> last = evaluator_->Last()) {
+      s.has_eval = true;
+      s.accuracy = last->accuracy();
+      s.loss = last->loss();
+      s.eval_t_s = last->t_s();
     }
-    for (const WorkerSlot& slot : workers_) {
-      s.waiting_workers += slot.awaiting_reply && !slot.left;
+    for (const WorkerSlot& slot : workers_.slots()) {
+      s.waiting_workers +=
+          slot.awaiting_reply() && slot.state == SlotState::kLive;
       s.held_replies += slot.held;
-      s.workers.push_back({slot.Name(), slot.stats.steps(),
-                           slot.stats.commits(), slot.stats.blocked_s()});
+      const pb::WorkerStats stats = WorkerTable::TotalStats(slot);
+      s.workers.push_back(
+          {slot.Name(), stats.steps(), stats.commits(), stats.blocked_s()});
     }
     s.barrier_commits = aggregate_.count();
     s.staleness_mean = staleness_.mean();
@@ -1026,172 +1336,320 @@ class SiteServer::Impl {
     return dt > 0 ? static_cast<double>(commits_ - c0) / dt : 0;
   }
 
-  // ---- evaluation thread ---------------------------------------------------
-  void StartEvaluator() {
-    evaluator_ = std::thread([this] { EvalLoop(); });
-  }
-
-  void StopEvaluator() {
-    {
-      std::lock_guard<std::mutex> lock(eval_mu_);
-      eval_stop_ = true;
-    }
-    eval_cv_.notify_all();
-    if (evaluator_.joinable()) evaluator_.join();
-  }
-
-  // Test-set evaluations every eval_period_s, and the policy's loss
-  // evaluations (on the fixed training minibatches of loss_set_) as soon as
-  // they are asked for.
-  void EvalLoop() {
-    const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
-        FromSeconds(job_.server().eval_period_s()));
-    std::vector<float> params(store_.num_elements());
-    auto next_test = std::chrono::steady_clock::now();
-    std::unique_lock<std::mutex> lock(eval_mu_);
-    while (!eval_stop_) {
-      if (loss_requested_) {
-        loss_requested_ = false;
-        lock.unlock();
-        const Duration taken_at = clock_->Now();
-        store_.Snapshot(params);
-        const EvalResult result = eval_model_->Evaluate(params, loss_set_);
-        lock.lock();
-        loss_results_.emplace_back(result.loss, taken_at);
-        continue;
-      }
-      if (std::chrono::steady_clock::now() >= next_test) {
-        lock.unlock();
-        const uint64_t commits = commits_.load();
-        const uint64_t version = store_.Snapshot(params);
-        const EvalResult result = eval_model_->Evaluate(params, test_set_);
-        lock.lock();
-        RecordEvalLocked(result, version, commits);
-        next_test = std::chrono::steady_clock::now() + period;
-        continue;
-      }
-      eval_cv_.wait_until(lock, next_test,
-                          [this] { return eval_stop_ || loss_requested_; });
-    }
-  }
-
-  // Event thread: asks the evaluator for one loss evaluation (requests made
-  // while one is pending are merged).
-  void RequestLossEvaluation() {
-    if (loss_set_.size() == 0) return;
-    {
-      std::lock_guard<std::mutex> lock(eval_mu_);
-      loss_requested_ = true;
-    }
-    eval_cv_.notify_all();
-  }
-
   // Event thread: hands finished loss evaluations to the policy.
   void DeliverLossEvaluations() {
-    std::vector<std::pair<double, Duration>> results;
-    {
-      std::lock_guard<std::mutex> lock(eval_mu_);
-      results.swap(loss_results_);
-    }
-    for (const auto& [loss, taken_at] : results) {
+    for (const auto& [loss, taken_at] : evaluator_->TakeLossResults()) {
       ++loss_evaluations_;
       policy_->OnLossEvaluation(loss, taken_at);
     }
   }
 
-  // `version` and `commits`: the state the evaluated snapshot was taken at.
-  void RecordEvalLocked(const EvalResult& result, uint64_t version,
-                        uint64_t commits) {
-    pb::EvalPoint point;
-    point.set_t_s(finished_eval_time());
-    point.set_accuracy(result.accuracy);
-    point.set_loss(result.loss);
-    point.set_model_version(version);
-    point.set_commits(commits);
-    timeline_.push_back(point);
-    const double target = job_.target_accuracy();
-    if (target > 0 && result.accuracy >= target && time_to_target_s_ < 0) {
-      time_to_target_s_ = point.t_s();
-      target_reached_.store(true);
-      MLOG(INFO) << "target accuracy " << target << " reached at "
-                 << point.t_s() << " s (accuracy " << result.accuracy << ")";
+  // ---- durability (checkpoints, site_checkpoint.h) -------------------------
+  // Identifies this job, site and model in checkpoint files.
+  std::string Fingerprint() const {
+    const std::string layout = model_->layout().DebugString();
+    const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(layout.data()),
+                            static_cast<uInt>(layout.size()));
+    char digest[16];
+    std::snprintf(digest, sizeof(digest), "%08lx", crc);
+    return CheckpointFingerprint(job_.name(), site_config_.name(), job_.seed(),
+                                 digest);
+  }
+
+  // Where this site keeps its checkpoints: --checkpoint-dir, else
+  // fault.checkpoint_dir/<site>, else <out>/checkpoints/<site>; empty: none.
+  std::string CheckpointDir() const {
+    if (!options_.checkpoint_dir.empty()) return options_.checkpoint_dir;
+    const std::string& site = site_config_.name();
+    if (job_.fault().has_checkpoint_dir()) {
+      return job_.fault().checkpoint_dir() + "/" + site;
+    }
+    if (!options_.out_dir.empty()) {
+      return options_.out_dir + "/checkpoints/" + site;
+    }
+    return "";
+  }
+
+  // Opens the checkpoint directory and, with --resume, continues from its
+  // newest checkpoint.
+  Status OpenCheckpoints() {
+    const pb::FaultConfig& fault = job_.fault();
+    const std::string dir = CheckpointDir();
+    if (fault.checkpoint_period_s() <= 0 || dir.empty()) {
+      if (options_.resume) {
+        MLOG(WARNING) << "--resume, but this site keeps no checkpoints ("
+                      << (dir.empty() ? "no --out or checkpoint_dir"
+                                      : "fault.checkpoint_period_s is 0")
+                      << "): starting from the initial model";
+      }
+      return Status::Ok();
+    }
+    SiteCheckpointOptions options;
+    options.dir = dir;
+    options.fingerprint = Fingerprint();
+    options.period_s = fault.checkpoint_period_s();
+    options.fsync_log = fault.fsync_log();
+    Result<std::unique_ptr<SiteCheckpointer>> opened =
+        SiteCheckpointer::Open(std::move(options), options_.resume);
+    if (!opened.ok()) {
+      return opened.status().WithContext("site '" + site_config_.name() + "'");
+    }
+    checkpointer_ = std::move(*opened);
+    if (checkpointer_->recovered()) {
+      MERIDIAN_RETURN_IF_ERROR(
+          Recover(*checkpointer_->recovered())
+              .WithContext("resuming site '" + site_config_.name() + "'"));
+      checkpointer_->ForgetRecovered();
+    } else if (options_.resume) {
+      MLOG(INFO) << "--resume: no checkpoint in " << dir
+                 << " yet: starting from the initial model";
+    }
+    if (sync_) {
+      sync_->EnableCheckpoints();
+      sync_->SetOutgoingLog([this](const pb::LoggedMessage& message) {
+        return checkpointer_->Log(message);
+      });
+    }
+    MLOG(INFO) << "checkpoints every "
+               << FormatSeconds(fault.checkpoint_period_s(), 1) << " s in "
+               << dir << (fault.fsync_log() ? " (log fsynced per update)" : "");
+    return Status::Ok();
+  }
+
+  // Continues from a checkpoint: the store's arrays, the sync's channels
+  // (and the updates it sent after the checkpoint, taken back), the worker
+  // table, counters, timeline and events.
+  Status Recover(const SiteCheckpointer::Recovered& recovered) {
+    const pb::SiteCheckpoint& meta = recovered.meta;
+    MERIDIAN_RETURN_IF_ERROR(RestoreStoreArrays(
+        recovered.checkpoint, meta.model_version(), &store_, sync_.get()));
+    if (meta.server_momentum() > 0) store_.SetMomentum(meta.server_momentum());
+    if (meta.aggregate_commits() > 0) {
+      const NamedArray* aggregate = recovered.checkpoint.Find("aggregate");
+      if (aggregate == nullptr) {
+        return DataLossError("the checkpoint has " +
+                             std::to_string(meta.aggregate_commits()) +
+                             " commits in an open barrier but no aggregate");
+      }
+      MERIDIAN_RETURN_IF_ERROR(
+          aggregate_.Restore(aggregate->values, meta.aggregate_commits()));
+    }
+    int64_t clock = meta.clock();
+    uint64_t retracted = 0;
+    if (sync_) {
+      MERIDIAN_ASSIGN_OR_RETURN(
+          retracted, sync_->RestoreState(meta.sync(), recovered.logged));
+      clock = std::max<int64_t>(clock, sync_->Summary().clock());
+    }
+    last_clock_ = clock;
+    clock_offset_ = clock;  // the policy starts again at 0
+    std::vector<CommitRecord> records;
+    for (const pb::WorkerSlotCheckpoint& slot : meta.workers()) {
+      records.push_back({slot.incarnation(), slot.last_commit_id(),
+                         slot.commits_applied(), slot.incarnations(),
+                         slot.stats(), slot.retired_stats()});
+    }
+    workers_.RestoreCommitRecords(records);
+    restored_incarnation_.assign(workers_.size(), 0);
+    for (uint32_t i = 0; i < workers_.size() && i < records.size(); ++i) {
+      restored_incarnation_[i] = records[i].incarnation;
+    }
+    commits_ = meta.commits();
+    rejected_ = meta.rejected();
+    pulls_ = meta.pulls();
+    trained_before_s_ = meta.training_s();
+    evaluator_->Restore({meta.timeline().begin(), meta.timeline().end()},
+                        meta.time_to_target_s());
+    for (const pb::FaultEvent& event : meta.events()) {
+      *summary_.add_events() = event;
+    }
+    recovery_ = meta.recovery();
+    recovery_.set_restarts(recovery_.restarts() + 1);
+    recovery_.set_checkpoint_t_s(meta.training_s());
+    recovery_.set_lost_clock_from(meta.clock());
+    recovery_.set_lost_clock_to(clock);
+    recovery_.set_retracted_updates(recovery_.retracted_updates() +
+                                    static_cast<uint32_t>(retracted));
+    if (meta.finished()) {
+      resumed_finished_ = true;
+      stop_reason_ = meta.stop_reason();
+      training_s_ = meta.training_s();
+    }
+    std::string detail =
+        "from " + recovered.path + " (" + FormatSeconds(meta.training_s(), 1) +
+        " s of training, clock " + std::to_string(meta.clock()) + "); " +
+        std::to_string(recovered.logged.size()) +
+        " messages sent after it go out again; " + std::to_string(retracted) +
+        " updates of the lost window taken back from the peers; clock now " +
+        std::to_string(clock);
+    for (const std::string& note : recovered.notes) detail += "; " + note;
+    MLOG(WARNING) << "resumed " << detail;
+    RecordEvent(pb::SITE_RECOVERED, "site '" + site_config_.name() + "'", 0,
+                detail);
+    return Status::Ok();
+  }
+
+  // After a restart from a checkpoint, a worker's first commit (of the
+  // incarnation the checkpoint knew) shows how many of its commits this
+  // site answered after the checkpoint and lost with the crash: commit ids
+  // run 1, 2, 3 ... per worker process.
+  void NoteLostCommits(uint32_t worker, uint64_t commit_id) {
+    if (worker >= restored_incarnation_.size() ||
+        restored_incarnation_[worker] == 0) {
+      return;
+    }
+    const uint64_t incarnation = restored_incarnation_[worker];
+    restored_incarnation_[worker] = 0;
+    const WorkerSlot& slot = workers_[worker];
+    if (slot.incarnation != incarnation ||
+        commit_id <= slot.last_commit_id + 1) {
+      return;
+    }
+    const uint64_t lost = commit_id - slot.last_commit_id - 1;
+    recovery_.set_lost_commits(recovery_.lost_commits() +
+                               static_cast<uint32_t>(lost));
+    MLOG(WARNING) << "worker " << slot.Name() << ": " << lost
+                  << " commits after the checkpoint were lost with the crash "
+                  << "(ids " << slot.last_commit_id + 1 << " to "
+                  << commit_id - 1 << ")";
+  }
+
+  // Every turn of the event loop: acknowledges durable checkpoints to the
+  // peers, and takes a checkpoint when one is due.
+  void MaybeCheckpoint() {
+    if (!checkpointer_) return;
+    if (std::optional<pb::SyncCheckpoint> durable =
+            checkpointer_->TakeDurable();
+        durable && sync_) {
+      sync_->NoteDurable(*durable);
+    }
+    if (!training_ || finished_) return;
+    if (!checkpointer_->Due(Now(), sync_ && sync_->CheckpointWanted())) return;
+    TakeCheckpoint(/*finished=*/false);
+  }
+
+  // The site's state now (on the event loop: a consistent snapshot), handed
+  // to the background writer.
+  void TakeCheckpoint(bool finished) {
+    pb::SiteCheckpoint meta;
+    meta.set_site(site_config_.name());
+    meta.set_model_version(store_.version());
+    meta.set_clock(last_clock_);
+    meta.set_training_s(training_ ? (finished_ ? training_s_.load() : Elapsed())
+                                  : trained_before_s_);
+    meta.set_commits(commits_.load());
+    meta.set_rejected(rejected_);
+    meta.set_pulls(pulls_);
+    meta.set_duplicate_commits(workers_.duplicate_commits());
+    meta.set_server_momentum(store_.rule().momentum);
+    meta.set_time_to_target_s(evaluator_->time_to_target_s());
+    for (const pb::EvalPoint& point : evaluator_->Timeline()) {
+      *meta.add_timeline() = point;
+    }
+    for (const pb::FaultEvent& event : summary_.events()) {
+      *meta.add_events() = event;
+    }
+    *meta.mutable_recovery() = recovery_;
+    for (const CommitRecord& record : workers_.CommitRecords()) {
+      pb::WorkerSlotCheckpoint* slot = meta.add_workers();
+      slot->set_incarnation(record.incarnation);
+      slot->set_last_commit_id(record.last_commit_id);
+      slot->set_commits_applied(record.commits_applied);
+      slot->set_incarnations(record.incarnations);
+      *slot->mutable_stats() = record.stats;
+      *slot->mutable_retired_stats() = record.retired_stats;
+    }
+    if (sync_) sync_->SaveState(meta.mutable_sync());
+    std::vector<NamedArray> arrays = StoreArrays(store_, sync_.get());
+    if (aggregate_.count() > 0) {
+      meta.set_aggregate_commits(aggregate_.count());
+      arrays.push_back(
+          {"aggregate", {aggregate_.sum().begin(), aggregate_.sum().end()}});
+    }
+    meta.set_finished(finished);
+    if (finished) meta.set_stop_reason(stop_reason_);
+    checkpointer_->Submit(std::move(meta), std::move(arrays), Now());
+  }
+
+  // After the final flush: the job's end is durable too, so a --resume of
+  // it reports the end instead of training on.
+  void FinalCheckpoint() {
+    if (!checkpointer_ || resumed_finished_) return;
+    TakeCheckpoint(/*finished=*/true);
+    if (Status flushed = checkpointer_->Flush(); !flushed.ok()) {
+      MLOG(ERROR) << "cannot write the final checkpoint: " << flushed;
     }
   }
 
-  // Evaluation timestamps: seconds of training, frozen once the job ended.
-  double finished_eval_time() const {
-    const double frozen = training_s_.load();
-    return frozen > 0 ? frozen : Elapsed();
-  }
-
-  static std::string FormatSeconds(double s) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.0f", s);
-    return buf;
-  }
-
+  // ---- configuration (fixed after construction) ----------------------------
   SiteServerOptions options_;
   const pb::JobConfig& job_;
   const int site_index_;
   const pb::SiteConfig& site_config_;
   const pb::Endpoint self_;
-  Clock* clock_ = SystemClock();
+  Clock* const clock_;
+  const WallClock* const wall_clock_;
+  const SiteServerTimeouts timeouts_;
 
-  std::unique_ptr<Model> model_;       // layout and initial parameters
-  std::unique_ptr<Model> eval_model_;  // used by the evaluator thread only
-  Dataset test_set_;
-  // Fixed training minibatches for the policy's loss evaluations (ADSP,
-  // ADACOMM); empty for other policies.
-  Dataset loss_set_;
-  uint64_t loss_evaluations_ = 0;
+  // ---- the model and the commit path (event loop) --------------------------
+  std::unique_ptr<Model> model_;  // layout and initial parameters
   std::unique_ptr<IntraSitePolicy> policy_;
-  ParameterStore store_;
+  ParameterStore store_;  // thread-safe reads; written by the event loop
   UpdateAccumulator aggregate_;
-  std::vector<WorkerSlot> workers_;
   std::vector<std::vector<float>> scratch_;  // realigned payloads
+  int64_t last_clock_ = 0;  // the clock the sync was last told about
 
+  // ---- membership (event loop) ---------------------------------------------
+  WorkerTable workers_;
+  // Per slot, the index of its unresolved WORKER_DEAD event (-1: none).
+  std::vector<int> open_dead_event_;
+  uint64_t worker_deaths_ = 0;
+  bool events_capped_ = false;
+
+  // ---- sockets (event loop) ------------------------------------------------
   zmq::context_t context_;
   zmq::socket_t socket_;
   std::string endpoint_;
   uint64_t sequence_ = 0;
   std::unique_ptr<SyncEngine> sync_;  // null for a site that syncs with nobody
 
-  // Event-loop state.
+  // ---- job state and counters (event loop, unless atomic) ------------------
   bool training_ = false;
+  bool finished_ = false;
   WaitNotice waiting_notice_;  // for workers, then for peer sites
   bool all_peers_heard_ = false;
-  bool finished_ = false;
-  int64_t last_clock_ = 0;  // the clock the sync was last told about
+  std::string stop_reason_;
   // Read by the evaluator thread too, hence atomic.
   std::atomic<double> start_s_{0};
   std::atomic<double> training_s_{0};
   std::atomic<uint64_t> commits_{0};
-  std::string stop_reason_;
   uint64_t rejected_ = 0;
-  std::deque<std::pair<double, uint64_t>> rate_samples_;
   uint64_t pulls_ = 0;
+  uint64_t loss_evaluations_ = 0;
+  std::deque<std::pair<double, uint64_t>> rate_samples_;
   StalenessWindow staleness_;
   double staleness_window_start_s_ = 0;
+  pb::SiteSummary summary_;
 
-  // Metrics: the event loop publishes into the registry, the server's
-  // thread renders it (declared in this order so the server stops first).
+  // ---- durability (event loop; the writer's thread inside checkpointer_) --
+  std::unique_ptr<SiteCheckpointer> checkpointer_;  // null: no checkpoints
+  double trained_before_s_ = 0;  // training time of the run resumed from
+  int64_t clock_offset_ = 0;     // site clock = policy clock + this
+  // Per slot, the incarnation a checkpoint restored, until its first
+  // commit (NoteLostCommits); 0: none.
+  std::vector<uint64_t> restored_incarnation_;
+  pb::SiteRecovery recovery_;
+  bool resumed_finished_ = false;  // resumed a job that had ended here
+
+  // ---- evaluator thread (owns its state; see evaluator.h) ------------------
+  std::unique_ptr<Evaluator> evaluator_;
+
+  // ---- metrics: the event loop publishes into the registry, the server's
+  // threads render it (declared in this order so the server stops first).
   MetricsRegistry metrics_registry_;
   SiteMetrics site_metrics_{&metrics_registry_, site_config_.name()};
   std::unique_ptr<MetricsServer> metrics_server_;
   double next_metrics_s_ = 0;
-
-  // Evaluator state, guarded by eval_mu_.
-  std::mutex eval_mu_;
-  std::condition_variable eval_cv_;
-  bool eval_stop_ = false;
-  bool loss_requested_ = false;
-  std::vector<std::pair<double, Duration>> loss_results_;  // loss, taken at
-  std::vector<pb::EvalPoint> timeline_;
-  double time_to_target_s_ = -1;
-  std::atomic<bool> target_reached_{false};
-  std::thread evaluator_;
-
-  pb::SiteSummary summary_;
 };
 
 Result<std::unique_ptr<SiteServer>> SiteServer::Create(
@@ -1228,10 +1686,9 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
   MERIDIAN_ASSIGN_OR_RETURN(auto eval_model,
                             MakeModel(job.model(), input_dim, 10));
   MERIDIAN_ASSIGN_OR_RETURN(auto policy, MakePolicy(job.policy()));
-  auto impl = std::make_unique<Impl>(std::move(options), site_index,
-                                     std::move(model), std::move(eval_model),
-                                     std::move(test_set), std::move(loss_set),
-                                     std::move(policy));
+  auto impl = std::make_unique<Impl>(
+      std::move(options), site_index, std::move(model), std::move(eval_model),
+      std::move(test_set), std::move(loss_set), std::move(policy));
   MERIDIAN_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<SiteServer>(new SiteServer(std::move(impl)));
 }

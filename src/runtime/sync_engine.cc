@@ -41,6 +41,12 @@ struct Encoded {
 std::span<const std::byte> AsBytes(const std::string& bytes) {
   return {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()};
 }
+std::span<const std::byte> FrameBytes(const std::string& frame) {
+  return AsBytes(frame);
+}
+std::span<const std::byte> FrameBytes(const zmq::message_t& frame) {
+  return BytesOf(frame);
+}
 
 pb::CompressionConfig LosslessConfig(int zstd_level) {
   pb::CompressionConfig config;
@@ -73,8 +79,9 @@ struct Peer {
   const int site;
   const std::string name;
   std::string endpoint;  // where this site connects to reach it
-  OutboundChannel out;   // this site's messages to it
-  InboundChannel in;     // its messages to this site
+  DeliveryOptions delivery;
+  OutboundChannel out;  // this site's messages to it
+  InboundChannel in;    // its messages to this site
   // Its channel's connection to our mirror socket (acks go back on it).
   std::string routing_id;
   // Changes not sent to it yet (a ParameterStore accumulator); unused
@@ -96,7 +103,7 @@ struct Peer {
   // Bandwidth-adaptive threshold of the link towards it (when enabled),
   // fed with what the channel sent and the peer acknowledged per period.
   std::optional<AdaptiveThreshold> adaptive;
-  uint64_t period_sent = 0;       // channel counters at the period start
+  uint64_t period_sent = 0;  // channel counters at the period start
   uint64_t period_delivered = 0;
   double period_start_s = 0;
 
@@ -148,7 +155,6 @@ class SyncEngine::Impl {
     DeliveryOptions delivery;
     delivery.heartbeat_interval_s = fault_.heartbeat_interval_s();
     delivery.retention_limit_bytes = RetentionLimit();
-    delivery.wait_for_durable = false;  // until checkpoints say otherwise
 
     // Local changes feed every accumulator: each peer has its own, so a
     // peer that is unreachable (or whose channel is full) keeps what it has
@@ -161,6 +167,7 @@ class SyncEngine::Impl {
     for (int site : role_.Peers()) {
       auto peer = std::make_unique<Peer>(site, job_.site(site).name(), self_,
                                          incarnation_, delivery);
+      peer->delivery = delivery;
       peer->endpoint = PeerMirrorEndpoint(job_, site_index_, site);
       if (sync_.kind() != pb::MODEL_AVERAGING) {
         peer->acc = store_->AddAccumulator();
@@ -197,8 +204,7 @@ class SyncEngine::Impl {
                << "), DS " << sync_.max_clock_skew() << ", "
                << DescribeCompressionConfig(sync_.compression())
                << "; unreachable after " << fault_.peer_timeout_s() << " s ("
-               << pb::PartitionPolicy_Name(fault_.partition_policy())
-               << ")";
+               << pb::PartitionPolicy_Name(fault_.partition_policy()) << ")";
     return Status::Ok();
   }
 
@@ -223,9 +229,9 @@ class SyncEngine::Impl {
     MERIDIAN_ASSIGN_OR_RETURN(
         zap_, ZapHandler::Start(*options_.context, std::move(allowed),
                                 "mirror socket of site '" + name_ + "'"));
-    MERIDIAN_RETURN_IF_ERROR(MakeCurveServer(mirror_, keys.own)
-                                 .WithContext("mirror socket of site '" +
-                                              name_ + "'"));
+    MERIDIAN_RETURN_IF_ERROR(
+        MakeCurveServer(mirror_, keys.own)
+            .WithContext("mirror socket of site '" + name_ + "'"));
     MLOG(INFO) << "CURVE on: links to and from " << PeerList()
                << " are encrypted; admitting only their keys; this site's "
                   "public key "
@@ -444,8 +450,165 @@ class SyncEngine::Impl {
     return summary;
   }
 
+  // ---- checkpoints ----------------------------------------------------------
+  void SetOutgoingLog(SyncEngine::OutgoingLog log) {
+    outgoing_log_ = std::move(log);
+  }
+
+  void EnableCheckpoints() {
+    for (auto& peer : peers_) {
+      peer->delivery.checkpointed = true;
+      peer->in.SetCheckpointed(true);
+    }
+  }
+
+  void SaveState(pb::SyncCheckpoint* out) const {
+    out->Clear();
+    out->set_local_clock(local_clock_);
+    out->set_updates_sent(updates_sent_);
+    out->set_entries_sent(entries_sent_);
+    out->set_updates_received(updates_received_);
+    out->set_entries_received(entries_received_);
+    out->set_rejected(rejected_);
+    out->set_blocked_s(blocked_s_);
+    for (const auto& peer : peers_) {
+      pb::PeerCheckpoint* saved = out->add_peers();
+      saved->set_site(peer->name);
+      OutboundChannel::State state = peer->out.Save();
+      saved->set_next_sequence(state.next_sequence);
+      saved->set_applied_sequence(state.applied_sequence);
+      saved->set_durable_sequence(state.durable_sequence);
+      for (RetainedMessage& message : state.retained) {
+        pb::LoggedMessage* kept = saved->add_retained();
+        kept->set_sequence(message.sequence);
+        kept->set_header(std::move(message.header));
+        for (std::string& frame : message.frames) {
+          kept->add_frames(std::move(frame));
+        }
+      }
+      saved->set_announced(peer->announced);
+      saved->set_in_incarnation(peer->in.incarnation());
+      saved->set_in_applied(peer->in.applied());
+      saved->set_clock(clocks_.ClockOf(peer->name).value_or(0));
+      saved->set_unreachable_s(peer->unreachable_total_s);
+    }
+  }
+
+  std::vector<std::pair<std::string, size_t>> Accumulators() const {
+    std::vector<std::pair<std::string, size_t>> out;
+    if (sync_.kind() == pb::MODEL_AVERAGING) return out;
+    for (const auto& peer : peers_) out.emplace_back(peer->name, peer->acc);
+    return out;
+  }
+
+  Result<uint64_t> RestoreState(const pb::SyncCheckpoint& state,
+                                std::span<const pb::LoggedMessage> logged) {
+    local_clock_ = state.local_clock();
+    updates_sent_ = state.updates_sent();
+    entries_sent_ = state.entries_sent();
+    updates_received_ = state.updates_received();
+    entries_received_ = state.entries_received();
+    rejected_ = state.rejected();
+    blocked_s_ = state.blocked_s();
+    for (const pb::PeerCheckpoint& saved : state.peers()) {
+      Peer* peer = PeerNamed(saved.site());
+      if (peer == nullptr) {
+        return FailedPreconditionError(
+            "the checkpoint has state of site '" + saved.site() +
+            "', which this site does not sync with (its peers: " + PeerList() +
+            "): was the job file's topology changed?");
+      }
+      OutboundChannel::State channel;
+      channel.next_sequence = saved.next_sequence();
+      channel.applied_sequence = saved.applied_sequence();
+      channel.durable_sequence = saved.durable_sequence();
+      for (const pb::LoggedMessage& kept : saved.retained()) {
+        channel.retained.push_back(Retained(kept));
+      }
+      peer->out.Restore(std::move(channel));
+      peer->announced = saved.announced();
+      if (saved.in_incarnation() != 0) {
+        peer->in.Restore(saved.in_incarnation(), saved.in_applied());
+      }
+      MERIDIAN_RETURN_IF_ERROR(clocks_.Reset(peer->name, saved.clock()));
+      peer->unreachable_total_s = saved.unreachable_s();
+    }
+    uint64_t retracted = 0;
+    for (const pb::LoggedMessage& record : logged) {
+      Peer* peer = PeerNamed(record.peer());
+      if (peer == nullptr) {
+        return DataLossError("the outgoing log has a message for site '" +
+                             record.peer() +
+                             "', which this site does not sync with");
+      }
+      pb::Header header;
+      if (!header.ParseFromString(record.header())) {
+        return DataLossError("the outgoing log has a message for site '" +
+                             record.peer() + "' whose header does not parse");
+      }
+      if (record.sequence() < peer->out.last_sequence() + 1) continue;
+      peer->out.RestoreLogged(Retained(record));
+      if (header.type() == pb::MIRROR_CLOCK) {
+        peer->announced = std::max(peer->announced, header.clock());
+        local_clock_ = std::max(local_clock_, header.mirror_clock().clock());
+      } else if (header.type() == pb::MIRROR_UPDATE &&
+                 !header.mirror_update().average()) {
+        MERIDIAN_RETURN_IF_ERROR(
+            DecodeUpdate(header, record.frames())
+                .WithContext("the outgoing log's message " +
+                             std::to_string(record.sequence()) + " for site '" +
+                             record.peer() + "'"));
+        for (float& value : received_values_) value = -value;
+        store_->AddToAccumulator(peer->acc, received_indices_,
+                                 received_values_);
+        ++retracted;
+      }
+    }
+    return retracted;
+  }
+
+  void NoteDurable(const pb::SyncCheckpoint& saved) {
+    for (const pb::PeerCheckpoint& state : saved.peers()) {
+      Peer* peer = PeerNamed(state.site());
+      if (peer == nullptr) continue;
+      // What arrived since the snapshot is not in that checkpoint.
+      peer->in.NoteDurable(state.in_applied(),
+                           BytesAppliedAfter(*peer, state.in_applied()));
+    }
+  }
+
+  bool CheckpointWanted() const {
+    for (const auto& peer : peers_) {
+      if (2 * peer->in.bytes_since_durable() >
+          peer->delivery.retention_limit_bytes) {
+        return true;
+      }
+    }
+    return false;
+  }
+
  private:
   double Now() const { return clock_->NowSeconds(); }
+
+  static RetainedMessage Retained(const pb::LoggedMessage& kept) {
+    RetainedMessage message;
+    message.sequence = kept.sequence();
+    message.header = kept.header();
+    message.bytes = message.header.size();
+    for (const std::string& frame : kept.frames()) {
+      message.frames.push_back(frame);
+      message.bytes += frame.size();
+    }
+    return message;
+  }
+
+  // Bytes the site applied from `peer` after its message `sequence` (what
+  // a checkpoint holding messages up to `sequence` does not hold). The
+  // engine does not keep per-message sizes: it counts everything applied
+  // since as after, erring towards an earlier checkpoint.
+  uint64_t BytesAppliedAfter(const Peer& peer, uint64_t sequence) const {
+    return peer.in.applied() > sequence ? peer.in.bytes_since_durable() : 0;
+  }
 
   // ---- naming ---------------------------------------------------------------
   std::vector<std::string> PeerNames() const {
@@ -581,7 +744,9 @@ class SyncEngine::Impl {
   }
 
   void CheckLiveness(Peer& peer, double now) {
-    if (!peer.reachable || !training_ || finishing_) return;
+    // Also while finishing: the final flush stops waiting for a peer that
+    // went silent.
+    if (!peer.reachable || !training_) return;
     const double last = std::max(
         {peer.in.last_heard_s(), peer.out.last_ack_s(), liveness_floor_s_});
     if (now - last <= fault_.peer_timeout_s()) return;
@@ -608,7 +773,8 @@ class SyncEngine::Impl {
     // them all unreachable at once.
     const double stall = std::max(1.0, fault_.peer_timeout_s() / 2);
     if (last_service_s_ >= 0 && now - last_service_s_ > stall) {
-      MLOG(WARNING) << "the event loop did not run for " << now - last_service_s_
+      MLOG(WARNING) << "the event loop did not run for "
+                    << now - last_service_s_
                     << " s: peers get a fresh liveness window";
       liveness_floor_s_ = now;
     }
@@ -616,8 +782,8 @@ class SyncEngine::Impl {
     for (auto& peer : peers_) {
       CheckLiveness(*peer, now);
       peer->out.Pump(now);
-      if (std::optional<pb::MirrorAck> ack = peer->in.AckDue(
-              now, clocks_.ClockOf(peer->name).value_or(0))) {
+      if (std::optional<pb::MirrorAck> ack =
+              peer->in.AckDue(now, clocks_.ClockOf(peer->name).value_or(0))) {
         SendAck(*peer, *ack);
       }
     }
@@ -689,10 +855,9 @@ class SyncEngine::Impl {
       const uint64_t sent = peer->out.bytes_sent();
       const uint64_t delivered = peer->out.delivered_bytes();
       if (peer->reachable) {
-        peer->adaptive->ObserveDelivery(sent - peer->period_sent,
-                                        delivered - peer->period_delivered,
-                                        peer->out.backlog_bytes(),
-                                        now - peer->period_start_s);
+        peer->adaptive->ObserveDelivery(
+            sent - peer->period_sent, delivered - peer->period_delivered,
+            peer->out.backlog_bytes(), now - peer->period_start_s);
       }
       peer->period_sent = sent;
       peer->period_delivered = delivered;
@@ -751,7 +916,29 @@ class SyncEngine::Impl {
         MLOG(ERROR) << status << "; the update waits";
       }
     }
+    if (outgoing_log_) LogOutgoing(peer, &header, frames);
     peer.out.Enqueue(std::move(header), std::move(frames), Now());
+  }
+
+  // Writes the message about to be sent to the outgoing log, numbered as
+  // the channel will number it.
+  void LogOutgoing(const Peer& peer, pb::Header* header,
+                   const std::vector<std::string>& frames) {
+    header->set_sequence(peer.out.last_sequence() + 1);
+    pb::LoggedMessage record;
+    record.set_peer(peer.name);
+    record.set_sequence(header->sequence());
+    header->SerializeToString(record.mutable_header());
+    for (const std::string& frame : frames) record.add_frames(frame);
+    if (Status status = outgoing_log_(record); !status.ok()) {
+      ++log_failures_;
+      if (log_failures_ == 1 || log_failures_ % 1000 == 0) {
+        MLOG(ERROR) << "cannot log the outgoing update (" << log_failures_
+                    << " so far): " << status
+                    << "; sent anyway: should this site crash before its "
+                       "next checkpoint, replicas may differ";
+      }
+    }
   }
 
   // Takes what passes `theta` out of accumulator `acc` and encodes it, one
@@ -958,8 +1145,8 @@ class SyncEngine::Impl {
       for (int site : sites) {
         const Peer* other = ConstPeerAt(site);
         if (other != nullptr && !Bounding(*other)) continue;
-        clock = std::min(
-            clock, clocks_.ClockOf(job_.site(site).name()).value_or(0));
+        clock = std::min(clock,
+                         clocks_.ClockOf(job_.site(site).name()).value_or(0));
       }
       return clock;
     };
@@ -1054,8 +1241,8 @@ class SyncEngine::Impl {
   // about what we sent.
   void DrainChannel(Peer& peer) {
     while (true) {
-      Result<Received> received = ReceiveMessage(
-          *peer.out.socket(), false, std::chrono::milliseconds(0));
+      Result<Received> received = ReceiveMessage(*peer.out.socket(), false,
+                                                 std::chrono::milliseconds(0));
       if (!received.ok() || received->timed_out()) return;
       if (!received->message) continue;
       const pb::Header& header = received->message->header;
@@ -1065,14 +1252,13 @@ class SyncEngine::Impl {
         const uint64_t resends = peer.out.resend_requests();
         peer.out.OnAck(header.mirror_ack(), Now());
         if (peer.out.resend_requests() > resends) {
-          MLOG(WARNING) << "site '" << peer.name
-                        << "' missed messages after "
+          MLOG(WARNING) << "site '" << peer.name << "' missed messages after "
                         << header.mirror_ack().applied_sequence()
                         << ": sending them again";
-          RecordEvent(pb::MESSAGES_RESENT, "site '" + peer.name + "'",
-                      "resend from sequence " +
-                          std::to_string(
-                              header.mirror_ack().applied_sequence() + 1));
+          RecordEvent(
+              pb::MESSAGES_RESENT, "site '" + peer.name + "'",
+              "resend from sequence " +
+                  std::to_string(header.mirror_ack().applied_sequence() + 1));
         }
       } else if (header.type() == pb::ERROR) {
         MLOG(ERROR) << "site '" << peer.name << "' refused our message: "
@@ -1103,9 +1289,9 @@ class SyncEngine::Impl {
   void HandleMirror(Envelope& message) {
     const pb::Header& header = message.header;
     const std::string& site = header.sender().site();
-    Peer* found =
-        header.sender().role() == pb::ROLE_SITE_SERVER ? PeerNamed(site)
-                                                       : nullptr;
+    Peer* found = header.sender().role() == pb::ROLE_SITE_SERVER
+                      ? PeerNamed(site)
+                      : nullptr;
     if (found == nullptr) {
       return Refuse(message.routing_id, header,
                     {pb::ERROR_UNKNOWN_SENDER,
@@ -1154,7 +1340,9 @@ class SyncEngine::Impl {
     }
     // Applied or refused, the message is done: a refused one would be
     // refused again.
-    peer.in.Applied(header.sequence());
+    uint64_t bytes = header.ByteSizeLong();
+    for (const zmq::message_t& frame : message.payload) bytes += frame.size();
+    peer.in.Applied(header.sequence(), bytes);
     if (peer.final_received) {
       return Refuse(message.routing_id, header,
                     {pb::ERROR_UNEXPECTED,
@@ -1170,6 +1358,13 @@ class SyncEngine::Impl {
   // follows) and drops the message.
   bool Introduced(const Envelope& message, Peer& peer) {
     if (peer.in.hello() && peer.routing_id == message.routing_id) return true;
+    if (peer.in.hello() && peer.routing_id.empty()) {
+      // This site restarted from a checkpoint that knows the peer's
+      // channel (its incarnation, what was applied): the peer's connection
+      // is its own; what it missed it finds out from the gaps.
+      peer.routing_id = message.routing_id;
+      return true;
+    }
     if (!peer.in.hello()) {
       const double now = Now();
       if (peer.hello_requested_s < 0 ||
@@ -1213,9 +1408,8 @@ class SyncEngine::Impl {
     const pb::MirrorHello& hello = header.mirror_hello();
     const bool first = !peer.in.hello();
     const uint64_t before = peer.in.incarnation();
-    const std::string note =
-        peer.in.OnHello(hello.incarnation(), hello.first_sequence(),
-                      hello.resumed(), Now());
+    const std::string note = peer.in.OnHello(
+        hello.incarnation(), hello.first_sequence(), hello.resumed(), Now());
     peer.routing_id = message.routing_id;
     if (first) {
       MLOG(INFO) << "site '" << peer.name << "' connected";
@@ -1234,7 +1428,8 @@ class SyncEngine::Impl {
 
   void HandleClock(const Envelope& message, Peer& peer) {
     const pb::Header& header = message.header;
-    if (Status status = clocks_.Advance(peer.name, header.mirror_clock().clock());
+    if (Status status =
+            clocks_.Advance(peer.name, header.mirror_clock().clock());
         !status.ok()) {
       return Refuse(message.routing_id, header,
                     {pb::ERROR_STALE, status.message()});
@@ -1269,40 +1464,9 @@ class SyncEngine::Impl {
     if (Verdict verdict = CheckCodec(header, pb::CODEC_PIPELINE)) {
       return Refuse(message.routing_id, header, *verdict);
     }
-    // Decode everything before touching the model: a bad slice leaves it
-    // untouched.
-    received_indices_.clear();
-    received_values_.clear();
-    for (int i = 0; i < header.slices_size(); ++i) {
-      const pb::TensorSlice& slice = header.slices(i);
-      const TensorInfo* tensor = store_->layout().Find(slice.tensor());
-      SparseUpdate& sparse = sparse_;
-      Status decoded = decoder_.DecodeSparse(BytesOf(message.payload[i]),
-                                             slice.length(), &sparse);
-      if (decoded.ok() && sparse.size != slice.length()) {
-        decoded = InvalidArgumentError(
-            "encoded slice has " + std::to_string(sparse.size) +
-            " elements, the header says " + std::to_string(slice.length()));
-      }
-      if (!decoded.ok()) {
-        return Refuse(message.routing_id, header,
-                      {pb::ERROR_MALFORMED, "slice " + std::to_string(i) +
-                                                " ('" + slice.tensor() +
-                                                "'): " + decoded.message()});
-      }
-      const uint64_t base = tensor->offset + slice.offset();
-      for (size_t j = 0; j < sparse.indices.size(); ++j) {
-        received_indices_.push_back(base + sparse.indices[j]);
-        received_values_.push_back(sparse.values[j]);
-      }
-    }
-    if (!std::is_sorted(received_indices_.begin(), received_indices_.end()) ||
-        std::adjacent_find(received_indices_.begin(),
-                           received_indices_.end()) !=
-            received_indices_.end()) {
-      return Refuse(
-          message.routing_id, header,
-          {pb::ERROR_MALFORMED, "slices overlap or are out of order"});
+    if (Status decoded = DecodeUpdate(header, message.payload); !decoded.ok()) {
+      return Refuse(message.routing_id, header,
+                    {pb::ERROR_MALFORMED, decoded.message()});
     }
     if (header.type() == pb::MIRROR_INDICES) {
       blocked_.Block(site, header.clock(), received_indices_);
@@ -1318,6 +1482,55 @@ class SyncEngine::Impl {
     ++updates_received_;
     entries_received_ += received_indices_.size();
     blocked_.Release(site, header.clock());
+  }
+
+  // Decodes the slices of an update (header validated against the layout
+  // and codec) into (received_indices_, received_values_), flat and
+  // ascending. Nothing is applied: a bad slice leaves the model untouched.
+  // `frames`: zmq::message_t or std::string, one per slice.
+  template <typename Frames>
+  Status DecodeUpdate(const pb::Header& header, const Frames& frames) {
+    received_indices_.clear();
+    received_values_.clear();
+    const size_t count = static_cast<size_t>(std::size(frames));
+    if (static_cast<size_t>(header.slices_size()) != count) {
+      return InvalidArgumentError(
+          "the update has " + std::to_string(count) + " payload frames for " +
+          std::to_string(header.slices_size()) + " slices");
+    }
+    for (int i = 0; i < header.slices_size(); ++i) {
+      const pb::TensorSlice& slice = header.slices(i);
+      const TensorInfo* tensor = store_->layout().Find(slice.tensor());
+      if (tensor == nullptr) {
+        return InvalidArgumentError("slice " + std::to_string(i) +
+                                    ": unknown tensor '" + slice.tensor() +
+                                    "'");
+      }
+      Status decoded = decoder_.DecodeSparse(FrameBytes(frames[i]),
+                                             slice.length(), &sparse_);
+      if (decoded.ok() && sparse_.size != slice.length()) {
+        decoded = InvalidArgumentError(
+            "encoded slice has " + std::to_string(sparse_.size) +
+            " elements, the header says " + std::to_string(slice.length()));
+      }
+      if (!decoded.ok()) {
+        return InvalidArgumentError("slice " + std::to_string(i) + " ('" +
+                                    slice.tensor() +
+                                    "'): " + decoded.message());
+      }
+      const uint64_t base = tensor->offset + slice.offset();
+      for (size_t j = 0; j < sparse_.indices.size(); ++j) {
+        received_indices_.push_back(base + sparse_.indices[j]);
+        received_values_.push_back(sparse_.values[j]);
+      }
+    }
+    if (!std::is_sorted(received_indices_.begin(), received_indices_.end()) ||
+        std::adjacent_find(received_indices_.begin(),
+                           received_indices_.end()) !=
+            received_indices_.end()) {
+      return InvalidArgumentError("slices overlap or are out of order");
+    }
+    return Status::Ok();
   }
 
   void AddToAveragingRound(int64_t clock, const std::string& site) {
@@ -1390,6 +1603,8 @@ class SyncEngine::Impl {
   double liveness_floor_s_ = 0;
   double last_service_s_ = -1;
   std::vector<pb::FaultEvent> events_;
+  SyncEngine::OutgoingLog outgoing_log_;  // empty: no log
+  uint64_t log_failures_ = 0;
 
   bool averaging_round_open_ = false;
   int64_t averaging_clock_ = 0;
@@ -1472,5 +1687,24 @@ uint32_t SyncEngine::unreachable_peers() const {
 const std::vector<pb::FaultEvent>& SyncEngine::events() const {
   return impl_->events();
 }
+void SyncEngine::SetOutgoingLog(OutgoingLog log) {
+  impl_->SetOutgoingLog(std::move(log));
+}
+void SyncEngine::EnableCheckpoints() { impl_->EnableCheckpoints(); }
+void SyncEngine::SaveState(pb::SyncCheckpoint* out) const {
+  impl_->SaveState(out);
+}
+std::vector<std::pair<std::string, size_t>> SyncEngine::Accumulators() const {
+  return impl_->Accumulators();
+}
+Result<uint64_t> SyncEngine::RestoreState(
+    const pb::SyncCheckpoint& state,
+    std::span<const pb::LoggedMessage> logged) {
+  return impl_->RestoreState(state, logged);
+}
+void SyncEngine::NoteDurable(const pb::SyncCheckpoint& saved) {
+  impl_->NoteDurable(saved);
+}
+bool SyncEngine::CheckpointWanted() const { return impl_->CheckpointWanted(); }
 
 }  // namespace meridian

@@ -16,6 +16,7 @@
 #define MERIDIAN_RUNTIME_SYNC_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -23,6 +24,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "meridian/checkpoint.pb.h"
 #include "meridian/clock.h"
 #include "meridian/job.pb.h"
 #include "meridian/param_store.h"
@@ -115,6 +117,38 @@ class SyncEngine {
   // in order. For the site's summary.
   const std::vector<pb::FaultEvent>& events() const;
 
+  // ---- checkpoints (site_checkpoint.h) ----------------------------------
+  // Called with every numbered message before it is handed to ZeroMQ (the
+  // outgoing-update log); empty: no log. A failed call is logged and the
+  // message is sent anyway (the crash guarantee then no longer holds for
+  // it, which the log says).
+  using OutgoingLog = std::function<Status(const pb::LoggedMessage&)>;
+  void SetOutgoingLog(OutgoingLog log);
+  // This site writes checkpoints: acknowledge messages as durable only
+  // when NoteDurable says so. Call before Connect().
+  void EnableCheckpoints();
+  // The engine's state for a checkpoint; the accumulators travel as the
+  // store's arrays, one per peer (Accumulators()).
+  void SaveState(pb::SyncCheckpoint* out) const;
+  // (peer site, accumulator id) for every peer that has one.
+  std::vector<std::pair<std::string, size_t>> Accumulators() const;
+  // Before Connect(), after the store's arrays were restored: continues
+  // from a checkpoint's `state`, then from the messages `logged` after it
+  // (in order). Those are sent again (a peer drops what it has), and the
+  // changes they carried are taken back out of their peer's accumulator:
+  // they left this site, while the local changes they came from were lost
+  // with the crash, so the peers will receive their reversal, and every
+  // replica ends without them. Returns how many updates were taken back.
+  Result<uint64_t> RestoreState(const pb::SyncCheckpoint& state,
+                                std::span<const pb::LoggedMessage> logged);
+  // A checkpoint whose state was `saved` (by SaveState) is durable: tells
+  // each peer that it may forget what that checkpoint holds.
+  void NoteDurable(const pb::SyncCheckpoint& saved);
+  // A peer's messages applied since the last durable checkpoint approach
+  // what it keeps for a resend (its retention limit): a checkpoint now
+  // lets it go on sending.
+  bool CheckpointWanted() const;
+
   // Per peer site (the cross-site link directions as this site sees
   // them): bytes handed to the channel towards it, bytes (header + payload
   // frames) of the mirror messages received from it once it is known, and
@@ -125,8 +159,8 @@ class SyncEngine {
     uint64_t bytes_received = 0;
     uint64_t messages_received = 0;
     int64_t clock = 0;
-    bool connected = false;  // it introduced itself (MIRROR_HELLO)
-    bool reachable = true;   // heard within peer_timeout_s
+    bool connected = false;       // it introduced itself (MIRROR_HELLO)
+    bool reachable = true;        // heard within peer_timeout_s
     uint64_t retained_bytes = 0;  // kept for a resend
     uint64_t backlog_bytes = 0;   // sent, not yet acknowledged
   };

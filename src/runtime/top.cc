@@ -6,6 +6,7 @@
 #include <cmath>
 #include <ctime>
 #include <future>
+#include <map>
 #include <thread>
 
 #include "meridian/report.h"
@@ -87,7 +88,13 @@ std::vector<std::string> SiteRow(const TopTarget& target,
     return row;
   }
   if (!scrape.up) {
-    row[1] = "down";
+    if (target.state.rfind("restarting", 0) == 0) {
+      row[1] = target.state;
+    } else if (scrape.silent_s >= 0) {
+      row[1] = "down (no answer for " + Number(scrape.silent_s, "%.0f") + " s)";
+    } else {
+      row[1] = "down";
+    }
     return row;
   }
   const double joined = Sum(scrape, "meridian_site_workers_joined");
@@ -102,6 +109,16 @@ std::vector<std::string> SiteRow(const TopTarget& target,
   } else {
     row[1] = "up";
   }
+  // Faults right now: workers declared dead, peers declared unreachable.
+  const double dead = Sum(scrape, "meridian_site_workers_dead");
+  const double unreachable = Sum(scrape, "meridian_sync_peers_unreachable");
+  std::string faults;
+  if (dead > 0) faults = Number(dead, "%.0f") + " workers dead";
+  if (unreachable > 0) {
+    faults += (faults.empty() ? "" : ", ") + Number(unreachable, "%.0f") +
+              " peers unreachable";
+  }
+  if (!faults.empty()) row[1] += " (" + faults + ")";
   row[2] = Number(Sum(scrape, "meridian_site_training_seconds"), "%.1f");
   row[3] = Number(Sum(scrape, "meridian_site_accuracy"), "%.4f");
   row[4] = Number(Sum(scrape, "meridian_site_clock"), "%.0f");
@@ -123,7 +140,14 @@ std::vector<std::string> SiteRow(const TopTarget& target,
 std::string WanemLine(const TopTarget& target, const TopScrape& scrape) {
   std::string line = target.name + ": ";
   if (target.address.empty()) return line + "no metrics endpoint";
-  if (!scrape.up) return line + "down";
+  if (!scrape.up) {
+    if (target.state.rfind("restarting", 0) == 0) return line + target.state;
+    if (scrape.silent_s >= 0) {
+      return line + "down (no answer for " + Number(scrape.silent_s, "%.0f") +
+             " s)";
+    }
+    return line + "down";
+  }
   int directions = 0;
   for (const MetricSample& sample : scrape.samples) {
     directions += sample.name == "meridian_wan_bytes_total";
@@ -144,7 +168,7 @@ std::vector<TopTarget> TopTargetsFromJob(const pb::JobConfig& job) {
   std::vector<TopTarget> targets;
   for (const pb::SiteConfig& site : job.site()) {
     if (!site.server_site().empty()) continue;  // runs no server
-    TopTarget target{site.name(), "site", ""};
+    TopTarget target{site.name(), "site", "", ""};
     if (!site.metrics_address().empty()) {
       target.address =
           Reachable(site.metrics_address(), EndpointHost(site.address()));
@@ -154,7 +178,7 @@ std::vector<TopTarget> TopTargetsFromJob(const pb::JobConfig& job) {
   if (!job.wan().metrics_address().empty()) {
     targets.push_back(
         {"wanem", "wanem",
-         Reachable(job.wan().metrics_address(), job.wan().wanem_host())});
+         Reachable(job.wan().metrics_address(), job.wan().wanem_host()), ""});
   }
   return targets;
 }
@@ -168,13 +192,16 @@ Result<std::vector<TopTarget>> TopTargetsFromRun(const std::string& run_dir) {
     const bool site = process.role() == "site";
     targets.push_back({site ? process.site() : process.name(),
                        site ? "site" : process.role(),
-                       process.metrics_address()});
+                       process.metrics_address(), process.state()});
   }
   return targets;
 }
 
 std::vector<TopScrape> ScrapeTargets(const std::vector<TopTarget>& targets,
                                      double timeout_s) {
+  // One thread per target, scraping in parallel: each reads only its own
+  // (const) target and hands its result back through its future, so
+  // nothing is shared and nothing is locked.
   std::vector<std::future<TopScrape>> pending;
   for (const TopTarget& target : targets) {
     pending.push_back(std::async(std::launch::async, [&target, timeout_s] {
@@ -245,10 +272,33 @@ std::string FormatTopTable(const std::vector<TopTarget>& targets,
 void RunTop(const TopOptions& options) {
   const bool tty = ::isatty(::fileno(options.out));
   const double interval_s = options.interval_s > 0 ? options.interval_s : 2.0;
+  std::vector<TopTarget> targets = options.targets;
+  // When each target (by role and name) last answered; bounded by the
+  // targets of the job.
+  std::map<std::string, std::chrono::steady_clock::time_point> last_up;
+  const auto started = std::chrono::steady_clock::now();
   while (true) {
-    const std::vector<TopScrape> scrapes =
-        ScrapeTargets(options.targets, std::min(kScrapeTimeoutS, interval_s));
-    const std::string table = FormatTopTable(options.targets, scrapes);
+    if (!options.run_dir.empty()) {
+      // A restarted process serves on a new port: follow endpoints.json.
+      Result<std::vector<TopTarget>> reread =
+          TopTargetsFromRun(options.run_dir);
+      if (reread.ok()) targets = std::move(*reread);
+    }
+    std::vector<TopScrape> scrapes =
+        ScrapeTargets(targets, std::min(kScrapeTimeoutS, interval_s));
+    const auto scraped = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < targets.size() && i < scrapes.size(); ++i) {
+      const std::string key = targets[i].role + "/" + targets[i].name;
+      if (scrapes[i].up) {
+        last_up[key] = scraped;
+        continue;
+      }
+      auto it = last_up.find(key);
+      const auto since = it == last_up.end() ? started : it->second;
+      scrapes[i].silent_s =
+          std::chrono::duration<double>(scraped - since).count();
+    }
+    const std::string table = FormatTopTable(targets, scrapes);
     char stamp[32];
     const std::time_t now = std::time(nullptr);
     std::tm local{};

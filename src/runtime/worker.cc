@@ -1,20 +1,23 @@
 #include "meridian/worker.h"
 
+#include <unistd.h>
+
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
 #include <zmq.hpp>
 
-#include "meridian/clock.h"
 #include "meridian/addresses.h"
+#include "meridian/clock.h"
 #include "meridian/config.h"
 #include "meridian/dataset.h"
 #include "meridian/log.h"
-#include "meridian/metrics.h"
 #include "meridian/message.h"
+#include "meridian/metrics.h"
 #include "meridian/model.h"
 #include "meridian/optimizer.h"
 #include "meridian/policy.h"
@@ -23,12 +26,9 @@
 namespace meridian {
 namespace {
 
-// How long a worker waits for a reply before it declares the site server
-// gone. Barriers can legitimately hold a reply while slow peers catch up,
-// so this is generous.
-constexpr auto kReplyTimeout = std::chrono::seconds(120);
 // Backoff while the site server does not answer yet (it may start after
-// the worker when roles are started by hand or in containers).
+// the worker when roles are started by hand or in containers), and between
+// HELLOs of a rejoin.
 constexpr auto kFirstProbeWait = std::chrono::seconds(1);
 constexpr auto kMaxProbeWait = std::chrono::seconds(30);
 // Consecutive refused commits after which the worker gives up.
@@ -42,7 +42,45 @@ double Ema(double previous, double sample, bool first) {
   return first ? sample : (1 - kEmaWeight) * previous + kEmaWeight * sample;
 }
 
+double Positive(double value, double fallback) {
+  return std::isfinite(value) && value > 0 ? value : fallback;
+}
+
+// A random non-zero number that differs between processes (HELLO's
+// incarnation).
+uint64_t RandomIncarnation() {
+  std::random_device device;
+  std::seed_seq seed{
+      device(), device(), static_cast<unsigned>(::getpid()),
+      static_cast<unsigned>(
+          std::chrono::steady_clock::now().time_since_epoch().count())};
+  std::mt19937_64 rng(seed);
+  uint64_t value = 0;
+  while (value == 0) value = rng();
+  return value;
+}
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", s);
+  return buf;
+}
+
 }  // namespace
+
+WorkerTimeouts WorkerTimeouts::FromJob(const pb::JobConfig& job) {
+  WorkerTimeouts timeouts;
+  const pb::FaultConfig& fault = job.fault();
+  timeouts.heartbeat_interval_s =
+      Positive(fault.heartbeat_interval_s(), timeouts.heartbeat_interval_s);
+  timeouts.server_timeout_s =
+      Positive(fault.server_timeout_s(), timeouts.server_timeout_s);
+  timeouts.give_up_s =
+      std::isfinite(fault.worker_give_up_s()) && fault.worker_give_up_s() >= 0
+          ? fault.worker_give_up_s()
+          : timeouts.give_up_s;
+  return timeouts;
+}
 
 class Worker::Impl {
  public:
@@ -53,6 +91,10 @@ class Worker::Impl {
         site_index_(site_index),
         site_config_(job_.site(site_index)),
         step_time_s_(WorkerGroupOf(site_config_, options_.index).step_time_s()),
+        clock_(options_.clock != nullptr ? options_.clock : SystemClock()),
+        timeouts_(options_.timeouts.value_or(WorkerTimeouts::FromJob(job_))),
+        incarnation_(options_.incarnation != 0 ? options_.incarnation
+                                               : RandomIncarnation()),
         data_(std::move(data)),
         model_(std::move(model)),
         optimizer_(job_.optimizer(), model_->layout().num_elements()),
@@ -60,7 +102,9 @@ class Worker::Impl {
         base_(model_->layout().num_elements()),
         grad_(model_->layout().num_elements()),
         rng_(job_.seed() * 1000003ull + site_index * 1009ull + options_.index),
-        client_(context_, Endpoint(), Self(), options_.stop_requested) {
+        client_(context_, Endpoint(), Self(), options_.stop_requested, clock_) {
+    liveness_.heartbeat_interval = FromSeconds(timeouts_.heartbeat_interval_s);
+    liveness_.silence_timeout = FromSeconds(timeouts_.server_timeout_s);
     order_.resize(data_.size());
     std::iota(order_.begin(), order_.end(), 0u);
     cursor_ = order_.size();  // shuffle before the first batch
@@ -74,10 +118,20 @@ class Worker::Impl {
 
   Status Run() {
     MERIDIAN_RETURN_IF_ERROR(AwaitServer());
-    MERIDIAN_RETURN_IF_ERROR(Join());
+    Result<bool> joined = Join();
+    if (!joined.ok()) {
+      if (joined.status().code() == StatusCode::kCancelled) {
+        return Leave("stop requested");
+      }
+      return joined.status();
+    }
+    if (!*joined) return Status::Ok();  // the job ended before we trained
     while (true) {
       if (StopRequested()) return Leave("stop requested");
       const bool commit_now = TrainOneStep();
+      // Between steps: a heartbeat if nothing went out for an interval
+      // (never blocks).
+      client_.HeartbeatIfIdle(liveness_);
       PublishMetrics();
       if (!commit_now) continue;
       Result<bool> keep_going = Commit();
@@ -114,13 +168,6 @@ class Worker::Impl {
            options_.stop_requested->load(std::memory_order_relaxed);
   }
 
-  std::chrono::milliseconds JoinTimeout() const {
-    // Peers may start in any order; the server waits join_timeout_s for all
-    // workers, so a worker waits at least that long for its WELCOME.
-    return std::chrono::milliseconds(
-        static_cast<int64_t>((job_.server().join_timeout_s() + 30.0) * 1000));
-  }
-
   // Probes the site server until it answers, waiting 1, 2, 4 ... 30 s for
   // each answer and logging every miss; any reply (even an ERROR) means it
   // is up. Returns Cancelled when a stop is requested meanwhile.
@@ -131,14 +178,15 @@ class Worker::Impl {
       probe.set_type(pb::STATUS_REQUEST);
       Result<Envelope> reply = client_.Call(probe, {}, wait);
       if (reply.ok()) {
-        if (attempt > 1) MLOG(INFO) << "site server at " << Endpoint() << " is up";
+        if (attempt > 1)
+          MLOG(INFO) << "site server at " << Endpoint() << " is up";
         return Status::Ok();
       }
       if (reply.status().code() == StatusCode::kCancelled || StopRequested()) {
         return CancelledError("stopped while waiting for the site server");
       }
-      const auto next = std::min<std::chrono::milliseconds>(wait * 2,
-                                                             kMaxProbeWait);
+      const auto next =
+          std::min<std::chrono::milliseconds>(wait * 2, kMaxProbeWait);
       MLOG(WARNING) << "waiting for site server '"
                     << job_.site(ServingSite(job_, site_index_)).name()
                     << "' at " << Endpoint() << ": no answer within "
@@ -148,15 +196,47 @@ class Worker::Impl {
     }
   }
 
-  Status Join() {
+  pb::Header Hello() const {
     pb::Header hello;
     hello.set_type(pb::HELLO);
     hello.mutable_hello()->set_worker_index(options_.index);
+    hello.mutable_hello()->set_incarnation(incarnation_);
     model_->layout().ToSpecs(hello.mutable_hello()->mutable_layout());
+    return hello;
+  }
+
+  // Joins the site: HELLO, then WELCOME once training starts (the server
+  // holds the HELLO until then and sends HEARTBEATs meanwhile). False when
+  // the job ended before this worker got to train (it has said BYE).
+  Result<bool> Join() {
     MLOG(INFO) << "joining the site server at " << Endpoint() << " with "
-               << data_.size() << " samples";
-    MERIDIAN_ASSIGN_OR_RETURN(Envelope reply,
-                              client_.Call(hello, {}, JoinTimeout()));
+               << data_.size() << " samples (incarnation " << incarnation_
+               << ")";
+    Result<Envelope> reply = client_.CallWhileAlive(Hello(), {}, liveness_);
+    if (!reply.ok() && reply.status().code() == StatusCode::kDeadlineExceeded) {
+      reply = Rejoin(reply.status().message(), ServerSilentSince());
+    }
+    if (!reply.ok()) return reply.status();
+    if (reply->header.type() == pb::MODEL && reply->header.model().stop()) {
+      // Stopped before training started.
+      MERIDIAN_RETURN_IF_ERROR(Leave(reply->header.model().stop_reason()));
+      return false;
+    }
+    MERIDIAN_RETURN_IF_ERROR(CheckWelcome(*reply));
+    const pb::Welcome& welcome = reply->header.welcome();
+    if (welcome.stop()) {
+      MERIDIAN_RETURN_IF_ERROR(Leave("the job is over"));
+      return false;
+    }
+    MERIDIAN_RETURN_IF_ERROR(LoadModel(*reply, welcome.model_version()));
+    trigger_.Reset(welcome.plan(), clock_->Now());
+    MLOG(INFO) << "joined; plan: commit every " << welcome.plan().local_steps()
+               << " steps";
+    return true;
+  }
+
+  // A reply to HELLO must be a WELCOME for this worker's model.
+  Status CheckWelcome(const Envelope& reply) const {
     if (reply.header.type() == pb::ERROR) {
       return FailedPreconditionError("site server refused the worker: " +
                                      reply.header.error().message());
@@ -174,12 +254,67 @@ class Worker::Impl {
                                      "] differs from this worker's [" +
                                      model_->layout().DebugString() + "]");
     }
-    MERIDIAN_RETURN_IF_ERROR(
-        LoadModel(reply, reply.header.welcome().model_version()));
-    trigger_.Reset(reply.header.welcome().plan(), clock_->Now());
-    MLOG(INFO) << "joined; plan: commit every "
-               << reply.header.welcome().plan().local_steps() << " steps";
     return Status::Ok();
+  }
+
+  // When the server was last heard from, given that it has just been
+  // silent for the whole timeout.
+  Duration ServerSilentSince() const {
+    return clock_->Now() - liveness_.silence_timeout;
+  }
+
+  // The site server is gone (`why`), or does not know this connection:
+  // joins again as the same process over a new connection, with backoff,
+  // until a WELCOME (returned, checked). Gives up after give_up_s without
+  // hearing from the server since `absent_since`; Cancelled when a stop is
+  // requested; a refusal (another process took the index, the job is over
+  // for new processes ...) is an error.
+  Result<Envelope> Rejoin(const std::string& why, Duration absent_since) {
+    ++rejoins_;
+    MLOG(WARNING) << "site server gone: " << why
+                  << "; joining again as the same process";
+    Duration wait =
+        std::min<Duration>(kFirstProbeWait, liveness_.silence_timeout);
+    const Duration max_wait =
+        std::max<Duration>(kMaxProbeWait, liveness_.silence_timeout);
+    for (int attempt = 1;; ++attempt) {
+      if (StopRequested()) {
+        return CancelledError("stopped while rejoining the site server");
+      }
+      const double absent_s = ToSeconds(clock_->Now() - absent_since);
+      if (timeouts_.give_up_s > 0 && absent_s > timeouts_.give_up_s) {
+        return UnavailableError("site server at " + Endpoint() + " gone for " +
+                                Seconds(absent_s) +
+                                " s; giving up (fault.worker_give_up_s = " +
+                                Seconds(timeouts_.give_up_s) + ")");
+      }
+      // A new connection: the old one may be broken for good, and whatever
+      // it still owes us must not be taken for the WELCOME.
+      client_.Reconnect();
+      RpcLiveness liveness = liveness_;
+      liveness.silence_timeout = wait;
+      Result<Envelope> reply = client_.CallWhileAlive(Hello(), {}, liveness);
+      if (reply.ok()) {
+        MERIDIAN_RETURN_IF_ERROR(CheckWelcome(*reply));
+        MLOG(INFO) << "rejoined the site server after " << Seconds(absent_s)
+                   << " s (attempt " << attempt << "); it applied this "
+                   << "process's commits up to id "
+                   << reply->header.welcome().last_commit_id();
+        return reply;
+      }
+      if (reply.status().code() == StatusCode::kCancelled) {
+        return reply.status();
+      }
+      if (reply.status().code() != StatusCode::kDeadlineExceeded) {
+        // Not even sent (e.g. the endpoint cannot be resolved yet): wait out
+        // this attempt's time before the next.
+        clock_->SleepFor(wait);
+      }
+      MLOG(WARNING) << "no WELCOME from the site server at " << Endpoint()
+                    << " (attempt " << attempt << ", " << Seconds(absent_s)
+                    << " s gone): " << reply.status().message();
+      wait = std::min(wait * 2, max_wait);
+    }
   }
 
   // Copies the model in `reply` into params_ and base_ after validating it.
@@ -242,9 +377,11 @@ class Worker::Impl {
     }
   }
 
-  // Sends the accumulated change and loads the reply. Returns false when
-  // the job is over (the worker has said BYE).
-  Result<bool> Commit() {
+  // A COMMIT of the change since the last pull (params_ - base_, which
+  // stay untouched until the answer is loaded), computed from
+  // `base_version`, with id `commit_id`.
+  std::pair<pb::Header, std::vector<zmq::message_t>> BuildCommit(
+      uint64_t commit_id, uint64_t base_version) {
     pb::Header header;
     header.set_type(pb::COMMIT);
     header.set_clock(static_cast<int64_t>(stats_.commits()));
@@ -259,55 +396,131 @@ class Worker::Impl {
       AddTensorSlice(tensor, &header);
     }
     pb::Commit* commit = header.mutable_commit();
-    commit->set_base_version(base_version_);
+    commit->set_base_version(base_version);
     commit->set_local_steps(trigger_.steps_since_commit());
+    commit->set_commit_id(commit_id);
     *commit->mutable_stats() = stats_;
+    return {std::move(header), std::move(frames)};
+  }
 
+  // Why an answer calls for a rejoin: the server was silent (no reply, no
+  // heartbeat) or does not know this connection (it restarted, declared
+  // this worker dead, or ZeroMQ reconnected underneath). Empty: it does not.
+  static std::string RejoinReason(const Result<Envelope>& reply) {
+    if (!reply.ok()) {
+      return reply.status().code() == StatusCode::kDeadlineExceeded
+                 ? reply.status().message()
+                 : std::string();
+    }
+    if (reply->header.type() == pb::ERROR &&
+        reply->header.error().code() == pb::ERROR_UNKNOWN_SENDER) {
+      return "it does not know this connection: " +
+             reply->header.error().message();
+    }
+    return std::string();
+  }
+
+  // Sends the accumulated change and loads the reply. Returns false when
+  // the job is over (the worker has said BYE).
+  Result<bool> Commit() {
+    const uint64_t commit_id = ++last_commit_id_;
     const Duration sent = clock_->Now();
-    MERIDIAN_ASSIGN_OR_RETURN(
-        Envelope reply, client_.Call(header, std::move(frames), kReplyTimeout));
-    const double round_trip = ToSeconds(clock_->Now() - sent);
-    stats_.set_blocked_s(stats_.blocked_s() + round_trip);
-    stats_.set_commit_overhead_s(
-        Ema(stats_.commit_overhead_s(), round_trip, stats_.commits() == 0));
+    auto [header, frames] = BuildCommit(commit_id, base_version_);
+    Result<Envelope> reply =
+        client_.CallWhileAlive(std::move(header), std::move(frames), liveness_);
+    // Until the commit is answered: rejoin whenever the server is gone, and
+    // send the commit again (same id, rebased) unless the site says it was
+    // applied.
+    for (std::string why = RejoinReason(reply); !why.empty();
+         why = RejoinReason(reply)) {
+      const Duration absent_since =
+          reply.ok() ? clock_->Now() : ServerSilentSince();
+      MERIDIAN_ASSIGN_OR_RETURN(Envelope welcome, Rejoin(why, absent_since));
+      const pb::Welcome& w = welcome.header.welcome();
+      if (commit_id <= w.last_commit_id()) {
+        // Applied before the answer was lost: the WELCOME is its answer.
+        MLOG(INFO) << "commit " << commit_id << " was applied before the "
+                   << "connection was lost";
+        RecordRoundTrip(sent);
+        stats_.set_commits(stats_.commits() + 1);
+        consecutive_rejections_ = 0;
+        if (w.stop()) {
+          MERIDIAN_RETURN_IF_ERROR(Leave("the job is over"));
+          return false;
+        }
+        MERIDIAN_RETURN_IF_ERROR(LoadModel(welcome, w.model_version()));
+        trigger_.Reset(w.plan(), clock_->Now());
+        return true;
+      }
+      MLOG(INFO) << "commit " << commit_id << " was not applied (the site "
+                 << "applied up to " << w.last_commit_id()
+                 << "): sending it again on model version "
+                 << w.model_version();
+      auto [again, again_frames] = BuildCommit(commit_id, w.model_version());
+      reply = client_.CallWhileAlive(std::move(again), std::move(again_frames),
+                                     liveness_);
+    }
+    if (!reply.ok()) return reply.status();
+    RecordRoundTrip(sent);
 
-    if (reply.header.type() == pb::ERROR) {
+    if (reply->header.type() == pb::ERROR) {
       // The update is dropped; say so, resynchronise and go on, unless the
       // server keeps refusing (then something is really wrong).
       MLOG(ERROR) << "commit of " << trigger_.steps_since_commit()
                   << " steps dropped by the site server: "
-                  << pb::ErrorCode_Name(reply.header.error().code()) << ": "
-                  << reply.header.error().message();
+                  << pb::ErrorCode_Name(reply->header.error().code()) << ": "
+                  << reply->header.error().message();
       if (++consecutive_rejections_ >= kMaxConsecutiveRejections) {
         return FailedPreconditionError(
             "site server refused " + std::to_string(consecutive_rejections_) +
-            " commits in a row; last: " + reply.header.error().message());
+            " commits in a row; last: " + reply->header.error().message());
       }
       MERIDIAN_RETURN_IF_ERROR(Pull());
       return true;
     }
     consecutive_rejections_ = 0;
-    if (reply.header.type() != pb::MODEL) {
+    if (reply->header.type() != pb::MODEL) {
       return DataLossError("expected MODEL, got " +
-                           DescribeHeader(reply.header));
+                           DescribeHeader(reply->header));
     }
     stats_.set_commits(stats_.commits() + 1);
-    const pb::Model& model = reply.header.model();
+    const pb::Model& model = reply->header.model();
     if (model.stop()) {
       MERIDIAN_RETURN_IF_ERROR(Leave(model.stop_reason()));
       return false;
     }
-    MERIDIAN_RETURN_IF_ERROR(LoadModel(reply, model.version()));
+    MERIDIAN_RETURN_IF_ERROR(LoadModel(*reply, model.version()));
     trigger_.Reset(model.plan(), clock_->Now());
     return true;
   }
 
+  // Time waiting for a commit's answer (blocked, and the smoothed round
+  // trip the worker reports).
+  void RecordRoundTrip(Duration sent) {
+    const double round_trip = ToSeconds(clock_->Now() - sent);
+    stats_.set_blocked_s(stats_.blocked_s() + round_trip);
+    stats_.set_commit_overhead_s(
+        Ema(stats_.commit_overhead_s(), round_trip, stats_.commits() == 0));
+  }
+
+  // Fetches the current model (after a refused commit).
   Status Pull() {
     pb::Header header;
     header.set_type(pb::PULL);
     header.mutable_pull();
-    MERIDIAN_ASSIGN_OR_RETURN(Envelope reply,
-                              client_.Call(header, {}, kReplyTimeout));
+    Result<Envelope> answer = client_.CallWhileAlive(header, {}, liveness_);
+    if (const std::string why = RejoinReason(answer); !why.empty()) {
+      MERIDIAN_ASSIGN_OR_RETURN(
+          Envelope welcome,
+          Rejoin(why, answer.ok() ? clock_->Now() : ServerSilentSince()));
+      const pb::Welcome& w = welcome.header.welcome();
+      // After the end the next commit is answered with stop.
+      if (w.stop()) return Status::Ok();
+      MERIDIAN_RETURN_IF_ERROR(LoadModel(welcome, w.model_version()));
+      trigger_.Reset(w.plan(), clock_->Now());
+      return Status::Ok();
+    }
+    MERIDIAN_ASSIGN_OR_RETURN(Envelope reply, std::move(answer));
     if (reply.header.type() != pb::MODEL) {
       return DataLossError("expected MODEL for PULL, got " +
                            DescribeHeader(reply.header));
@@ -337,7 +550,13 @@ class Worker::Impl {
   const int site_index_;
   const pb::SiteConfig& site_config_;
   const double step_time_s_;
-  Clock* clock_ = SystemClock();
+  Clock* const clock_;
+  const WorkerTimeouts timeouts_;
+  // This process's identity at the site, and the id of its last commit
+  // (1, 2, 3 ...; a commit sent again keeps its id).
+  const uint64_t incarnation_;
+  uint64_t last_commit_id_ = 0;
+  uint64_t rejoins_ = 0;
 
   Dataset data_;
   std::unique_ptr<Model> model_;
@@ -359,6 +578,7 @@ class Worker::Impl {
 
   zmq::context_t context_;
   RpcClient client_;
+  RpcLiveness liveness_;  // from timeouts_
 
   // Metrics endpoint (off unless asked for): the training loop publishes,
   // the server's thread renders.
@@ -369,10 +589,10 @@ class Worker::Impl {
 
  public:
   void StartMetrics() {
-    metrics_server_ = StartMetricsServerOrWarn(
-        &metrics_registry_, options_.metrics_address,
-        "worker " + std::to_string(options_.index) + " of site '" +
-            site_config_.name() + "'");
+    metrics_server_ =
+        StartMetricsServerOrWarn(&metrics_registry_, options_.metrics_address,
+                                 "worker " + std::to_string(options_.index) +
+                                     " of site '" + site_config_.name() + "'");
   }
 
  private:
@@ -393,8 +613,7 @@ class Worker::Impl {
         ->Set(static_cast<double>(stats_.commits()));
     if (metrics_last_s_ >= 0 && now > metrics_last_s_) {
       r.Gauge("meridian_worker_samples_per_second",
-              "Training samples per second since the previous update",
-              labels)
+              "Training samples per second since the previous update", labels)
           ->Set(static_cast<double>(stats_.steps() - metrics_last_steps_) *
                 static_cast<double>(batch_labels_.size()) /
                 (now - metrics_last_s_));
@@ -413,6 +632,11 @@ class Worker::Impl {
     r.Gauge("meridian_worker_commit_round_trip_seconds",
             "Commit round trip (moving average)", labels)
         ->Set(stats_.commit_overhead_s());
+    r.Counter("meridian_worker_rejoins_total",
+              "Times the worker joined its site server again after the "
+              "server was gone or did not know its connection",
+              labels)
+        ->Set(static_cast<double>(rejoins_));
     metrics_last_s_ = now;
     metrics_last_steps_ = stats_.steps();
   }

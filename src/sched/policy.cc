@@ -17,10 +17,51 @@ pb::CommitPlan StepPlan(uint32_t local_steps) {
   return plan;
 }
 
+// The live worker set and the clock of the policies without rounds (ASYNC,
+// ADSP): the clock ticks each time the commits since the last tick reach
+// the number of live workers (at least one), so a site whose workers die
+// keeps its clock pace per live worker, and it never decreases. Sized by
+// the site's worker count (fixed).
+class CommitClock {
+ public:
+  void Start(uint32_t num_workers) {
+    live_.assign(num_workers, true);
+    live_count_ = num_workers;
+  }
+  // Marks `worker` live or not; false when that changed nothing (or the
+  // worker is out of range).
+  bool SetLive(uint32_t worker, bool live) {
+    if (worker >= live_.size() || live_[worker] == live) return false;
+    live_[worker] = live;
+    if (live) {
+      ++live_count_;
+    } else {
+      --live_count_;
+    }
+    return true;
+  }
+  void OnCommit() {
+    if (++since_tick_ >= std::max<uint32_t>(live_count_, 1)) {
+      ++clock_;
+      since_tick_ = 0;
+    }
+  }
+  uint64_t clock() const { return clock_; }
+
+ private:
+  std::vector<bool> live_;
+  uint32_t live_count_ = 0;
+  uint64_t since_tick_ = 0;  // commits since the last tick
+  uint64_t clock_ = 0;
+};
+
 // Bulk synchronous: every worker commits once per clock; the commits of a
 // clock are summed and applied together, and nobody gets the model back
-// until every worker still in the job has committed that clock. With
-// local_steps = tau this is FIXED_ADACOMM (local SGD with periodic
+// until every live worker has committed that clock. A worker that leaves or
+// dies stops counting (its commit of the open round, if any, is applied
+// with the round); a joiner waits for the open round to close and counts
+// from the next one, so every worker of a round starts from the same model.
+// With local_steps = tau this is FIXED_ADACOMM (local SGD with periodic
 // averaging: the store's MEAN rule averages the round's sum).
 class BspPolicy : public IntraSitePolicy {
  public:
@@ -32,6 +73,7 @@ class BspPolicy : public IntraSitePolicy {
   void Start(uint32_t num_workers, Duration /*now*/) override {
     committed_.assign(num_workers, false);
     active_.assign(num_workers, true);
+    joining_.assign(num_workers, false);
   }
 
   PolicyDecision OnCommit(const CommitEvent& event) override {
@@ -63,10 +105,23 @@ class BspPolicy : public IntraSitePolicy {
     PolicyDecision decision;
     if (worker < active_.size()) {
       active_[worker] = false;
+      joining_[worker] = false;
       // A departed worker's pending commit (if any) stays in the aggregate:
       // it was accepted and is applied with the rest of its clock.
       MaybeCloseClock(&decision);
     }
+    return decision;
+  }
+
+  PolicyDecision OnJoin(uint32_t worker, Duration /*now*/) override {
+    PolicyDecision decision;
+    if (worker >= active_.size() || active_[worker] || joining_[worker]) {
+      return decision;
+    }
+    joining_[worker] = true;
+    // Released at once when no live worker is still computing the open
+    // round (e.g. it is the only one left), else at the round's close.
+    MaybeCloseClock(&decision);
     return decision;
   }
 
@@ -85,27 +140,37 @@ class BspPolicy : public IntraSitePolicy {
   uint32_t local_steps_;
 
  private:
+  // Closes the open round once every live worker has committed to it (a
+  // round without any commit does not tick), then lets the joiners in.
   void MaybeCloseClock(PolicyDecision* decision) {
     bool any_committed = false;
     for (size_t w = 0; w < committed_.size(); ++w) {
       if (active_[w] && !committed_[w]) return;  // still waiting for w
       any_committed = any_committed || committed_[w];
     }
-    if (!any_committed) return;
-    decision->flush_aggregate = true;
-    for (size_t w = 0; w < committed_.size(); ++w) {
-      if (committed_[w] && active_[w]) {
-        decision->release.push_back(static_cast<uint32_t>(w));
+    if (any_committed) {
+      decision->flush_aggregate = true;
+      for (size_t w = 0; w < committed_.size(); ++w) {
+        if (committed_[w] && active_[w]) {
+          decision->release.push_back(static_cast<uint32_t>(w));
+        }
       }
+      std::fill(committed_.begin(), committed_.end(), false);
+      ++clock_;
+      OnRoundClosed();
     }
-    std::fill(committed_.begin(), committed_.end(), false);
-    ++clock_;
-    OnRoundClosed();
+    for (size_t w = 0; w < joining_.size(); ++w) {
+      if (!joining_[w]) continue;
+      joining_[w] = false;
+      active_[w] = true;
+      decision->release.push_back(static_cast<uint32_t>(w));
+    }
   }
 
   std::string_view name_;
   std::vector<bool> committed_;  // committed in the current clock
-  std::vector<bool> active_;     // still in the job
+  std::vector<bool> active_;     // live: the barrier waits for it
+  std::vector<bool> joining_;    // joined; active from the next round
   uint64_t clock_ = 0;
 };
 
@@ -156,9 +221,9 @@ class AdacommPolicy final : public BspPolicy {
 
 // Stale synchronous parallel: every commit is applied at once; a worker's
 // clock is its number of accepted commits, and a worker more than
-// `staleness` clocks ahead of the slowest worker still in the job is not
-// answered (commit or pull) until the slowest has caught up to within
-// `staleness`.
+// `staleness` clocks ahead of the slowest live worker is not answered
+// (commit or pull) until the slowest has caught up to within `staleness`.
+// A joiner starts at the slowest live worker's clock.
 class SspPolicy final : public IntraSitePolicy {
  public:
   SspPolicy(uint32_t local_steps, uint32_t staleness)
@@ -204,12 +269,27 @@ class SspPolicy final : public IntraSitePolicy {
     return decision;
   }
 
+  PolicyDecision OnJoin(uint32_t worker, Duration /*now*/) override {
+    PolicyDecision decision;
+    if (worker >= active_.size() || active_[worker]) return decision;
+    uint64_t slowest = std::numeric_limits<uint64_t>::max();
+    for (size_t w = 0; w < clocks_.size(); ++w) {
+      if (active_[w]) slowest = std::min(slowest, clocks_[w]);
+    }
+    clocks_[worker] =
+        slowest == std::numeric_limits<uint64_t>::max() ? min_clock_ : slowest;
+    active_[worker] = true;
+    held_[worker] = true;  // its HELLO waits for the answer
+    ReleaseCaughtUp(&decision);
+    return decision;
+  }
+
   pb::CommitPlan PlanFor(uint32_t /*worker*/) const override {
     return StepPlan(local_steps_);
   }
 
-  // The slowest active worker's clock (never decreases: workers only leave
-  // the minimum).
+  // The slowest live worker's clock (never decreases: workers only leave
+  // the minimum, and a joiner starts at it).
   uint64_t clock() const override { return min_clock_; }
 
  private:
@@ -253,7 +333,7 @@ class AdspPolicy final : public IntraSitePolicy {
   std::string_view name() const override { return "adsp"; }
 
   void Start(uint32_t num_workers, Duration now) override {
-    num_workers_ = std::max<uint32_t>(num_workers, 1);
+    clock_.Start(num_workers);
     workers_.assign(num_workers, WorkerState{});
     search_.Start(now);
     for (uint32_t w = 0; w < num_workers; ++w) {
@@ -282,7 +362,7 @@ class AdspPolicy final : public IntraSitePolicy {
       // The first cycle also holds the join; trust the worker's own report.
       state.overhead.Add(std::min(event.commit_overhead_s, cycle_target));
     }
-    ++commits_;
+    clock_.OnCommit();
     decision.update = PolicyDecision::Update::kApply;
     decision.release.push_back(event.worker);
     state.last_reply = event.now;
@@ -302,8 +382,22 @@ class AdspPolicy final : public IntraSitePolicy {
     return decision;
   }
 
-  PolicyDecision OnLeave(uint32_t /*worker*/, Duration /*now*/) override {
+  PolicyDecision OnLeave(uint32_t worker, Duration /*now*/) override {
+    clock_.SetLive(worker, false);
     return {};
+  }
+
+  // A joiner's cycle starts with its WELCOME; the overhead estimate of the
+  // slot (the same device, as a rule) is kept.
+  PolicyDecision OnJoin(uint32_t worker, Duration now) override {
+    PolicyDecision decision;
+    if (!clock_.SetLive(worker, true)) return decision;
+    WorkerState& state = workers_[worker];
+    state.last_reply = now;
+    state.replied_after_commit = false;
+    state.interval_s = Interval(worker);
+    decision.release.push_back(worker);
+    return decision;
   }
 
   PolicyDecision OnTick(Duration now) override {
@@ -329,7 +423,7 @@ class AdspPolicy final : public IntraSitePolicy {
 
   double search_time_s() const override { return search_.search_time_s(); }
 
-  uint64_t clock() const override { return commits_ / num_workers_; }
+  uint64_t clock() const override { return clock_.clock(); }
 
  private:
   struct WorkerState {
@@ -377,12 +471,12 @@ class AdspPolicy final : public IntraSitePolicy {
   double period_s_;
   double min_interval_s_;
   AdspSearch search_;
-  uint32_t num_workers_ = 1;
+  CommitClock clock_;
   std::vector<WorkerState> workers_;
-  uint64_t commits_ = 0;
 };
 
-// Fully asynchronous (TAP): every commit is applied and answered at once.
+// Fully asynchronous (TAP): every commit is applied and answered at once;
+// a joiner is answered at once.
 class AsyncPolicy final : public IntraSitePolicy {
  public:
   explicit AsyncPolicy(uint32_t local_steps) : local_steps_(local_steps) {}
@@ -390,11 +484,11 @@ class AsyncPolicy final : public IntraSitePolicy {
   std::string_view name() const override { return "async"; }
 
   void Start(uint32_t num_workers, Duration /*now*/) override {
-    num_workers_ = std::max<uint32_t>(num_workers, 1);
+    clock_.Start(num_workers);
   }
 
   PolicyDecision OnCommit(const CommitEvent& event) override {
-    ++commits_;
+    clock_.OnCommit();
     PolicyDecision decision;
     decision.release.push_back(event.worker);
     return decision;
@@ -406,20 +500,26 @@ class AsyncPolicy final : public IntraSitePolicy {
     return decision;
   }
 
-  PolicyDecision OnLeave(uint32_t /*worker*/, Duration /*now*/) override {
+  PolicyDecision OnLeave(uint32_t worker, Duration /*now*/) override {
+    clock_.SetLive(worker, false);
     return {};
+  }
+
+  PolicyDecision OnJoin(uint32_t worker, Duration /*now*/) override {
+    PolicyDecision decision;
+    if (clock_.SetLive(worker, true)) decision.release.push_back(worker);
+    return decision;
   }
 
   pb::CommitPlan PlanFor(uint32_t /*worker*/) const override {
     return StepPlan(local_steps_);
   }
 
-  uint64_t clock() const override { return commits_ / num_workers_; }
+  uint64_t clock() const override { return clock_.clock(); }
 
  private:
   uint32_t local_steps_;
-  uint32_t num_workers_ = 1;
-  uint64_t commits_ = 0;
+  CommitClock clock_;
 };
 
 }  // namespace

@@ -758,6 +758,31 @@ void ForEachDoubleField(
   }
 }
 
+TEST(ValidateJobConfigTest, FaultSettings) {
+  pb::JobConfig config = ValidConfig();
+  EXPECT_TRUE(ValidateJobConfig(config).empty());  // the defaults
+  pb::FaultConfig* fault = config.mutable_fault();
+  fault->set_heartbeat_interval_s(2);
+  fault->set_peer_timeout_s(3);  // below two heartbeats
+  fault->set_retention_limit("lots");
+  fault->set_checkpoint_period_s(-1);
+  std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+  EXPECT_EQ(Fields(issues),
+            (std::vector<std::string>{"fault.checkpoint_period_s",
+                                      "fault.peer_timeout_s",
+                                      "fault.retention_limit"}));
+  for (const ConfigIssue& issue : issues) {
+    if (issue.field == "fault.peer_timeout_s") {
+      EXPECT_TRUE(Contains(issue.message, "twice heartbeat_interval_s"))
+          << issue.message;
+    }
+  }
+  fault->set_peer_timeout_s(4);
+  fault->set_retention_limit("16mb");
+  fault->set_checkpoint_period_s(0);  // no checkpoints: allowed
+  EXPECT_TRUE(ValidateJobConfig(config).empty());
+}
+
 TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   pb::JobConfig config = ValidConfig();
   int visited = 0;
@@ -785,8 +810,10 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   // wan.sample_period_s, sync: threshold, adaptive_step, adaptive_max,
   // selective_barrier_fraction, compression.top_k_fraction; policy:
   // check_period_s, min_commit_interval_s, search_period_s,
-  // loss_jump_ratio, search_min_improvement.
-  EXPECT_EQ(visited, 23);
+  // loss_jump_ratio, search_min_improvement; fault: heartbeat_interval_s,
+  // worker_timeout_s, server_timeout_s, worker_give_up_s, peer_timeout_s,
+  // checkpoint_period_s, restart_backoff_s.
+  EXPECT_EQ(visited, 30);
 }
 
 // ---------------------------------------------------------------------------

@@ -130,11 +130,13 @@ EOF
 "$script" run "$tmp/job.pbtxt" "$tmp/out2" --timeout 150 --rate 200mbit \
   >"$tmp/run2.log" 2>&1 &
 run_pid=$!
-for _ in $(seq 1 40); do
-  [ -s "$tmp/out2/logs/site-ap.log" ] && break
-  sleep 0.5
+# Half-way: once site ap trains.
+deadline=$((SECONDS + 120))
+until grep -q 'workers joined; training' "$tmp/out2/logs/site-ap.log" 2>/dev/null; do
+  [ "$SECONDS" -lt "$deadline" ] || fail "site ap of the second run did not train within 120 s: $(tail -n 5 "$tmp/run2.log")"
+  kill -0 "$run_pid" 2>/dev/null || fail "the second run ended early: $(tail -n 5 "$tmp/run2.log")"
+  sleep 0.2
 done
-sleep 2
 [ -n "$(our_namespaces)" ] || fail "the second run made no namespaces: $(cat "$tmp/run2.log")"
 qdisc="$(ip netns exec "$MERIDIAN_NETNS_PREFIX-us" tc qdisc show dev uplink)"
 echo "$qdisc" | grep -q 'tbf.*rate 200Mbit' || fail "no tbf on us's uplink: $qdisc"

@@ -26,6 +26,18 @@ fail() {
   echo "(files kept in $dir)" >&2
   exit 1
 }
+# wait_for SECONDS TEXT FILE...: waits until every FILE contains TEXT.
+wait_for() {
+  local seconds=$1 text=$2 file
+  shift 2
+  local deadline=$((SECONDS + seconds))
+  for file in "$@"; do
+    until grep -qF "$text" "$file" 2>/dev/null; do
+      ((SECONDS < deadline)) || fail "no '$text' in $file within $seconds s"
+      sleep 0.1
+    done
+  done
+}
 
 "$repo/deploy/standalone/setup" "$dir/run" --budget 15 --binary "$binary" \
   > "$dir/setup.out"
@@ -41,7 +53,7 @@ for index in 0 1 2 3; do
     > "$dir/worker-ap-$index.out" 2>&1 &
   pids+=($!)
 done
-sleep 3
+wait_for 60 "waiting for site server 'ap'" "$dir"/worker-ap-{0,1,2,3}.out
 site_pids=()
 for site in ap eu us; do
   with_workers=(--with-workers)
@@ -52,7 +64,7 @@ for site in ap eu us; do
   site_pids+=($!)
 done
 # Sites train and queue updates while the emulator is not up yet.
-sleep 6
+wait_for 120 'waiting for peer sites' "$dir"/site-{ap,eu,us}.out
 "$binary" wanem --config "$job" --traffic-csv "$dir/run/traffic.csv" \
   > "$dir/wanem.out" 2>&1 &
 wanem_pid=$!

@@ -745,8 +745,10 @@ TEST_F(TransportTest, RpcCallIsCancelledFromAnotherThread) {
   pb::Header request;
   request.set_type(pb::PULL);
 
-  std::thread canceller([&cancel] {
-    std::this_thread::sleep_for(milliseconds(150));
+  std::thread canceller([&cancel, &router] {
+    // Cancel once the call is waiting: its request has arrived.
+    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, milliseconds(60000));
     cancel = true;
   });
   const auto start = Clock::now();

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "meridian/job.pb.h"
-#include "meridian/report.pb.h"
 #include "meridian/report.h"
+#include "meridian/report.pb.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
 
@@ -185,9 +185,9 @@ TEST(CliTest, BadAddressOverridesAndLinksAreNamed) {
   const std::string path = WriteSmallJob();
   ASSERT_FALSE(path.empty());
 
-  CommandResult result = testing::RunCommand(
-      "MERIDIAN_SITE_SITE_A_ADDRESS=10.0.0.1:7100 " +
-      std::string(MERIDIAN_BINARY) + " validate " + path);
+  CommandResult result =
+      testing::RunCommand("MERIDIAN_SITE_SITE_A_ADDRESS=10.0.0.1:7100 " +
+                          std::string(MERIDIAN_BINARY) + " validate " + path);
   EXPECT_FALSE(result.crashed);
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("MERIDIAN_SITE_SITE_A_ADDRESS"),
@@ -198,10 +198,41 @@ TEST(CliTest, BadAddressOverridesAndLinksAreNamed) {
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("site-a-nowhere"), std::string::npos)
       << result.output;
-  result = Meridian("wanem --listen 127.0.0.1:0 --forward 127.0.0.1:1 "
-                    "--link a-b");
+  result = Meridian(
+      "wanem --listen 127.0.0.1:0 --forward 127.0.0.1:1 "
+      "--link a-b");
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("--link"), std::string::npos) << result.output;
+}
+
+TEST(CliTest, RunTakesAJobFileOrAResumeDirectory) {
+  const std::string path = WriteSmallJob();
+  ASSERT_FALSE(path.empty());
+  CommandResult result = Meridian("run");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("--resume"), std::string::npos) << result.output;
+  const std::string dir = testing::MakeTempDir("cli-run");
+  result = Meridian("run " + path + " --resume " + dir);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("give no FILE"), std::string::npos)
+      << result.output;
+  // A directory no run wrote: named, nothing started.
+  result = Meridian("run --resume " + dir);
+  EXPECT_FALSE(result.crashed);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find(dir + "/run.json"), std::string::npos)
+      << result.output;
+  EXPECT_EQ(Meridian("run " + path + " --max-restarts -3").exit_code, 2);
+  EXPECT_EQ(Meridian("run " + path + " --max-restarts lots").exit_code, 2);
+}
+
+TEST(CliTest, ResumeRefusesARunManifestWithoutAJobFile) {
+  const std::string dir = testing::MakeTempDir("cli-run");
+  std::ofstream(dir + "/run.json") << "{\"job\": \"j\"}";
+  const CommandResult result = Meridian("run --resume " + dir);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("names no job file"), std::string::npos)
+      << result.output;
 }
 
 TEST(CliTest, BadCommandLinesAreUsageErrors) {

@@ -13,12 +13,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "meridian/job.pb.h"
+#include "meridian/metrics.h"
 #include "meridian/report.pb.h"
 #include "meridian/report.h"
 #include "testing/processes.h"
@@ -34,6 +36,41 @@ using testing::RunCommand;
 
 int CountProcesses(const std::string& needle) {
   return static_cast<int>(FindProcesses(needle).size());
+}
+
+// Waits until the site servers of `meridian run --out OUT` (as listed in
+// OUT/endpoints.json) report local SGD steps from every worker in `workers`
+// ("site/index"): the workers are up and training. False after `timeout`.
+bool WaitUntilTraining(const std::string& out,
+                       const std::vector<std::string>& workers,
+                       std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pb::RunEndpoints endpoints;
+    std::set<std::string> training;
+    if (ReadJsonFile(out + "/endpoints.json", &endpoints).ok()) {
+      for (const pb::ProcessEndpoint& process : endpoints.process()) {
+        if (process.role() != "site") continue;
+        Result<std::string> text =
+            FetchMetricsText(process.metrics_address(), 5.0);
+        if (!text.ok()) continue;
+        Result<std::vector<MetricSample>> samples = ParseMetricsText(*text);
+        if (!samples.ok()) continue;
+        for (const MetricSample& sample : *samples) {
+          if (sample.name == "meridian_site_worker_steps_total" &&
+              sample.value > 0) {
+            training.insert(sample.Label("worker"));
+          }
+        }
+      }
+    }
+    if (std::all_of(workers.begin(), workers.end(),
+                    [&](const std::string& w) { return training.count(w); })) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
 }
 
 class IntegrationTest : public ::testing::Test {
@@ -125,27 +162,29 @@ INSTANTIATE_TEST_SUITE_P(Policies, ConvergenceTest,
                            return pb::PolicyKind_Name(info.param);
                          });
 
+// With restarts off (fault { max_restarts: 0 }, as --fail-fast), a failed
+// child stops the job; supervision_test.cc covers restarts.
 TEST_F(IntegrationTest, AFailingWorkerStopsTheJobAndIsNamed) {
   pb::JobConfig job = testing::SmallJob(*data_dir_, 3);
   job.set_target_accuracy(0);  // run until stopped
   job.set_time_budget_s(300);
+  job.mutable_fault()->set_max_restarts(0);
   job.mutable_site(0)->mutable_workers(0)->set_step_time_s(0.01);
   const std::string path = WriteJob(job);
   const std::string out = testing::MakeTempDir("integration-out");
   const std::string needle =
       "worker --config " + path + " --site site-a --index 1";
+  bool trained = false;
   std::thread killer([&] {
     // Wait for the worker to be up and training, then kill it.
-    for (int i = 0; i < 300 && CountProcesses(needle) == 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    std::this_thread::sleep_for(std::chrono::seconds(2));
+    trained = WaitUntilTraining(out, {"site-a/1"}, std::chrono::seconds(120));
     KillProcesses(needle);
   });
   const auto start = std::chrono::steady_clock::now();
   const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
                                           " run " + path + " --out " + out);
   killer.join();
+  EXPECT_TRUE(trained) << "worker 1 never trained";
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -178,14 +217,13 @@ TEST_F(IntegrationTest, InterruptStopsEveryProcess) {
             out.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  const std::string needle = "worker --config " + path;
-  for (int i = 0; i < 300 && CountProcesses(needle) < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // Interrupt once both workers are training.
+  const bool trained = WaitUntilTraining(out, {"site-a/0", "site-a/1"},
+                                         std::chrono::seconds(120));
   ::kill(pid, SIGINT);
   int status = 0;
   ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(trained) << "the workers never trained";
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);
   EXPECT_EQ(CountProcesses(path), 0) << "orphaned children";

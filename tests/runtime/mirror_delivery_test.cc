@@ -27,9 +27,7 @@ pb::Endpoint Site(const std::string& name) {
   return self;
 }
 
-pb::Header Hello() {
-  return MakeHeader(pb::MIRROR_HELLO, Site("a"), 0);
-}
+pb::Header Hello() { return MakeHeader(pb::MIRROR_HELLO, Site("a"), 0); }
 
 pb::Header Clock(int64_t clock) {
   pb::Header header = MakeHeader(pb::MIRROR_CLOCK, Site("a"), 0);
@@ -118,20 +116,16 @@ class Receiver {
 };
 
 // The sending site: an OutboundChannel on a DEALER connected to `endpoint`.
-std::unique_ptr<OutboundChannel> Sender(zmq::context_t& context,
-                                        const std::string& endpoint,
-                                        uint64_t incarnation,
-                                        DeliveryOptions options,
-                                        OutboundChannel::State* restore =
-                                            nullptr) {
+std::unique_ptr<OutboundChannel> Sender(
+    zmq::context_t& context, const std::string& endpoint, uint64_t incarnation,
+    DeliveryOptions options, OutboundChannel::State* restore = nullptr) {
   auto channel =
       std::make_unique<OutboundChannel>("b", Site("a"), incarnation, options);
   if (restore != nullptr) channel->Restore(*restore);
   auto socket =
       std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
   socket->set(zmq::sockopt::linger, 0);
-  socket->set(zmq::sockopt::routing_id,
-              "a#" + std::to_string(incarnation));
+  socket->set(zmq::sockopt::routing_id, "a#" + std::to_string(incarnation));
   socket->connect(endpoint);
   channel->Attach(std::move(socket), Hello(), 0.0);
   return channel;
@@ -140,8 +134,8 @@ std::unique_ptr<OutboundChannel> Sender(zmq::context_t& context,
 // Reads acknowledgements on the sender's socket.
 void ReadAcks(OutboundChannel& out, double now) {
   while (true) {
-    Result<Received> received = ReceiveMessage(
-        *out.socket(), false, std::chrono::milliseconds(50));
+    Result<Received> received =
+        ReceiveMessage(*out.socket(), false, std::chrono::milliseconds(50));
     ASSERT_TRUE(received.ok());
     if (!received->message) return;
     if (received->message->header.type() == pb::MIRROR_ACK) {
@@ -172,7 +166,8 @@ TEST_F(MirrorDeliveryTest, DeliversInOrderAndForgetsWhatWasApplied) {
   EXPECT_EQ(receiver.applied(), Range(1, 5));
   ReadAcks(*out, 0.3);
   EXPECT_TRUE(out->Delivered(5));
-  EXPECT_EQ(out->retained_messages(), 0u);  // no checkpoints: applied is enough
+  // The receiver keeps no checkpoints: applied counts as durable.
+  EXPECT_EQ(out->retained_messages(), 0u);
   EXPECT_GT(out->delivered_bytes(), 0u);
   EXPECT_EQ(out->backlog_bytes(), 0u);
 }
@@ -236,7 +231,7 @@ TEST_F(MirrorDeliveryTest, DuplicatesOfAResendAreDropped) {
 
 TEST_F(MirrorDeliveryTest, WaitsForTheReceiversCheckpointBeforeForgetting) {
   DeliveryOptions options;
-  options.wait_for_durable = true;
+  options.checkpointed = true;        // the receiver's checkpoints decide
   options.retention_limit_bytes = 1;  // full as soon as one is kept
   Receiver receiver(context_, endpoint_, options);
   auto out = Sender(context_, endpoint_, 7, options);
@@ -261,7 +256,7 @@ TEST_F(MirrorDeliveryTest, WaitsForTheReceiversCheckpointBeforeForgetting) {
 // checkpoint) and sends it again.
 TEST_F(MirrorDeliveryTest, AReceiverRestoredFromACheckpointGetsWhatItLost) {
   DeliveryOptions options;
-  options.wait_for_durable = true;
+  options.checkpointed = true;  // the receiver's checkpoints decide
   auto out = std::unique_ptr<OutboundChannel>();
   std::string endpoint;  // TCP: the sender reconnects to the new receiver
   {
@@ -346,6 +341,7 @@ TEST_F(MirrorDeliveryTest, ASenderRestartedWithoutStateStartsAgain) {
 TEST(InboundChannelTest, AcknowledgesOnChangeAndEveryInterval) {
   DeliveryOptions options;
   options.heartbeat_interval_s = 1.0;
+  options.checkpointed = true;  // durable only when a checkpoint says so
   InboundChannel in(options);
   EXPECT_FALSE(in.AckDue(0.0, 0));  // nobody said hello yet
   in.OnHello(5, 1, false, 0.0);

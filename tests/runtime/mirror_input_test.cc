@@ -37,8 +37,8 @@ class MirrorInputTest : public ::testing::Test {
     // Site b's mirror socket, where site a sends once it trains: a socket
     // that is there (never read), so that a's channel to b delivers and
     // closes at once instead of lingering on a port where nobody listens.
-    b_mirror_ =
-        std::make_unique<zmq::socket_t>(sink_context_, zmq::socket_type::router);
+    b_mirror_ = std::make_unique<zmq::socket_t>(sink_context_,
+                                                zmq::socket_type::router);
     b_mirror_->set(zmq::sockopt::linger, 0);
     b_mirror_->bind("tcp://127.0.0.1:*");
     pb::SiteConfig* b = job_.add_site();
@@ -87,8 +87,7 @@ class MirrorInputTest : public ::testing::Test {
     pb::Endpoint sender;
     sender.set_site(site);
     sender.set_role(pb::ROLE_SITE_SERVER);
-    return MakeHeader(type, sender,
-                      type == pb::MIRROR_HELLO ? 0 : ++sequence_);
+    return MakeHeader(type, sender, type == pb::MIRROR_HELLO ? 0 : ++sequence_);
   }
 
   void Send(const pb::Header& header, std::vector<zmq::message_t> frames = {}) {

@@ -344,7 +344,8 @@ TEST_F(LiveRunTest, EveryProcessExposesCountersThatMove) {
   ASSERT_FALSE(site_a.empty());
   ASSERT_FALSE(wanem.empty());
 
-  // Counters move while the job trains.
+  // Counters move while the job trains. Wait for site a's first commits
+  // and its first clock (the sync's threshold is set at the first clock).
   double first_commits = 0;
   std::string text;
   while (true) {
@@ -355,7 +356,9 @@ TEST_F(LiveRunTest, EveryProcessExposesCountersThatMove) {
     if (scraped.ok()) {
       text = *scraped;
       first_commits = MetricSum(text, "meridian_site_commits_total");
-      if (first_commits > 0) break;
+      if (first_commits > 0 && MetricSum(text, "meridian_site_clock") > 0) {
+        break;
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }

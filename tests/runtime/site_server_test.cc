@@ -432,11 +432,17 @@ TEST_F(SiteServerTest, BspHoldsRepliesUntilEveryWorkerCommitted) {
   Result<Envelope> reply0 = DeadlineExceededError("not answered");
   std::thread commit0(
       [&] { reply0 = w0->Call(CommitHeader(), UpdateFrames(1.0f), kTimeout); });
-  std::this_thread::sleep_for(milliseconds(300));
   RpcClient control(context_, endpoint_, ClientEndpoint());
   pb::Header status;
   status.set_type(pb::STATUS_REQUEST);
+  // Wait until the server holds that commit (it counts it on arrival).
+  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
   Result<Envelope> before = control.Call(status, {}, kTimeout);
+  while (before.ok() && before->header.status().commits() == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(10));
+    before = control.Call(status, {}, kTimeout);
+  }
   ASSERT_TRUE(before.ok());
   EXPECT_EQ(before->header.status().model_version(), 0u)
       << "the barrier must not apply before every worker committed";

@@ -2,6 +2,7 @@
 // commit transit times run the real worker-side CommitTrigger against a
 // real IntraSitePolicy, event by event on a ManualClock, so a test can ask
 // who waited for whom, for how long, and how many commits each made when.
+// Workers can die (Kill) and join again (Join) between runs.
 #ifndef MERIDIAN_TESTS_SCHED_VIRTUAL_SITE_H_
 #define MERIDIAN_TESTS_SCHED_VIRTUAL_SITE_H_
 
@@ -35,6 +36,8 @@ struct WorkerLog {
   std::vector<Wait> waits;                // only waits longer than 1 ns
   double blocked_s = 0;
   uint64_t rejected = 0;
+  // When a Join() was answered (the server released the joiner).
+  std::vector<double> join_released_s;
 
   // Commits that arrived in [from_s, to_s).
   int CommitsIn(double from_s, double to_s) const {
@@ -72,12 +75,34 @@ class VirtualSite {
   void RunUntil(double t_s) {
     const Duration end = FromSeconds(t_s);
     while (!events_.empty() && std::get<0>(events_.top()) <= end) {
-      const auto [at, seq, kind, w] = events_.top();
+      const auto [at, seq, kind, w, generation] = events_.top();
       events_.pop();
       clock_.Advance(at - clock_.Now());
-      Handle(kind, w);
+      Handle(kind, w, generation);
     }
     clock_.Advance(end - clock_.Now());
+  }
+
+  // Worker `w` dies now: whatever it was doing is lost, an update of its
+  // that already arrived stays with the policy; the policy hears OnLeave.
+  void Kill(uint32_t w) {
+    ++state_[w].generation;
+    state_[w].waiting = false;
+    state_[w].alive = false;
+    Execute(policy_->OnLeave(w, clock_.Now()));
+  }
+
+  // A new process for worker `w` joins now: it waits for the policy to
+  // release it (its WELCOME), then trains from scratch.
+  void Join(uint32_t w) {
+    State& s = state_[w];
+    ++s.generation;
+    s.alive = true;
+    s.waiting = true;
+    s.joining = true;
+    s.reply_scheduled = false;
+    s.commit_sent = clock_.Now();
+    Execute(policy_->OnJoin(w, clock_.Now()));
   }
 
   const std::vector<WorkerLog>& logs() const { return logs_; }
@@ -93,16 +118,27 @@ class VirtualSite {
     bool reply_scheduled = false;
     Duration commit_sent{0};
     pb::CommitPlan plan;
+    // Each Kill and Join starts a new generation: events of an earlier one
+    // (a dead process's steps and replies) are dropped.
+    uint32_t generation = 0;
+    bool alive = true;
+    bool joining = false;  // waiting for the answer to its join
   };
 
-  using Event = std::tuple<Duration, uint64_t, Kind, uint32_t>;
+  // (time, sequence, kind, worker, generation)
+  using Event = std::tuple<Duration, uint64_t, Kind, uint32_t, uint32_t>;
 
   void Push(Duration at, Kind kind, uint32_t worker) {
-    events_.emplace(at, ++seq_, kind, worker);
+    const uint32_t generation = kind == kTick ? 0 : state_[worker].generation;
+    events_.emplace(at, ++seq_, kind, worker, generation);
   }
 
-  void Handle(Kind kind, uint32_t w) {
+  void Handle(Kind kind, uint32_t w, uint32_t generation) {
     const Duration now = clock_.Now();
+    if (kind != kTick &&
+        (generation != state_[w].generation || !state_[w].alive)) {
+      return;  // the process this event belonged to is gone
+    }
     switch (kind) {
       case kStepDone: {
         ++logs_[w].steps;
@@ -132,6 +168,15 @@ class VirtualSite {
       }
       case kReplyArrive: {
         State& s = state_[w];
+        if (s.joining) {
+          s.joining = false;
+          logs_[w].join_released_s.push_back(ToSeconds(now) -
+                                             workers_[w].down_s);
+          s.waiting = false;
+          s.trigger.Reset(s.plan, now);
+          Push(now + FromSeconds(workers_[w].step_s), kStepDone, w);
+          return;
+        }
         const double blocked = ToSeconds(now - s.commit_sent) -
                                workers_[w].up_s - workers_[w].down_s;
         if (blocked > 1e-9) {
@@ -155,7 +200,7 @@ class VirtualSite {
   void Execute(const PolicyDecision& decision) {
     const Duration now = clock_.Now();
     for (uint32_t r : decision.release) {
-      if (r >= state_.size() || !state_[r].waiting ||
+      if (r >= state_.size() || !state_[r].alive || !state_[r].waiting ||
           state_[r].reply_scheduled) {
         continue;
       }

@@ -1,6 +1,11 @@
 #include "testing/live_sites.h"
 
+#include <google/protobuf/text_format.h>
+#include <signal.h>
+
 #include <cmath>
+#include <fstream>
+#include <optional>
 #include <thread>
 #include <zmq.hpp>
 
@@ -8,6 +13,7 @@
 #include "meridian/model.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
+#include "runtime/process.h"
 #include "testing/scripted_worker.h"
 
 namespace meridian::testing {
@@ -22,8 +28,7 @@ pb::Endpoint Launcher() {
 Status Call(zmq::context_t& context, const SiteServer& server,
             const pb::Header& request, std::chrono::milliseconds timeout) {
   RpcClient control(context, server.endpoint(), Launcher());
-  MERIDIAN_ASSIGN_OR_RETURN(Envelope reply,
-                            control.Call(request, {}, timeout));
+  MERIDIAN_ASSIGN_OR_RETURN(Envelope reply, control.Call(request, {}, timeout));
   if (reply.header.type() != pb::STATUS_REPLY) {
     return FailedPreconditionError(DescribeHeader(reply.header) + ": " +
                                    reply.header.error().message());
@@ -36,18 +41,87 @@ Status Call(zmq::context_t& context, const SiteServer& server,
 Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job, int commits,
                                   uint64_t seed_base,
                                   std::chrono::milliseconds timeout) {
+  LiveSitesOptions options;
+  options.commits = commits;
+  options.seed_base = seed_base;
+  options.timeout = timeout;
+  return RunLiveSites(job, options);
+}
+
+namespace {
+
+// A `meridian wanem` child with every link of `job` and no routes yet.
+Result<ChildProcess> StartWanem(const pb::JobConfig& job,
+                                const LiveSitesOptions& options,
+                                std::string* control) {
+  const std::string config = options.work_dir + "/wanem-job.pbtxt";
+  std::string text;
+  if (!google::protobuf::TextFormat::PrintToString(job, &text)) {
+    return InternalError("cannot print the job");
+  }
+  std::ofstream(config) << text;
+  MERIDIAN_ASSIGN_OR_RETURN(
+      ChildProcess wanem,
+      ChildProcess::Spawn(
+          "wanem",
+          {options.meridian_binary, "wanem", "--config", config,
+           "--dynamic-routes", "--control", "tcp://127.0.0.1:0", "--ready-fd",
+           std::to_string(kReadyFd), "--metrics", "none"},
+          options.work_dir + "/wanem.log"));
+  MERIDIAN_ASSIGN_OR_RETURN(std::string line,
+                            wanem.ReadReadyLine(std::chrono::seconds(60)));
+  if (line.rfind("ready ", 0) != 0) {
+    return UnavailableError("wanem said '" + line + "'");
+  }
+  *control = line.substr(6);
+  return wanem;
+}
+
+// Where site `from` reaches `target` (site `to`'s mirror endpoint):
+// through a wanem route when there is one.
+Result<std::string> Route(const pb::JobConfig& job, wan::ControlClient* wanem,
+                          int from, int to, const std::string& target) {
+  if (wanem == nullptr) return target;
+  const int a = std::min(from, to);
+  const int b = std::max(from, to);
+  MERIDIAN_ASSIGN_OR_RETURN(
+      std::string listen,
+      wanem->AddRoute(job.site(a).name() + "-" + job.site(b).name(),
+                      job.site(from).name(), "127.0.0.1:0",
+                      target.substr(std::string("tcp://").size())));
+  return "tcp://" + listen;
+}
+
+}  // namespace
+
+Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job,
+                                  const LiveSitesOptions& options) {
+  const std::chrono::milliseconds timeout = options.timeout;
+  std::optional<ChildProcess> wanem_process;
+  std::unique_ptr<wan::ControlClient> wanem;
+  if (options.through_wanem) {
+    std::string control;
+    MERIDIAN_ASSIGN_OR_RETURN(ChildProcess child,
+                              StartWanem(job, options, &control));
+    wanem_process.emplace(std::move(child));
+    wanem = std::make_unique<wan::ControlClient>(control);
+  }
   LiveSitesRun run;
   for (const pb::SiteConfig& site : job.site()) {
-    SiteServerOptions options;
-    options.job = job;
-    options.site = site.name();
-    options.bind = "tcp://127.0.0.1:*";
-    options.mirror_bind = "tcp://127.0.0.1:*";
+    SiteServerOptions server_options;
+    server_options.job = job;
+    server_options.site = site.name();
+    server_options.bind = "tcp://127.0.0.1:*";
+    server_options.mirror_bind = "tcp://127.0.0.1:*";
     MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<SiteServer> server,
-                              SiteServer::Create(std::move(options)));
+                              SiteServer::Create(std::move(server_options)));
     run.servers.push_back(std::move(server));
   }
   const size_t sites = run.servers.size();
+  // Threads: one per server (its Run), one scripted worker per site, and
+  // the fault script. Each writes only its own slot of run_status,
+  // worker_status and sums, read after the joins, so nothing is shared
+  // under a lock.
   std::vector<Status> run_status(sites);
   std::vector<std::thread> threads;
   for (size_t s = 0; s < sites; ++s) {
@@ -59,10 +133,18 @@ Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job, int commits,
     pb::Header request;
     request.set_type(pb::SET_PEERS);
     for (int p : RoleOf(job, static_cast<int>(s)).Peers()) {
+      Result<std::string> endpoint =
+          Route(job, wanem.get(), static_cast<int>(s), p,
+                run.servers[p]->mirror_endpoint());
+      if (!endpoint.ok()) {
+        status = endpoint.status();
+        break;
+      }
       pb::Peer* peer = request.mutable_peers()->add_peer();
       peer->set_site(job.site(p).name());
-      peer->set_endpoint(run.servers[p]->mirror_endpoint());
+      peer->set_endpoint(*endpoint);
     }
+    if (!status.ok()) break;
     status = Call(context, *run.servers[s], request, timeout)
                  .WithContext("introducing the peers of " + job.site(s).name());
   }
@@ -77,9 +159,11 @@ Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job, int commits,
       workers.emplace_back([&, s] {
         worker_status[s] = RunScriptedWorker(
             context, run.servers[s]->endpoint(), job.site(s).name(), layout,
-            commits, seed_base + s, &sums[s], timeout);
+            options.commits, options.seed_base + s, &sums[s], timeout,
+            options.commit_interval);
       });
     }
+    if (options.during) options.during(wanem.get());
     for (std::thread& t : workers) t.join();
     for (const Status& worker : worker_status) {
       if (status.ok()) status = worker;
@@ -94,6 +178,7 @@ Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job, int commits,
     }
   }
   for (std::thread& t : threads) t.join();
+  if (wanem_process) wanem_process->Signal(SIGTERM);
   MERIDIAN_RETURN_IF_ERROR(status);
   for (const Status& server : run_status) MERIDIAN_RETURN_IF_ERROR(server);
 
@@ -112,14 +197,15 @@ Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job, int commits,
 size_t CountMismatches(const std::vector<float>& model,
                        const std::vector<double>& expected, double tolerance,
                        std::string* first) {
-  if (model.size() != expected.size()) return std::max(model.size(), expected.size());
+  if (model.size() != expected.size())
+    return std::max(model.size(), expected.size());
   size_t wrong = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
     if (std::abs(model[i] - expected[i]) <= tolerance) continue;
     if (wrong++ < 3 && first != nullptr) {
       *first += "element " + std::to_string(i) + ": " +
-                std::to_string(model[i]) + " != " +
-                std::to_string(expected[i]) + "\n";
+                std::to_string(model[i]) +
+                " != " + std::to_string(expected[i]) + "\n";
     }
   }
   return wrong;

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "meridian/job.pb.h"
 #include "meridian/site_server.h"
 #include "meridian/status.h"
+#include "meridian/wan_control.h"
 
 namespace meridian::testing {
 
@@ -35,6 +37,26 @@ struct LiveSitesRun {
 Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job, int commits,
                                   uint64_t seed_base,
                                   std::chrono::milliseconds timeout);
+
+// The same with faults: the sites' connections to each other go through a
+// `meridian wanem` process (one route per site pair and direction, through
+// its control endpoint, as `meridian run` does), the workers pace their
+// commits, and `during` runs on its own thread meanwhile — a partition, a
+// reset of a link's connections — and must return before the run ends.
+struct LiveSitesOptions {
+  int commits = 10;
+  uint64_t seed_base = 1;
+  std::chrono::milliseconds timeout{60000};
+  std::chrono::milliseconds commit_interval{0};
+  bool through_wanem = false;
+  // The meridian binary to run wanem from (tests: MERIDIAN_BINARY).
+  std::string meridian_binary;
+  // Where the job file wanem reads and its log go.
+  std::string work_dir;
+  std::function<void(wan::ControlClient* wanem)> during;
+};
+Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job,
+                                  const LiveSitesOptions& options);
 
 // Elements of `model` farther than `tolerance` from `expected`; the first
 // few are described in `*first` (may be null).

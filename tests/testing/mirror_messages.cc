@@ -46,6 +46,11 @@ AckingPeer::~AckingPeer() {
   thread_.join();
 }
 
+std::optional<pb::Header> AckingPeer::first() const {
+  MutexLock lock(&mu_);
+  return first_;
+}
+
 void AckingPeer::Serve() {
   pb::Endpoint self;
   self.set_site(site_);
@@ -56,6 +61,10 @@ void AckingPeer::Serve() {
         ReceiveMessage(*socket_, true, std::chrono::milliseconds(20));
     if (!received.ok() || !received->message) continue;
     const pb::Header& header = received->message->header;
+    {
+      MutexLock lock(&mu_);
+      if (!first_) first_ = header;
+    }
     if (header.type() == pb::MIRROR_HELLO) {
       incarnation = header.mirror_hello().incarnation();
       continue;

@@ -4,14 +4,16 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
 
 #include "meridian/layout.h"
-#include "meridian/wire.pb.h"
+#include "meridian/mutex.h"
 #include "meridian/status.h"
+#include "meridian/wire.pb.h"
 
 namespace meridian::testing {
 
@@ -35,11 +37,16 @@ class AckingPeer {
   AckingPeer(const AckingPeer&) = delete;
   AckingPeer& operator=(const AckingPeer&) = delete;
 
+  // The first message it received (nullopt: none yet). Thread-safe.
+  std::optional<pb::Header> first() const;
+
  private:
   void Serve();
   zmq::socket_t* socket_;
   const std::string site_;
   std::atomic<bool> stop_{false};
+  mutable Mutex mu_;
+  std::optional<pb::Header> first_ GUARDED_BY(mu_);
   std::thread thread_;
 };
 

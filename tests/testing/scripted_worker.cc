@@ -1,6 +1,7 @@
 #include "testing/scripted_worker.h"
 
 #include <random>
+#include <thread>
 
 #include "meridian/message.h"
 #include "meridian/transport.h"
@@ -10,7 +11,8 @@ namespace meridian::testing {
 Status RunScriptedWorker(zmq::context_t& context, const std::string& endpoint,
                          const std::string& site, const ModelLayout& layout,
                          int commits, uint64_t seed, std::vector<double>* sum,
-                         std::chrono::milliseconds timeout) {
+                         std::chrono::milliseconds timeout,
+                         std::chrono::milliseconds interval) {
   pb::Endpoint self;
   self.set_site(site);
   self.set_role(pb::ROLE_WORKER);
@@ -51,6 +53,7 @@ Status RunScriptedWorker(zmq::context_t& context, const std::string& endpoint,
                            " " + reply.header.error().message());
     }
     version = reply.header.model().version();
+    if (interval.count() > 0) std::this_thread::sleep_for(interval);
   }
   pb::Header bye;
   bye.set_type(pb::BYE);

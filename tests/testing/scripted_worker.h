@@ -19,10 +19,12 @@ namespace meridian::testing {
 // elements, drawn from `seed`), adding each element's total to `*sum`
 // (resized to the model), and leaves. Every reply must come within
 // `timeout`; a refused commit is an error naming the refusal.
-Status RunScriptedWorker(zmq::context_t& context, const std::string& endpoint,
-                         const std::string& site, const ModelLayout& layout,
-                         int commits, uint64_t seed, std::vector<double>* sum,
-                         std::chrono::milliseconds timeout);
+// `interval`: a pause after each commit (spreads the commits over time).
+Status RunScriptedWorker(
+    zmq::context_t& context, const std::string& endpoint,
+    const std::string& site, const ModelLayout& layout, int commits,
+    uint64_t seed, std::vector<double>* sum, std::chrono::milliseconds timeout,
+    std::chrono::milliseconds interval = std::chrono::milliseconds(0));
 
 }  // namespace meridian::testing
 

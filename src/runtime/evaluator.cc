@@ -1,0 +1,139 @@
+#include "runtime/evaluator.h"
+
+#include <chrono>
+
+#include "meridian/log.h"
+
+namespace meridian {
+
+Evaluator::Evaluator(EvaluatorOptions options) : options_(std::move(options)) {}
+
+Evaluator::~Evaluator() { Stop(); }
+
+void Evaluator::Start() {
+  if (started_) return;
+  started_ = true;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Evaluator::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Evaluator::RequestLoss() {
+  if (!evaluates_loss()) return;
+  {
+    MutexLock lock(&mu_);
+    loss_requested_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::vector<std::pair<double, Duration>> Evaluator::TakeLossResults() {
+  std::vector<std::pair<double, Duration>> results;
+  MutexLock lock(&mu_);
+  results.swap(loss_results_);
+  return results;
+}
+
+// Test-set evaluations every eval_period_s, and loss evaluations as soon as
+// they are asked for. The work happens with mu_ released.
+void Evaluator::Loop() {
+  const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      FromSeconds(options_.eval_period_s));
+  std::vector<float> params(options_.store->num_elements());
+  auto next_test = std::chrono::steady_clock::now();
+  mu_.lock();
+  while (!stop_) {
+    if (loss_requested_) {
+      loss_requested_ = false;
+      mu_.unlock();
+      const Duration taken_at = options_.clock->Now();
+      options_.store->Snapshot(params);
+      const EvalResult result =
+          options_.model->Evaluate(params, options_.loss_set);
+      mu_.lock();
+      loss_results_.emplace_back(result.loss, taken_at);
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= next_test) {
+      mu_.unlock();
+      const uint64_t commits = options_.commits();
+      const uint64_t version = options_.store->Snapshot(params);
+      EvaluateTestSet(params, version, commits);
+      next_test = std::chrono::steady_clock::now() + period;
+      mu_.lock();
+      continue;
+    }
+    cv_.wait_until(mu_, next_test);
+  }
+  mu_.unlock();
+}
+
+void Evaluator::EvaluateNow() {
+  std::vector<float> params(options_.store->num_elements());
+  const uint64_t commits = options_.commits();
+  const uint64_t version = options_.store->Snapshot(params);
+  EvaluateTestSet(params, version, commits);
+}
+
+void Evaluator::EvaluateTestSet(std::span<const float> params, uint64_t version,
+                                uint64_t commits) {
+  Record(options_.model->Evaluate(params, options_.test_set), version, commits);
+}
+
+void Evaluator::Record(const EvalResult& result, uint64_t version,
+                       uint64_t commits) {
+  pb::EvalPoint point;
+  point.set_t_s(options_.training_s());
+  point.set_accuracy(result.accuracy);
+  point.set_loss(result.loss);
+  point.set_model_version(version);
+  point.set_commits(commits);
+  const double target = options_.target_accuracy;
+  bool reached_now = false;
+  {
+    MutexLock lock(&mu_);
+    timeline_.push_back(point);
+    if (target > 0 && result.accuracy >= target && time_to_target_s_ < 0) {
+      time_to_target_s_ = point.t_s();
+      reached_now = true;
+    }
+  }
+  if (reached_now) {
+    target_reached_.store(true);
+    MLOG(INFO) << "target accuracy " << target << " reached at " << point.t_s()
+               << " s (accuracy " << result.accuracy << ")";
+  }
+}
+
+void Evaluator::Restore(std::vector<pb::EvalPoint> timeline,
+                        double time_to_target_s) {
+  MutexLock lock(&mu_);
+  timeline_ = std::move(timeline);
+  time_to_target_s_ = time_to_target_s;
+  target_reached_.store(time_to_target_s >= 0);
+}
+
+std::vector<pb::EvalPoint> Evaluator::Timeline() const {
+  MutexLock lock(&mu_);
+  return timeline_;
+}
+
+std::optional<pb::EvalPoint> Evaluator::Last() const {
+  MutexLock lock(&mu_);
+  if (timeline_.empty()) return std::nullopt;
+  return timeline_.back();
+}
+
+double Evaluator::time_to_target_s() const {
+  MutexLock lock(&mu_);
+  return time_to_target_s_;
+}
+
+}  // namespace meridian
