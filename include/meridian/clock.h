@@ -44,6 +44,20 @@ Clock* SystemClock();
 // never for measuring intervals.
 double UnixSeconds();
 
+// The wall clock behind an interface, so that tests can fix the timestamps
+// of fault events (the monotonic Clock times everything else).
+// Implementations are thread-safe.
+class WallClock {
+ public:
+  virtual ~WallClock() = default;
+  // Seconds since the Unix epoch.
+  virtual double UnixSeconds() const = 0;
+};
+
+// The system's wall clock (::meridian::UnixSeconds). Never null; lives for
+// the whole process.
+const WallClock* SystemWallClock();
+
 // Virtual time for tests: starts at zero and moves only when told.
 // Thread-safe: typically the test thread advances it while the threads
 // under test read it and sleep on it.

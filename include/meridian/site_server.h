@@ -21,18 +21,6 @@
 
 namespace meridian {
 
-// Wall-clock time, for the timestamps of fault events in reports (the
-// monotonic Clock times everything else). Implementations are thread-safe.
-class WallClock {
- public:
-  virtual ~WallClock() = default;
-  // Seconds since the Unix epoch.
-  virtual double UnixSeconds() const = 0;
-};
-
-// The system's wall clock. Never null; lives for the whole process.
-const WallClock* SystemWallClock();
-
 // How long the site server waits before it acts, in seconds.
 struct SiteServerTimeouts {
   // A HEARTBEAT to each worker whose reply it holds, this often.

@@ -51,31 +51,23 @@ class ThresholdSchedule {
 
 // Gaia's bandwidth controller for one link, on what the link carries now:
 // after each clock, the threshold rises by `step` while the link is
-// saturated — the sender put more than 1.1 x the budget on it, or its
-// backlog (bytes sent and not yet acknowledged) is more than
-// kMaxBacklogS seconds of what the link delivered in the period — and
-// falls by `step` while it is not saturated and the sender stays below
-// 0.9 x the budget; within [0, max_adjustment]. A budget of 0 (unknown)
-// leaves only the backlog rule. So a link slowed at run time raises the
-// threshold even when the job file's budget says it should not.
-// Not thread-safe.
+// saturated — it held back updates because as much as it delivers in a
+// couple of seconds was still on the way (the channel's flow control), or
+// the sender put more than 1.1 x the budget on it — and falls by `step`
+// while it is not saturated and the sender stays below 0.9 x the budget;
+// within [0, max_adjustment]. A budget of 0 (unknown) leaves only the
+// saturation rule. So a link slowed at run time raises the threshold even
+// when the job file's budget says it should not. Not thread-safe.
 class AdaptiveThreshold {
  public:
-  static constexpr double kMaxBacklogS = 2.0;
-  // A backlog below this many bytes never counts as saturation (one
-  // message in flight on a fast link).
-  static constexpr uint64_t kBacklogSlackBytes = 64 * 1024;
-
   AdaptiveThreshold(double budget_bytes_per_s, double step,
                     double max_adjustment);
   // `bytes` were sent to the link during the last `seconds`; no delivery
   // information (the budget rule alone).
   void Observe(uint64_t bytes, double seconds);
-  // During the last `seconds` the sender put `sent_bytes` on the link and
-  // the receiver acknowledged `delivered_bytes`; `backlog_bytes` are sent
-  // and not yet acknowledged now.
-  void ObserveDelivery(uint64_t sent_bytes, uint64_t delivered_bytes,
-                       uint64_t backlog_bytes, double seconds);
+  // During the last `seconds` the sender put `sent_bytes` on the link;
+  // `saturated`: the link could not take all it had to send.
+  void ObserveDelivery(uint64_t sent_bytes, double seconds, bool saturated);
   // What to add to the scheduled theta.
   double adjustment() const { return adjustment_; }
   double budget_bytes_per_s() const { return budget_; }

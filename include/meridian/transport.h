@@ -86,6 +86,15 @@ Status SendError(zmq::socket_t& socket, const pb::Endpoint& self,
                  uint64_t sequence, const Rejection& rejection,
                  uint64_t rejected_sequence, std::string_view routing_id);
 
+// How every server refuses a message: logs it (what, from whom, why) and
+// answers its sender with an ERROR on `socket` (a ROUTER: `routing_id`),
+// except a HEARTBEAT, which is never answered (its sender would take the
+// ERROR for the reply to its request). Send failures are logged. The
+// caller counts the refusal.
+void RefuseMessage(zmq::socket_t& socket, const pb::Endpoint& self,
+                   uint64_t sequence, std::string_view routing_id,
+                   const pb::Header& header, const Rejection& rejection);
+
 // How a client tells a live server from a gone one (fault { } settings):
 // it sends a HEARTBEAT whenever it has sent nothing for
 // `heartbeat_interval`, and takes the server for gone after

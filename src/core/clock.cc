@@ -30,6 +30,20 @@ double UnixSeconds() {
       .count();
 }
 
+namespace {
+
+class SystemWallClockImpl final : public WallClock {
+ public:
+  double UnixSeconds() const override { return ::meridian::UnixSeconds(); }
+};
+
+}  // namespace
+
+const WallClock* SystemWallClock() {
+  static const SystemWallClockImpl* const clock = new SystemWallClockImpl();
+  return clock;
+}
+
 Duration ManualClock::Now() const {
   MutexLock lock(&mu_);
   return now_;

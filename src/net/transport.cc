@@ -7,6 +7,8 @@
 #include <iterator>
 #include <zmq_addon.hpp>
 
+#include "meridian/log.h"
+
 namespace meridian {
 namespace {
 
@@ -167,6 +169,19 @@ Status SendError(zmq::socket_t& socket, const pb::Endpoint& self,
   error->set_message(rejection.reason);
   error->set_rejected_sequence(rejected_sequence);
   return SendMessage(socket, header, {}, routing_id);
+}
+
+void RefuseMessage(zmq::socket_t& socket, const pb::Endpoint& self,
+                   uint64_t sequence, std::string_view routing_id,
+                   const pb::Header& header, const Rejection& rejection) {
+  MLOG(ERROR) << "rejected " << DescribeHeader(header) << ": "
+              << pb::ErrorCode_Name(rejection.code) << ": " << rejection.reason;
+  if (header.type() == pb::HEARTBEAT) return;
+  if (Status status = SendError(socket, self, sequence, rejection,
+                                header.sequence(), routing_id);
+      !status.ok()) {
+    MLOG(WARNING) << "cannot send the error reply: " << status;
+  }
 }
 
 RpcClient::RpcClient(zmq::context_t& context, const std::string& endpoint,

@@ -67,8 +67,9 @@ void OutboundChannel::Pump(double now) {
     const uint64_t first = retained_.front().sequence;
     next_to_send_ = std::max(next_to_send_, first);
     while (next_to_send_ < next_sequence_) {
-      const RetainedMessage& message = retained_[next_to_send_ - first];
+      RetainedMessage& message = retained_[next_to_send_ - first];
       if (!SendRetained(message, now)) return;
+      if (message.sent_s < 0) message.sent_s = now;
       last_sent_sequence_ = message.sequence;
       ++next_to_send_;
     }
@@ -94,8 +95,23 @@ void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
       if (message.sequence > applied) break;
       if (message.sequence > applied_sequence_) {
         delivered_bytes_ += message.bytes;
+        rate_bytes_ += message.bytes;
+        if (message.sent_s >= 0 && message.sequence == applied) {
+          const double round_trip = now - message.sent_s;
+          if (min_round_trip_s_ < 0 || round_trip < min_round_trip_s_) {
+            min_round_trip_s_ = round_trip;
+          }
+        }
       }
     }
+  }
+  if (rate_start_s_ < 0) rate_start_s_ = now;
+  if (now - rate_start_s_ >= 0.5) {
+    const double sample =
+        static_cast<double>(rate_bytes_) / (now - rate_start_s_);
+    delivery_rate_ = std::max(sample, 0.9 * delivery_rate_);
+    rate_bytes_ = 0;
+    rate_start_s_ = now;
   }
   if (ack.resend()) {
     // The receiver may have lost what it applied (it restarted from an
@@ -125,6 +141,23 @@ void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
     hello_pending_ = true;
     Pump(now);
   }
+}
+
+bool OutboundChannel::Saturated(double now) const {
+  if (congested()) return true;
+  for (const RetainedMessage& message : retained_) {
+    if (message.sequence <= applied_sequence_) continue;
+    if (message.sequence >= next_to_send_ || message.sent_s < 0) break;
+    const double limit =
+        std::max(kSaturationS, 4 * std::max(min_round_trip_s_, 0.0));
+    return now - message.sent_s > limit;
+  }
+  return false;
+}
+
+uint64_t OutboundChannel::window() const {
+  return std::max<uint64_t>(kMinWindowBytes,
+                            static_cast<uint64_t>(kWindowS * delivery_rate_));
 }
 
 uint64_t OutboundChannel::backlog_bytes() const {

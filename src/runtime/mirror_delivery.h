@@ -67,6 +67,7 @@ struct RetainedMessage {
   std::string header;               // pb::Header, sequence stamped
   std::vector<std::string> frames;  // payload, one per slice
   uint64_t bytes = 0;               // header + frames
+  double sent_s = -1;  // first handed to ZeroMQ (-1: not yet, or unknown)
 };
 
 // The sending half of a channel to one peer site. Owns its DEALER socket
@@ -109,6 +110,24 @@ class OutboundChannel {
   bool full() const {
     return retained_bytes_ >= options_.retention_limit_bytes;
   }
+  // Flow control: more is on the way than the link delivered in
+  // kWindowS (window(), at least kMinWindowBytes). Create no new message
+  // then: the changes wait, and merge, in the peer's accumulator, and the
+  // link's queue — what a heartbeat waits behind — stays short, so a slow
+  // link is not mistaken for a dead peer.
+  static constexpr double kWindowS = 2.0;
+  static constexpr uint64_t kMinWindowBytes = 64 * 1024;
+  bool congested() const { return backlog_bytes() > window(); }
+  uint64_t window() const;
+  // The link's delivery rate as acknowledgements show it (bytes/s; the
+  // recent peak, decaying 10% per half second), 0 before any.
+  double delivery_rate() const { return delivery_rate_; }
+  // The link is saturated: congested(), or its oldest unacknowledged
+  // message has waited more than kSaturationS, or 4 round trips (the
+  // shortest seen), whichever is longer — it queues what it is given.
+  // The bandwidth-adaptive threshold rises while it is.
+  static constexpr double kSaturationS = 1.0;
+  bool Saturated(double now) const;
   // Every message up to `sequence` was applied by the peer.
   bool Delivered(uint64_t sequence) const {
     return applied_sequence_ >= sequence;
@@ -183,6 +202,10 @@ class OutboundChannel {
 
   double last_send_s_ = -1;  // anything handed to ZeroMQ
   double last_ack_s_ = -1;
+  double delivery_rate_ = 0;
+  double min_round_trip_s_ = -1;  // send to acknowledgement, shortest seen
+  uint64_t rate_bytes_ = 0;       // delivered since rate_start_s_
+  double rate_start_s_ = -1;
   uint64_t bytes_sent_ = 0;
   uint64_t delivered_bytes_ = 0;
   uint64_t messages_resent_ = 0;

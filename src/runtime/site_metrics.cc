@@ -144,7 +144,23 @@ void SiteMetrics::Publish(const SiteMetricsSnapshot& s) {
     gauge("meridian_sync_peer_connected",
           "1 once a peer site introduced itself (MIRROR_HELLO)", peer.connected,
           labels);
+    gauge("meridian_sync_peer_reachable",
+          "1 while a peer site is heard from (0: silent past "
+          "fault.peer_timeout_s)",
+          peer.reachable, labels);
+    gauge("meridian_sync_retained_bytes",
+          "Bytes of messages kept for a peer until its checkpoint holds them",
+          static_cast<double>(peer.retained_bytes), labels);
+    gauge("meridian_sync_backlog_bytes",
+          "Bytes sent to a peer and not yet acknowledged",
+          static_cast<double>(peer.backlog_bytes), labels);
   }
+  counter("meridian_sync_resent_total",
+          "Mirror messages sent again after a gap or a reconnect",
+          summary.resent());
+  counter("meridian_sync_duplicates_dropped_total",
+          "Mirror messages received again (a resend) and dropped",
+          summary.duplicates_dropped());
 }
 
 }  // namespace meridian

@@ -124,21 +124,7 @@ const char* PendingName(Pending pending) {
   return "?";
 }
 
-class SystemWallClockImpl final : public WallClock {
- public:
-  double UnixSeconds() const override {
-    return std::chrono::duration<double>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
-};
-
 }  // namespace
-
-const WallClock* SystemWallClock() {
-  static const SystemWallClockImpl* const clock = new SystemWallClockImpl();
-  return clock;
-}
 
 SiteServerTimeouts SiteServerTimeouts::FromJob(const pb::JobConfig& job) {
   SiteServerTimeouts timeouts;
@@ -223,6 +209,7 @@ class SiteServer::Impl {
       sync.mirror_bind = options_.mirror_bind;
       sync.secret_key_file = options_.secret_key_file;
       sync.clock = clock_;
+      sync.wall_clock = wall_clock_;
       MERIDIAN_ASSIGN_OR_RETURN(sync_, SyncEngine::Create(std::move(sync)));
     }
     MERIDIAN_RETURN_IF_ERROR(OpenCheckpoints());
@@ -570,17 +557,7 @@ class SiteServer::Impl {
   void Refuse(const std::string& routing_id, const pb::Header& header,
               const Rejection& rejection) {
     ++rejected_;
-    MLOG(ERROR) << "rejected " << DescribeHeader(header) << ": "
-                << pb::ErrorCode_Name(rejection.code) << ": "
-                << rejection.reason;
-    // A heartbeat is never answered, not even with an ERROR: its sender
-    // would take the ERROR for the reply to its request.
-    if (header.type() == pb::HEARTBEAT) return;
-    Status status = SendError(socket_, self_, ++sequence_, rejection,
-                              header.sequence(), routing_id);
-    if (!status.ok()) {
-      MLOG(WARNING) << "cannot send the error reply: " << status;
-    }
+    RefuseMessage(socket_, self_, ++sequence_, routing_id, header, rejection);
   }
 
   void Dispatch(Envelope& message) {

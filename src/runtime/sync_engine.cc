@@ -28,6 +28,8 @@ constexpr int kMirrorLingerMs = 1000;
 // ZeroMQ's queue towards a peer, in messages: what does not fit waits in
 // the channel's retention (bounded in bytes) instead.
 constexpr int kChannelHighWaterMark = 100;
+// Fault events kept for the summary (the log has every one).
+constexpr size_t kMaxEvents = 1000;
 
 // One encoded update: a slice and a payload frame per tensor that changed.
 struct Encoded {
@@ -59,8 +61,7 @@ pb::CompressionConfig LosslessConfig(int zstd_level) {
 
 uint64_t NewIncarnation() {
   std::random_device device;
-  std::mt19937_64 rng((uint64_t{device()} << 32) ^ device() ^
-                      static_cast<uint64_t>(UnixSeconds() * 1e6));
+  std::mt19937_64 rng((uint64_t{device()} << 32) ^ device());
   uint64_t incarnation = 0;
   while (incarnation == 0) incarnation = rng();
   return incarnation;
@@ -103,9 +104,10 @@ struct Peer {
   // Bandwidth-adaptive threshold of the link towards it (when enabled),
   // fed with what the channel sent and the peer acknowledged per period.
   std::optional<AdaptiveThreshold> adaptive;
-  uint64_t period_sent = 0;  // channel counters at the period start
-  uint64_t period_delivered = 0;
+  uint64_t period_sent = 0;  // the channel's bytes_sent at the period start
   double period_start_s = 0;
+  // The channel held changes back in this period (flow control).
+  bool period_congested = false;
 
   uint64_t bytes_received = 0;  // of its mirror messages (metrics)
   uint64_t messages_received = 0;
@@ -703,11 +705,14 @@ class SyncEngine::Impl {
 
   void RecordEvent(pb::FaultKind kind, const std::string& subject,
                    const std::string& detail, double duration_s = 0) {
+    // Bounded: a link flapping for days must not grow the summary; the log
+    // keeps every one.
+    if (events_.size() >= kMaxEvents) return;
     pb::FaultEvent event;
     event.set_kind(kind);
     event.set_site(name_);
     event.set_subject(subject);
-    event.set_unix_s(UnixSeconds());
+    event.set_unix_s(options_.wall_clock->UnixSeconds());
     event.set_duration_s(duration_s);
     event.set_detail(detail);
     events_.push_back(std::move(event));
@@ -853,15 +858,14 @@ class SyncEngine::Impl {
     for (auto& peer : peers_) {
       if (!peer->adaptive) continue;
       const uint64_t sent = peer->out.bytes_sent();
-      const uint64_t delivered = peer->out.delivered_bytes();
       if (peer->reachable) {
         peer->adaptive->ObserveDelivery(
-            sent - peer->period_sent, delivered - peer->period_delivered,
-            peer->out.backlog_bytes(), now - peer->period_start_s);
+            sent - peer->period_sent, now - peer->period_start_s,
+            peer->period_congested || peer->out.Saturated(now));
       }
       peer->period_sent = sent;
-      peer->period_delivered = delivered;
       peer->period_start_s = now;
+      peer->period_congested = false;
     }
   }
 
@@ -1046,9 +1050,14 @@ class SyncEngine::Impl {
   }
 
   void SendSignificant(Peer& peer, double theta) {
-    // An unreachable peer, or one whose channel holds all it may, gets its
-    // changes later: they stay in its accumulator.
+    // An unreachable peer, one whose channel holds all it may, or whose
+    // link has as much on the way as it delivers in a couple of seconds,
+    // gets its changes later: they stay (and merge) in its accumulator.
     if (!Sendable(peer) || peer.out.full()) return;
+    if (peer.out.congested()) {
+      peer.period_congested = true;
+      return;
+    }
     SendWithBarrier(TakeAndEncode(peer.acc, theta, *encoder_), peer);
   }
 
@@ -1271,10 +1280,8 @@ class SyncEngine::Impl {
   void Refuse(const std::string& routing_id, const pb::Header& header,
               const Rejection& rejection) {
     ++rejected_;
-    MLOG(ERROR) << "rejected " << DescribeHeader(header) << ": "
-                << pb::ErrorCode_Name(rejection.code) << ": "
-                << rejection.reason;
-    SendRefusal(routing_id, header, rejection);
+    RefuseMessage(mirror_, self_, ++error_sequence_, routing_id, header,
+                  rejection);
   }
 
   void SendRefusal(const std::string& routing_id, const pb::Header& header,
@@ -1378,6 +1385,8 @@ class SyncEngine::Impl {
       }
       // Also say why, for a peer that does not speak this protocol; not
       // counted as a rejection: after a restart it is how peers find out.
+      // Heartbeats are never answered.
+      if (message.header.type() == pb::HEARTBEAT) return false;
       SendRefusal(message.routing_id, message.header,
                   {pb::ERROR_UNKNOWN_SENDER,
                    "site '" + peer.name +

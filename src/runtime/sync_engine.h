@@ -44,6 +44,7 @@ struct SyncEngineOptions {
   // SecretKeyPath (security.h) finds it ($MERIDIAN_SECRET_KEY, key_dir).
   std::string secret_key_file;
   Clock* clock = SystemClock();
+  const WallClock* wall_clock = SystemWallClock();  // fault events' time
 };
 
 // Driven by the site server's event-loop thread only: not thread-safe.

@@ -71,19 +71,13 @@ void AdaptiveThreshold::Observe(uint64_t bytes, double seconds) {
   adjustment_ = std::clamp(adjustment_, 0.0, max_adjustment_);
 }
 
-void AdaptiveThreshold::ObserveDelivery(uint64_t sent_bytes,
-                                        uint64_t delivered_bytes,
-                                        uint64_t backlog_bytes,
-                                        double seconds) {
+void AdaptiveThreshold::ObserveDelivery(uint64_t sent_bytes, double seconds,
+                                        bool saturated) {
   if (seconds <= 0) return;
   const double sent_rate = static_cast<double>(sent_bytes) / seconds;
-  const double delivery_rate = static_cast<double>(delivered_bytes) / seconds;
-  const bool backlogged =
-      backlog_bytes > kBacklogSlackBytes &&
-      static_cast<double>(backlog_bytes) > kMaxBacklogS * delivery_rate;
   const bool over_budget = budget_ > 0 && sent_rate > 1.1 * budget_;
   const bool under_budget = budget_ <= 0 || sent_rate < 0.9 * budget_;
-  if (backlogged || over_budget) {
+  if (saturated || over_budget) {
     adjustment_ += step_;
   } else if (under_budget) {
     adjustment_ -= step_;

@@ -178,5 +178,34 @@ TEST_F(SyncFaultTest, ResetConnectionsLoseNothingAndDuplicateNothing) {
   EXPECT_GT(resent, 0) << "no reset ever lost a message: the test is weak";
 }
 
+// A link slowed at run time (not in the job file: its budget still says
+// 100 Mbit/s) raises the bandwidth-adaptive threshold of the sites that
+// send over it, from what the link delivers; nothing is lost meanwhile.
+TEST_F(SyncFaultTest, ALinkSlowedAtRunTimeRaisesTheThreshold) {
+  pb::JobConfig job = Job(pb::PARTITION_CONTINUE);
+  job.mutable_sync()->set_threshold(0.01);  // much to send
+  job.mutable_sync()->set_adaptive_threshold(true);
+  job.mutable_sync()->set_adaptive_step(0.01);
+  job.mutable_sync()->set_adaptive_max(0.5);
+  job.mutable_wan()->mutable_default_link()->set_bandwidth("100mbit");
+  // A 64 kbit/s link delivers its 64 KiB window in 8 s: silence for less
+  // than that is not a dead peer.
+  job.mutable_fault()->set_peer_timeout_s(10);
+  testing::LiveSitesOptions options = Options();
+  options.during = [](wan::ControlClient* wanem) {
+    std::this_thread::sleep_for(milliseconds(500));
+    pb::LinkDirectionConfig slow;
+    slow.set_bandwidth("64kbit");
+    ASSERT_TRUE(wanem->Set("a-b", pb::BOTH, slow).ok());
+  };
+  Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ExpectEveryUpdateOnce(job, *run);
+  for (int s : {0, 1}) {
+    EXPECT_GT(run->servers[s]->summary().sync().final_theta(), 0.05)
+        << job.site(s).name() << " sends over the slowed link";
+  }
+}
+
 }  // namespace
 }  // namespace meridian
