@@ -68,6 +68,8 @@ class AdaptiveThreshold {
   // During the last `seconds` the sender put `sent_bytes` on the link;
   // `saturated`: the link could not take all it had to send.
   void ObserveDelivery(uint64_t sent_bytes, double seconds, bool saturated);
+  // Forgets what it learned (a link that went silent).
+  void Reset() { adjustment_ = 0; }
   // What to add to the scheduled theta.
   double adjustment() const { return adjustment_; }
   double budget_bytes_per_s() const { return budget_; }

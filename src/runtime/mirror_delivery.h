@@ -116,16 +116,17 @@ class OutboundChannel {
   // link's queue — what a heartbeat waits behind — stays short, so a slow
   // link is not mistaken for a dead peer.
   static constexpr double kWindowS = 2.0;
-  static constexpr uint64_t kMinWindowBytes = 64 * 1024;
+  static constexpr uint64_t kMinWindowBytes = 16 * 1024;
   bool congested() const { return backlog_bytes() > window(); }
   uint64_t window() const;
   // The link's delivery rate as acknowledgements show it (bytes/s; the
   // recent peak, decaying 10% per half second), 0 before any.
   double delivery_rate() const { return delivery_rate_; }
-  // The link is saturated: congested(), or its oldest unacknowledged
-  // message has waited more than kSaturationS, or 4 round trips (the
-  // shortest seen), whichever is longer — it queues what it is given.
-  // The bandwidth-adaptive threshold rises while it is.
+  // The link is saturated: it is congested(), or its oldest
+  // unacknowledged message has waited more than kSaturationS, or 4 round
+  // trips (the shortest seen), whichever is longer — it queues what it is
+  // given. The bandwidth-adaptive threshold rises while it is (and while
+  // the peer is not silent: a frozen peer acknowledges nothing either).
   static constexpr double kSaturationS = 1.0;
   bool Saturated(double now) const;
   // Every message up to `sequence` was applied by the peer.

@@ -371,6 +371,16 @@ class SiteServer::Impl {
       }
     }
     evaluator_->Start();
+    if (checkpointer_ && recovery_.restarts() == 0) {
+      // A durable point before the first update leaves this site: a crash
+      // at any moment from now on finds a checkpoint and the log after it
+      // (without one, a restart would begin from the initial model while
+      // its peers kept what it had sent).
+      TakeCheckpoint(/*finished=*/false);
+      if (Status written = checkpointer_->Flush(); !written.ok()) {
+        MLOG(ERROR) << "cannot write the first checkpoint: " << written;
+      }
+    }
   }
 
   // ---- phase 2: training ---------------------------------------------------
@@ -571,7 +581,17 @@ class SiteServer::Impl {
       case pb::BYE:
         return HandleBye(message);
       case pb::HEARTBEAT:
-        return workers_.OnHeartbeat(message.header, message.routing_id, Now());
+        if (!workers_.OnHeartbeat(message.header, message.routing_id, Now())) {
+          // One of our workers over a connection this server does not know
+          // (it restarted, or declared the worker dead): tell it to rejoin
+          // now instead of after server_timeout_s of silence.
+          (void)SendError(socket_, self_, ++sequence_,
+                          {pb::ERROR_UNKNOWN_SENDER,
+                           "site server '" + site_config_.name() +
+                               "' does not know this connection: join again"},
+                          0, message.routing_id);
+        }
+        return;
       case pb::STATUS_REQUEST:
         return SendStatus(message);
       case pb::SET_PEERS:

@@ -30,6 +30,9 @@ constexpr int kMirrorLingerMs = 1000;
 constexpr int kChannelHighWaterMark = 100;
 // Fault events kept for the summary (the log has every one).
 constexpr size_t kMaxEvents = 1000;
+// Heartbeat intervals without a word after which a peer counts as silent
+// (SyncEngine::Impl::Silent).
+constexpr double kSilentHeartbeats = 2.5;
 
 // One encoded update: a slice and a payload frame per tensor that changed.
 struct Encoded {
@@ -683,7 +686,25 @@ class SyncEngine::Impl {
   // Whether the DS bound waits for `peer`.
   bool Bounding(const Peer& peer) const {
     if (fault_.partition_policy() == pb::PARTITION_BLOCK) return true;
-    return peer.reachable && !peer.catching_up;
+    return peer.reachable && !peer.catching_up && !Silent(peer);
+  }
+
+  // Seconds since anything was heard from `peer` (its messages, its
+  // acknowledgements), counted from no earlier than the liveness floor.
+  double SilentFor(const Peer& peer) const {
+    return Now() - std::max({peer.in.last_heard_s(), peer.out.last_ack_s(),
+                             liveness_floor_s_});
+  }
+
+  // Silent for more than a few heartbeat intervals: a live peer is heard
+  // at least every interval (it acknowledges that often). Under
+  // PARTITION_CONTINUE the DS bound stops waiting for it right away — the
+  // site does not stall for peer_timeout_s before the peer is declared
+  // unreachable — and its link no longer steers the threshold.
+  bool Silent(const Peer& peer) const {
+    return training_ &&
+           SilentFor(peer) >
+               std::max(kSilentHeartbeats * fault_.heartbeat_interval_s(), 1.0);
   }
 
   // The slowest clock the DS bound counts (this site's own when none).
@@ -752,9 +773,8 @@ class SyncEngine::Impl {
     // Also while finishing: the final flush stops waiting for a peer that
     // went silent.
     if (!peer.reachable || !training_) return;
-    const double last = std::max(
-        {peer.in.last_heard_s(), peer.out.last_ack_s(), liveness_floor_s_});
-    if (now - last <= fault_.peer_timeout_s()) return;
+    const double silent_s = SilentFor(peer);
+    if (silent_s <= fault_.peer_timeout_s()) return;
     peer.reachable = false;
     peer.catching_up = false;
     peer.unreachable_since_s = now;
@@ -763,7 +783,7 @@ class SyncEngine::Impl {
             ? "training goes on; its changes wait until it is back"
             : "the DS bound still waits for it (PARTITION_BLOCK)";
     MLOG(WARNING) << "site '" << peer.name << "' is unreachable: nothing "
-                  << "heard for " << now - last << " s; " << policy;
+                  << "heard for " << silent_s << " s; " << policy;
     RecordEvent(pb::PEER_UNREACHABLE, "site '" + peer.name + "'",
                 std::string("silent for more than ") +
                     std::to_string(fault_.peer_timeout_s()) + " s; " + policy);
@@ -840,8 +860,9 @@ class SyncEngine::Impl {
     if (theta > 0) {
       double adjustment = 0;
       for (const auto& peer : peers_) {
-        // An unreachable link says nothing about what the others carry.
-        if (peer->adaptive && peer->reachable) {
+        // An unreachable or silent link says nothing about what the
+        // others carry.
+        if (peer->adaptive && peer->reachable && !Silent(*peer)) {
           adjustment = std::max(adjustment, peer->adaptive->adjustment());
         }
       }
@@ -858,7 +879,10 @@ class SyncEngine::Impl {
     for (auto& peer : peers_) {
       if (!peer->adaptive) continue;
       const uint64_t sent = peer->out.bytes_sent();
-      if (peer->reachable) {
+      if (Silent(*peer)) {
+        // Nothing is known of its link now; it starts afresh when heard.
+        peer->adaptive->Reset();
+      } else if (peer->reachable) {
         peer->adaptive->ObserveDelivery(
             sent - peer->period_sent, now - peer->period_start_s,
             peer->period_congested || peer->out.Saturated(now));

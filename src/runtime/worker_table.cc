@@ -205,16 +205,18 @@ WorkerTable::Checked WorkerTable::CheckRequest(const pb::Header& header,
   return checked;
 }
 
-void WorkerTable::OnHeartbeat(const pb::Header& header,
+bool WorkerTable::OnHeartbeat(const pb::Header& header,
                               const std::string& routing_id, double now_s) {
   const pb::Endpoint& sender = header.sender();
-  if (sender.role() != pb::ROLE_WORKER) return;
+  if (sender.role() != pb::ROLE_WORKER) return true;  // not a worker: ignored
   const std::optional<uint32_t> found = Find(sender.site(), sender.id());
-  if (!found) return;
+  if (!found) return true;  // not one of ours: ignored, never answered
   WorkerSlot& slot = slots_[*found];
   if (slot.state == SlotState::kLive && slot.routing_id == routing_id) {
     slot.last_heard_s = now_s;
+    return true;
   }
+  return false;
 }
 
 std::vector<WorkerTable::Death> WorkerTable::CheckLiveness(double now_s,

@@ -173,8 +173,10 @@ class WorkerTable {
                        double now_s, bool allow_pending = false);
 
   // A HEARTBEAT: refreshes the sender's liveness when it comes over its
-  // slot's current connection; anything else is ignored (never answered).
-  void OnHeartbeat(const pb::Header& header, const std::string& routing_id,
+  // slot's current connection and returns true; false for a worker this
+  // table does not know over that connection (the server restarted, or
+  // declared it dead): the server tells it to rejoin.
+  bool OnHeartbeat(const pb::Header& header, const std::string& routing_id,
                    double now_s);
 
   // A worker declared dead, and the request of its that will never be

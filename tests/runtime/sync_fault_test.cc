@@ -188,7 +188,7 @@ TEST_F(SyncFaultTest, ALinkSlowedAtRunTimeRaisesTheThreshold) {
   job.mutable_sync()->set_adaptive_step(0.01);
   job.mutable_sync()->set_adaptive_max(0.5);
   job.mutable_wan()->mutable_default_link()->set_bandwidth("100mbit");
-  // A 64 kbit/s link delivers its 64 KiB window in 8 s: silence for less
+  // A 64 kbit/s link delivers its 16 KiB window in 2 s: silence for less
   // than that is not a dead peer.
   job.mutable_fault()->set_peer_timeout_s(10);
   testing::LiveSitesOptions options = Options();
