@@ -264,12 +264,14 @@ int Site(const std::string& path, const std::string& site,
          const std::string& bind, const std::string& mirror_bind,
          const std::string& out_dir, int ready_fd,
          const std::string& secret_key, const std::string& metrics,
-         bool with_workers, bool resume, const std::string& checkpoint_dir) {
+         bool with_workers, bool resume, const std::string& checkpoint_dir,
+         bool await_peers) {
   SiteServerOptions options;
   if (!LoadJob(path, &options.job)) return kExitBadInput;
   const pb::JobConfig job = options.job;
   options.site = site;
   options.resume = resume;
+  options.await_peers = await_peers;
   options.checkpoint_dir = checkpoint_dir;
   options.secret_key_file = secret_key;
   options.metrics_address = metrics;
@@ -487,6 +489,7 @@ struct Flags {
   bool with_workers = false;
   bool resume = false;         // site --resume
   std::string checkpoint_dir;  // site --checkpoint-dir
+  bool await_peers = false;    // site --await-peers
   RunFlags run;
   std::vector<std::string> compare_dirs;
   std::vector<std::string> report_dirs;
@@ -609,6 +612,10 @@ CLI::App* AddSiteCommand(CLI::App* app, Flags* flags) {
                    "where the site keeps its checkpoints (default: the "
                    "job's fault.checkpoint_dir, else "
                    "<out>/checkpoints/<site>)");
+  site->add_flag("--await-peers", flags->await_peers,
+                 "start training only after a SET_PEERS has said where the "
+                 "peer sites listen (what `meridian run` does: its links go "
+                 "through wanem)");
   site->add_flag("--with-workers", flags->with_workers,
                  "also run the site's workers as child processes (logs "
                  "in <out>/logs); one command per site");
@@ -758,7 +765,8 @@ int Dispatch(const Commands& commands, const Flags& flags) {
   if (*commands.site) {
     return Site(flags.config, flags.site, flags.endpoint, flags.mirror_bind,
                 flags.out_dir, flags.ready_fd, flags.secret_key, flags.metrics,
-                flags.with_workers, flags.resume, flags.checkpoint_dir);
+                flags.with_workers, flags.resume, flags.checkpoint_dir,
+                flags.await_peers);
   }
   if (*commands.keygen) return Keygen(flags.site, flags.out_dir);
   if (*commands.worker) {

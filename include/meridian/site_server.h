@@ -75,6 +75,12 @@ struct SiteServerOptions {
   // checkpoint directory that holds checkpoints is refused: they belong to
   // an earlier run.
   bool resume = false;
+  // Training does not start before a SET_PEERS has said where the peer
+  // sites listen. `meridian run` passes it (`--await-peers`): it routes
+  // every link through wanem, and a restarted server whose workers come
+  // back at once must not open its channels to the job's direct mirror
+  // addresses first. Ignored when the site syncs with nobody.
+  bool await_peers = false;
 };
 
 class SiteServer {

@@ -6,10 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -27,49 +25,22 @@
 #include "meridian/security.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
-#include "meridian/wan_control.h"
+#include "runtime/endpoints_file.h"
 #include "runtime/process.h"
+#include "runtime/run_manifest.h"
+#include "runtime/supervisor.h"
+#include "runtime/wanem_control.h"
 
 namespace meridian {
 namespace {
 
-// How long a site server (or wanem) may take to load its data and bind.
-constexpr auto kReadyTimeout = std::chrono::seconds(120);
-constexpr double kReadyTimeoutS = 120.0;
-// The ordered stop. Workers get this long to leave (told by their sites,
-// or after SIGTERM); site servers, after SIGTERM, this long to finish:
-// drain their workers (fault: 5 s), send their final flush and wait up to
-// 60 s for their peers' (kSyncFinishTimeoutS of the site server), evaluate
-// once more and write their summary. Anyone still running after SIGTERM
-// and kKillGraceS more gets SIGKILL.
-constexpr double kWorkerGraceS = 15.0;
-constexpr double kSiteGraceS = 100.0;
-constexpr double kKillGraceS = 10.0;
-// Restart backoff ceiling (fault.restart_backoff_s doubles up to it).
-constexpr double kMaxBackoffS = 30.0;
-// A restarted site server or wanem whose port is still taken is started
-// again this many times, 0.5 s, 1 s, 2 s ... apart, without counting as a
-// restart.
-constexpr int kBindRetries = 5;
-constexpr double kBindRetryFirstS = 0.5;
-// Between attempts of the steps after a restarted child's ready line
-// (SET_PEERS, re-adding wanem's routes).
-constexpr double kStartStepRetryS = 0.5;
-constexpr auto kMonitorInterval = std::chrono::milliseconds(100);
 constexpr double kProgressPeriodS = 1.0;
 constexpr double kPlainProgressPeriodS = 5.0;
-// wanem's counters are read this often, so a crash loses at most about
-// this much of its count.
-constexpr double kWanPollPeriodS = 1.0;
 // A site whose status requests have gone unanswered this long is shown as
 // down on the progress line.
 constexpr double kDownAfterS = 2.0;
 constexpr auto kStatusTimeout = std::chrono::milliseconds(300);
 constexpr auto kSetPeersTimeout = std::chrono::seconds(10);
-constexpr auto kControlTimeout = std::chrono::seconds(2);
-constexpr int kLogTailLines = 8;
-// Starts the line written into a child's log before each restart.
-constexpr const char* kSeparatorPrefix = "===== meridian run: ";
 
 std::atomic<bool> g_stop_signal{false};
 std::atomic<int> g_stop_signals{0};
@@ -83,21 +54,6 @@ std::string SelfExecutable() {
   std::error_code error;
   const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
   return error ? std::string("meridian") : path.string();
-}
-
-std::string LocalTimeNow() {
-  char stamp[32];
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  std::strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &local);
-  return stamp;
-}
-
-std::string Seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f", s);
-  return buf;
 }
 
 // Every site on one line (logs, pipes): "[ t s] a: ...  | b: ...".
@@ -145,54 +101,6 @@ std::string TakeMetricsField(std::string* fields) {
   return value;
 }
 
-// The part of a child's log after the last restart separator: what the
-// latest process wrote.
-std::string LatestLogText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  std::string text = buffer.str();
-  const size_t at = text.rfind(kSeparatorPrefix);
-  return at == std::string::npos ? text : text.substr(at);
-}
-
-// One child process the launcher supervises, across its restarts.
-enum class Role { kSite, kWorker, kWanem };
-
-// kStarting: spawned, its ready line (site server, wanem) and the steps
-// after it (SET_PEERS, wanem's routes) not all done yet; kRunning: up;
-// kBackoff: its process ended abnormally, started again at next_try_s;
-// kDone: ended for good (finished, stopped, or not restarted).
-enum class ChildState { kStarting, kRunning, kBackoff, kDone };
-
-struct Supervised {
-  Role role = Role::kWorker;
-  std::string name;     // "site server 'us'": logs and errors
-  std::string subject;  // FaultEvent.subject: "site 'us'", "us/1", "wanem"
-  int site = -1;        // site server: its site; worker: its serving site
-  std::vector<std::string> argv;  // a restart runs this (sites: --resume)
-  std::string log_path;
-  std::optional<ChildProcess> process;  // the latest process
-  ChildState state = ChildState::kStarting;
-  uint32_t restarts = 0;    // processes started after the first
-  int bind_retries = 0;     // starts refused for a port in use, this outage
-  bool signalled = false;   // the launcher stopped it: not a failure
-  bool ready = false;       // kStarting: its ready line was read
-  double next_try_s = 0;    // kBackoff: start time; kStarting: deadline
-  double next_step_s = 0;   // kStarting: next attempt of a start step
-  double down_since_s = 0;  // when the current outage began
-  double backoff_s = 0;     // the pause before the pending restart
-  std::string ended;        // how its latest process ended
-  std::vector<int> outage_events;  // manifest event indices of the outage
-};
-
-// What the launcher does with a child whose process ended abnormally.
-enum class Verdict {
-  kRestart,  // start it again after the backoff
-  kFail,     // the job fails (fail-fast, restart limit)
-  kLetGo,    // the job is ending anyway: record it, nothing more
-};
-
 // A site server on the progress line.
 struct SiteProgress {
   std::string name;
@@ -204,56 +112,39 @@ struct SiteProgress {
   bool answering = true;     // the last status request answered
 };
 
-// A wanem route the launcher added: re-added with the same listen address
-// when wanem restarts, so the sites' connections find it again.
-struct RouteRecord {
-  std::string link;
-  std::string from_site;
-  std::string listen;  // HOST:PORT as bound by the first wanem
-  std::string forward;
-};
+// How `meridian run` supervises the children of `job`.
+SupervisorOptions SupervisionOf(const pb::JobConfig& job,
+                                const RunOptions& options) {
+  SupervisorOptions supervision;
+  supervision.fail_fast = options.fail_fast;
+  supervision.max_restarts =
+      options.max_restarts.value_or(job.fault().max_restarts());
+  supervision.first_backoff_s = job.fault().restart_backoff_s();
+  supervision.stop_requested = options.stop_requested;
+  supervision.stop_signals = options.stop_signals;
+  return supervision;
+}
 
-// The stop of the job, in order. kRunning: children are supervised
-// (restarted); kStopWorkers: workers leave (told by their sites, or
-// SIGTERM); kStopSites: site servers finish (SIGTERM: final flush,
-// summary); kStopWanem: wanem's final counters are read, then it stops;
-// kKilling: a second interrupt, everything got SIGKILL.
-enum class Stage {
-  kRunning,
-  kStopWorkers,
-  kStopSites,
-  kStopWanem,
-  kKilling,
-  kDone
-};
-
-class JobRun {
+// One `meridian run`: what to start, in which order, and what a restart of
+// each role means (SupervisorHooks); the Supervisor runs the children, the
+// files of OUT/ are the manifest's and the endpoints file's.
+class JobRun final : private SupervisorHooks {
  public:
   JobRun(const pb::JobConfig& job, const RunOptions& options)
       : job_(job),
         options_(options),
-        max_restarts_(
-            options.max_restarts.value_or(job.fault().max_restarts())),
-        first_backoff_s_(job.fault().restart_backoff_s()) {}
+        manifest_(options.out_dir),
+        endpoints_(options.out_dir + "/endpoints.json", job.name()),
+        wanem_control_(job, &manifest_, &wall_),
+        supervisor_(SupervisionOf(job, options), &wall_, &manifest_,
+                    &endpoints_, this) {}
 
   Result<pb::RunReport> Run() {
     MERIDIAN_RETURN_IF_ERROR(PrepareOutDir());
     MERIDIAN_RETURN_IF_ERROR(PrepareSecurity());
-    SaveManifest();
+    manifest_.Save();
     if (Status started = StartChildren(); !started.ok()) {
-      // Children that did not get through the start are only stopped.
-      for (Supervised& child : children_) {
-        if (child.state == ChildState::kStarting) {
-          child.state = ChildState::kRunning;
-        }
-      }
-      if (StopRequested()) {
-        interrupted_ = true;
-      } else {
-        failure_ = started.message();
-        MLOG(ERROR) << failure_;
-      }
-      BeginStop();
+      supervisor_.FailStart(started);
     }
     Monitor();
     ForgetEphemeralKeys();
@@ -265,15 +156,9 @@ class JobRun {
 
   double Now() const { return wall_.ElapsedSeconds(); }
 
-  bool StopRequested() const {
-    return options_.stop_requested != nullptr &&
-           options_.stop_requested->load();
-  }
-
   std::string SummaryPath(const std::string& site) const {
     return options_.out_dir + "/site-" + site + ".json";
   }
-  std::string ManifestPath() const { return options_.out_dir + "/run.json"; }
 
   // OUT/logs/; site summaries of an earlier run go. A fresh run starts a
   // new manifest and deletes OUT/checkpoints/ (an earlier run's checkpoints
@@ -289,7 +174,14 @@ class JobRun {
     for (const pb::SiteConfig& site : job_.site()) {
       std::filesystem::remove(SummaryPath(site.name()), error);
     }
-    if (options_.resume) return ContinueManifest();
+    if (options_.resume) {
+      MERIDIAN_RETURN_IF_ERROR(manifest_.Continue());
+      MLOG(INFO) << "resuming the run in " << options_.out_dir << " (resume "
+                 << manifest_.resumes() << ", started "
+                 << Seconds(UnixSeconds() - manifest_.started_unix_s())
+                 << " s ago)";
+      return Status::Ok();
+    }
     std::filesystem::remove_all(options_.out_dir + "/checkpoints", error);
     if (error) {
       return InvalidArgumentError(
@@ -297,97 +189,8 @@ class JobRun {
           "run in '" +
           options_.out_dir + "/checkpoints': " + error.message());
     }
-    // Traffic files of an earlier run's emulator restarts.
-    std::vector<std::filesystem::path> stale;
-    for (const auto& entry :
-         std::filesystem::directory_iterator(options_.out_dir, error)) {
-      if (entry.path().filename().string().rfind("traffic.wanem-", 0) == 0) {
-        stale.push_back(entry.path());
-      }
-    }
-    for (const auto& path : stale) std::filesystem::remove(path, error);
-    manifest_.set_job(job_.name());
-    manifest_.set_config_path(
-        std::filesystem::absolute(options_.config_path, error).string());
-    manifest_.set_working_dir(std::filesystem::current_path(error).string());
-    manifest_.set_started_unix_s(UnixSeconds());
+    manifest_.Start(job_, options_.config_path);
     return Status::Ok();
-  }
-
-  // `--resume`: the manifest of the run goes on. Its last emulator process
-  // died with its launcher, within a poll period of its last count.
-  Status ContinueManifest() {
-    MERIDIAN_RETURN_IF_ERROR(ReadJsonFile(ManifestPath(), &manifest_));
-    manifest_.set_resumes(manifest_.resumes() + 1);
-    if (manifest_.wanem_size() > 0) {
-      pb::WanIncarnation* last =
-          manifest_.mutable_wanem(manifest_.wanem_size() - 1);
-      if (!last->final() && last->uncounted_s() == 0) {
-        last->set_uncounted_s(kWanPollPeriodS);
-      }
-      KeepTrafficCsv(last, manifest_.wanem_size());
-    }
-    std::error_code error;
-    const std::string here = std::filesystem::current_path(error).string();
-    if (!manifest_.working_dir().empty() && manifest_.working_dir() != here) {
-      MLOG(WARNING) << "the run started in " << manifest_.working_dir()
-                    << "; relative paths of its job file now start from "
-                    << here;
-    }
-    AddEvent(pb::JOB_RESUMED, "job",
-             "meridian run --resume " + options_.out_dir + " (resume " +
-                 std::to_string(manifest_.resumes()) +
-                 "): site servers continue from their checkpoints, workers "
-                 "start fresh",
-             0);
-    MLOG(INFO) << "resuming the run in " << options_.out_dir << " (resume "
-               << manifest_.resumes() << ", started "
-               << Seconds(UnixSeconds() - manifest_.started_unix_s())
-               << " s ago)";
-    return Status::Ok();
-  }
-
-  // A new wanem process truncates traffic.csv: the samples of the process
-  // `incarnation` describes (number `number`, from 1) move to a file of
-  // their own first.
-  void KeepTrafficCsv(pb::WanIncarnation* incarnation, int number) {
-    if (incarnation->traffic_csv() != "traffic.csv") return;
-    const std::string name = "traffic.wanem-" + std::to_string(number) + ".csv";
-    std::error_code error;
-    std::filesystem::rename(options_.out_dir + "/traffic.csv",
-                            options_.out_dir + "/" + name, error);
-    if (error) {
-      MLOG(WARNING) << "cannot keep the traffic samples of wanem process "
-                    << number << ": " << error.message();
-      incarnation->clear_traffic_csv();
-      return;
-    }
-    incarnation->set_traffic_csv(name);
-  }
-
-  // run.json, atomically. A failure is logged once: the run goes on (only
-  // a later --resume needs the file).
-  void SaveManifest() {
-    Status saved = WriteJsonFile(manifest_, ManifestPath());
-    if (!saved.ok() && !manifest_warned_) {
-      manifest_warned_ = true;
-      MLOG(WARNING) << "cannot write " << ManifestPath() << ": " << saved;
-    }
-  }
-
-  // Records a fault event of the launcher (site ""); returns its index.
-  int AddEvent(pb::FaultKind kind, const std::string& subject,
-               const std::string& detail, double duration_s) {
-    pb::FaultEvent* event = manifest_.add_events();
-    event->set_kind(kind);
-    event->set_site("");
-    event->set_subject(subject);
-    event->set_unix_s(UnixSeconds());
-    event->set_t_s(event->unix_s() - manifest_.started_unix_s());
-    event->set_duration_s(duration_s);
-    event->set_detail(detail);
-    SaveManifest();
-    return manifest_.events_size() - 1;
   }
 
   // CURVE between site servers (security.h). A job that lists the sites'
@@ -496,7 +299,7 @@ class JobRun {
     binary_ = options_.binary.empty() ? SelfExecutable() : options_.binary;
     MERIDIAN_RETURN_IF_ERROR(StartSiteServers());
     MERIDIAN_RETURN_IF_ERROR(StartWanem());
-    WriteEndpoints();
+    endpoints_.Write();
     MERIDIAN_RETURN_IF_ERROR(IntroducePeers());
     const std::string logs = options_.out_dir + "/logs/";
     size_t workers = 0;
@@ -516,19 +319,15 @@ class JobRun {
             "--connect", endpoint};
         child.log_path =
             logs + "worker-" + site.name() + "-" + std::to_string(w) + ".log";
-        MERIDIAN_ASSIGN_OR_RETURN(
-            ChildProcess process,
-            ChildProcess::Spawn(child.name, child.argv, child.log_path));
-        child.process.emplace(std::move(process));
-        child.state = ChildState::kRunning;
-        children_.push_back(std::move(child));
+        MERIDIAN_RETURN_IF_ERROR(supervisor_.Spawn(std::move(child)).status());
         ++workers;
       }
     }
     MLOG(INFO) << "started " << progress_.size() << " site servers and "
                << workers << " workers; logs in " << logs;
-    if (!options_.fail_fast && max_restarts_ > 0) {
-      MLOG(INFO) << "a child that fails is restarted up to " << max_restarts_
+    if (!options_.fail_fast && supervisor_.max_restarts() > 0) {
+      MLOG(INFO) << "a child that fails is restarted up to "
+                 << supervisor_.max_restarts()
                  << " times (fault.max_restarts; --fail-fast stops the job "
                     "at the first failure)";
     }
@@ -557,52 +356,22 @@ class JobRun {
                     "--mirror-bind", "tcp://127.0.0.1:*",
                     "--out",         options_.out_dir,
                     "--ready-fd",    std::to_string(kReadyFd),
-                    "--metrics",     "127.0.0.1:0"};
+                    "--metrics",     "127.0.0.1:0",
+                    "--await-peers"};
       if (options_.resume) child.argv.push_back("--resume");
       child.log_path = logs + "site-" + site.name() + ".log";
-      MERIDIAN_ASSIGN_OR_RETURN(
-          ChildProcess process,
-          ChildProcess::Spawn(child.name, child.argv, child.log_path));
-      child.process.emplace(std::move(process));
-      started.push_back(children_.size());
-      children_.push_back(std::move(child));
+      MERIDIAN_ASSIGN_OR_RETURN(const size_t i,
+                                supervisor_.Spawn(std::move(child)));
+      started.push_back(i);
     }
     // Every server loads its data at once; wait for their ready lines
     // together (an interrupt meanwhile stops the start).
     const double deadline = Now() + kReadyTimeoutS;
     for (size_t i : started) {
-      Supervised& server = children_[i];
-      std::optional<std::string> line;
-      std::string problem;
-      while (!line && problem.empty()) {
-        Result<std::optional<std::string>> read =
-            server.process->TryReadReadyLine();
-        if (!read.ok()) {
-          problem = read.status().message();
-        } else if (*read) {
-          line = **read;
-        } else if (StopRequested()) {
-          return CancelledError("interrupted while the site servers started");
-        } else if (Now() > deadline) {
-          problem = "no ready line within " +
-                    std::to_string(kReadyTimeout.count()) + " s";
-        } else {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
-      }
-      if (!line || line->rfind("ready ", 0) != 0) {
-        // Give an exiting child a moment, to say how it ended.
-        for (int wait = 0; wait < 20 && !server.process->Poll(); ++wait) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        }
-        return UnavailableError(
-            server.name + " did not start (" +
-            (line ? "unexpected '" + *line + "'" : problem) + "; " +
-            server.process->DescribeExit() + "); its log " + server.log_path +
-            " ends with:\n" + server.process->LogTail(kLogTailLines));
-      }
-      MERIDIAN_RETURN_IF_ERROR(OnSiteReady(i, *line));
-      server.state = ChildState::kRunning;
+      MERIDIAN_ASSIGN_OR_RETURN(const std::string line,
+                                supervisor_.AwaitReadyLine(i, deadline));
+      MERIDIAN_RETURN_IF_ERROR(OnSiteReady(i, line));
+      supervisor_.MarkRunning(i);
     }
     return Status::Ok();
   }
@@ -613,7 +382,7 @@ class JobRun {
   // reach a restarted server where they reached the first); later ones
   // must match.
   Status OnSiteReady(size_t i, const std::string& line) {
-    Supervised& server = children_[i];
+    const Supervised& server = supervisor_.child(i);
     const int s = server.site;
     std::string rest = line.substr(6);
     const std::string metrics = TakeMetricsField(&rest);
@@ -624,18 +393,17 @@ class JobRun {
     if (first) {
       server_endpoints_[s] = endpoint;
       mirror_endpoints_[s] = mirror;
+      std::vector<std::string> argv = server.argv;
       auto set_flag = [&](const std::string& flag, const std::string& value) {
-        auto it = std::find(server.argv.begin(), server.argv.end(), flag);
-        if (it != server.argv.end() && it + 1 != server.argv.end()) {
-          *(it + 1) = value;
-        }
+        auto it = std::find(argv.begin(), argv.end(), flag);
+        if (it != argv.end() && it + 1 != argv.end()) *(it + 1) = value;
       };
       set_flag("--bind", endpoint);
       if (!mirror.empty()) set_flag("--mirror-bind", mirror);
-      if (std::find(server.argv.begin(), server.argv.end(), "--resume") ==
-          server.argv.end()) {
-        server.argv.push_back("--resume");
+      if (std::find(argv.begin(), argv.end(), "--resume") == argv.end()) {
+        argv.push_back("--resume");
       }
+      supervisor_.SetRestartArgv(i, std::move(argv));
       SiteProgress progress;
       progress.name = job_.site(s).name();
       progress.child = i;
@@ -653,56 +421,16 @@ class JobRun {
           server.name + " came back on " + endpoint + " " + mirror +
           " instead of " + server_endpoints_[s] + " " + mirror_endpoints_[s]);
     }
-    SetEndpoint(server, "site", job_.site(s).name(), metrics, "running");
+    endpoints_.Set(server.name, "site", job_.site(s).name(), metrics,
+                   "running");
     return Status::Ok();
-  }
-
-  // Records where a child serves its metrics and its state ("" address:
-  // keep the one known).
-  void SetEndpoint(const Supervised& child, const std::string& role,
-                   const std::string& site, const std::string& address,
-                   const std::string& state) {
-    pb::ProcessEndpoint* entry = nullptr;
-    for (pb::ProcessEndpoint& e : *endpoints_.mutable_process()) {
-      if (e.name() == child.name) entry = &e;
-    }
-    if (entry == nullptr) {
-      if (address.empty()) return;  // no metrics: nothing to list
-      entry = endpoints_.add_process();
-      entry->set_name(child.name);
-      entry->set_role(role);
-      entry->set_site(site);
-    }
-    if (!address.empty()) {
-      entry->set_metrics_address(address);
-      entry->set_metrics_url("http://" + address + "/metrics");
-    }
-    entry->set_state(state);
-  }
-
-  // Only the state of a listed child.
-  void SetEndpointState(const Supervised& child, const std::string& state) {
-    if (child.role == Role::kWorker) return;
-    for (pb::ProcessEndpoint& e : *endpoints_.mutable_process()) {
-      if (e.name() == child.name) e.set_state(state);
-    }
-    WriteEndpoints();
-  }
-
-  // OUT/endpoints.json: every child's metrics endpoint (`meridian top
-  // --run OUT` reads it on every refresh).
-  void WriteEndpoints() {
-    endpoints_.set_job(job_.name());
-    Status written =
-        WriteJsonFile(endpoints_, options_.out_dir + "/endpoints.json");
-    if (!written.ok()) MLOG(WARNING) << written;
   }
 
   // Tells every site server where its sync peers listen; keeps each
   // request to tell a restarted server again.
   Status IntroducePeers() {
     for (const SiteProgress& progress : progress_) {
-      const int s = children_[progress.child].site;
+      const int s = supervisor_.child(progress.child).site;
       if (mirror_endpoints_[s].empty()) continue;  // syncs with nobody
       pb::Header request;
       request.set_type(pb::SET_PEERS);
@@ -724,7 +452,7 @@ class JobRun {
     auto request = peers_requests_.find(s);
     if (request == peers_requests_.end()) return Status::Ok();
     for (SiteProgress& progress : progress_) {
-      if (children_[progress.child].site != s) continue;
+      if (supervisor_.child(progress.child).site != s) continue;
       Result<Envelope> reply =
           progress.client->Call(request->second, {}, kSetPeersTimeout);
       if (!reply.ok()) return reply.status();
@@ -740,7 +468,7 @@ class JobRun {
   // Where site `from`'s server sends its updates for site `to`: through a
   // wanem route when the WAN is emulated.
   Result<std::string> MirrorEndpoint(int from, int to) {
-    return Route(from, to, mirror_endpoints_[to]);
+    return wanem_control_.Route(from, to, mirror_endpoints_[to]);
   }
 
   // Where the workers of site `s` connect: their serving site's server,
@@ -748,7 +476,7 @@ class JobRun {
   Result<std::string> WorkerEndpoint(int s) {
     const int serving = ServingSite(job_, s);
     if (serving == s) return server_endpoints_[s];
-    return Route(s, serving, server_endpoints_[serving]);
+    return wanem_control_.Route(s, serving, server_endpoints_[serving]);
   }
 
   // Whether any two sites exchange traffic (a site using another's server,
@@ -787,27 +515,14 @@ class JobRun {
                   "--metrics",
                   "127.0.0.1:0"};
     child.log_path = options_.out_dir + "/logs/wanem.log";
-    MERIDIAN_ASSIGN_OR_RETURN(
-        ChildProcess process,
-        ChildProcess::Spawn(child.name, child.argv, child.log_path));
-    child.process.emplace(std::move(process));
-    wanem_ = children_.size();
-    children_.push_back(std::move(child));
-    Supervised& wanem = children_[*wanem_];
-    Result<std::string> line = wanem.process->ReadReadyLine(kReadyTimeout);
-    if (!line.ok() || line->rfind("ready ", 0) != 0) {
-      wanem.process->Poll();
-      return UnavailableError(
-          "wanem did not start (" +
-          (line.ok() ? "unexpected '" + *line + "'" : line.status().message()) +
-          "; " + wanem.process->DescribeExit() + "); its log " +
-          wanem.log_path + " ends with:\n" +
-          wanem.process->LogTail(kLogTailLines));
-    }
-    OnWanemReady(*line);
-    wanem.state = ChildState::kRunning;
+    MERIDIAN_ASSIGN_OR_RETURN(const size_t i,
+                              supervisor_.Spawn(std::move(child)));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::string line,
+                              supervisor_.ReadReadyLine(i));
+    OnWanemReady(line);
+    supervisor_.MarkRunning(i);
     MLOG(INFO) << "wanem shapes every link between sites; control at "
-               << wan_control_->endpoint();
+               << wanem_control_.endpoint();
     return Status::Ok();
   }
 
@@ -816,593 +531,91 @@ class JobRun {
   void OnWanemReady(const std::string& line) {
     std::string rest = line.substr(6);
     const std::string metrics = TakeMetricsField(&rest);
-    SetEndpoint(children_[*wanem_], "wanem", "", metrics, "running");
-    for (pb::ProcessEndpoint& entry : *endpoints_.mutable_process()) {
-      if (entry.name() == children_[*wanem_].name) {
-        entry.set_control_address(rest);
-      }
-    }
-    WriteEndpoints();
-    wan_control_ = std::make_unique<wan::ControlClient>(rest, kControlTimeout);
-    pb::WanIncarnation* incarnation = manifest_.add_wanem();
-    incarnation->set_started_unix_s(UnixSeconds());
-    incarnation->set_traffic_csv("traffic.csv");
-    SaveManifest();
-    routes_added_.assign(routes_.size(), false);
-    next_wan_poll_s_ = Now() + kWanPollPeriodS;
+    const std::string& name = supervisor_.child(*supervisor_.wanem()).name;
+    endpoints_.Set(name, "wanem", "", metrics, "running");
+    endpoints_.SetControlAddress(name, rest);
+    endpoints_.Write();
+    wanem_control_.Connect(rest);
   }
 
-  // The endpoint site `from` uses to reach `target` (a ZeroMQ tcp endpoint
-  // of site `to`): a wanem listener forwarding to it, or `target` itself
-  // without wanem. The route is recorded to be re-added on a restart.
-  Result<std::string> Route(int from, int to, const std::string& target) {
-    if (!wan_control_) return target;
-    const std::string prefix = "tcp://";
-    if (target.rfind(prefix, 0) != 0) {
-      return InvalidArgumentError("cannot route '" + target +
-                                  "' through wanem: only tcp:// endpoints");
+  // ---- what a restart means per role (SupervisorHooks) ---------------------
+
+  Status TakeReadyLine(size_t child, const std::string& line) override {
+    if (supervisor_.child(child).role == Role::kSite) {
+      return OnSiteReady(child, line);
     }
-    const int a = std::min(from, to);
-    const int b = std::max(from, to);
-    RouteRecord route;
-    route.link = job_.site(a).name() + "-" + job_.site(b).name();
-    route.from_site = job_.site(from).name();
-    route.forward = target.substr(prefix.size());
-    MERIDIAN_ASSIGN_OR_RETURN(
-        route.listen, wan_control_->AddRoute(route.link, route.from_site,
-                                             "127.0.0.1:0", route.forward));
-    routes_.push_back(route);
-    routes_added_.push_back(true);
-    return prefix + route.listen;
+    OnWanemReady(line);
+    return Status::Ok();
   }
 
-  // ---- supervision ---------------------------------------------------------
+  Status CompleteStart(size_t child) override {
+    const Supervised& started = supervisor_.child(child);
+    return started.role == Role::kSite ? SendPeers(started.site)
+                                       : wanem_control_.ReAddRoutes();
+  }
 
+  std::string RecoveryNote(size_t child) override {
+    switch (supervisor_.child(child).role) {
+      case Role::kSite:
+        return "; continues from its checkpoint (--resume)";
+      case Role::kWanem:
+        return "; " + std::to_string(wanem_control_.routes()) +
+               " routes re-added on their ports";
+      case Role::kWorker:
+        return "";
+    }
+    return "";
+  }
+
+  void BeforeRestart(size_t child) override {
+    switch (supervisor_.child(child).role) {
+      case Role::kWanem:
+        // The new process truncates traffic.csv.
+        manifest_.SetAsideTrafficCsv();
+        return;
+      case Role::kSite:
+        for (SiteProgress& progress : progress_) {
+          if (progress.child == child) progress.status.reset();
+        }
+        return;
+      case Role::kWorker:
+        return;
+    }
+  }
+
+  void WanemEnded() override { wanem_control_.Ended(); }
+
+  void ReadFinalWanCounters() override { wanem_control_.ReadFinal(); }
+
+  // ---- the monitor loop ----------------------------------------------------
+
+  // A child's end is noticed within about kMonitorInterval: a pass waits
+  // for wanem at most kCounterPollTimeout (and not at all once its process
+  // is gone); only a site server that does not answer its status request
+  // (once per kProgressPeriodS) holds a pass up to kStatusTimeout.
   void Monitor() {
-    while (stage_ != Stage::kDone) {
-      CheckSignals();
-      for (size_t i = 0; i < children_.size(); ++i) Step(i);
-      AdvanceStop();
-      if (stage_ == Stage::kRunning || stage_ == Stage::kStopWorkers ||
-          stage_ == Stage::kStopSites) {
+    while (supervisor_.stage() != Stage::kDone) {
+      supervisor_.CheckSignals();
+      // A change was logged: the live block is drawn again below the log
+      // lines instead of over them.
+      if (supervisor_.StepChildren()) progress_lines_ = 0;
+      supervisor_.AdvanceStop();
+      const Stage stage = supervisor_.stage();
+      if (stage == Stage::kRunning || stage == Stage::kStopWorkers ||
+          stage == Stage::kStopSites) {
         PollWanem();
       }
-      if (stage_ == Stage::kRunning) ShowProgress();
+      if (stage == Stage::kRunning) ShowProgress();
       std::this_thread::sleep_for(kMonitorInterval);
     }
   }
 
-  void CheckSignals() {
-    if (StopRequested() && !interrupted_ && stage_ == Stage::kRunning) {
-      interrupted_ = true;
-      MLOG(WARNING) << "interrupted: stopping every process in order (Ctrl-C "
-                       "again kills them at once)";
-      BeginStop();
-    }
-    if (options_.stop_signals != nullptr &&
-        options_.stop_signals->load() >= 2 && stage_ != Stage::kKilling &&
-        stage_ != Stage::kDone) {
-      interrupted_ = true;
-      MLOG(WARNING) << "interrupted again: killing every process now";
-      stage_ = Stage::kKilling;
-      for (Supervised& child : children_) {
-        if (child.state == ChildState::kBackoff)
-          child.state = ChildState::kDone;
-        Stop(child, SIGKILL);
-      }
-    }
-  }
-
-  // Sends `signal` to a child's live process; its end is then no failure.
-  void Stop(Supervised& child, int signal) {
-    if (child.state == ChildState::kDone ||
-        child.state == ChildState::kBackoff || !child.process ||
-        child.process->exited()) {
-      return;
-    }
-    child.signalled = true;
-    child.process->Signal(signal);
-  }
-
-  void Step(size_t i) {
-    const ChildState before = children_[i].state;
-    StepChild(i);
-    // A change was logged: the live block is drawn again below the log
-    // lines instead of over them.
-    if (children_[i].state != before) progress_lines_ = 0;
-  }
-
-  void StepChild(size_t i) {
-    Supervised& child = children_[i];
-    switch (child.state) {
-      case ChildState::kDone:
-        return;
-      case ChildState::kBackoff:
-        if (Now() >= child.next_try_s) Restart(i);
-        return;
-      case ChildState::kStarting:
-        StepStarting(i);
-        return;
-      case ChildState::kRunning:
-        if (child.process->Poll()) OnExit(i);
-        return;
-    }
-  }
-
-  // A restarted site server or wanem: its ready line, then the steps that
-  // make it whole again (SET_PEERS; wanem's routes), each retried until
-  // the start deadline.
-  void StepStarting(size_t i) {
-    Supervised& child = children_[i];
-    if (child.process->Poll()) {
-      if (child.signalled ||
-          (child.process->succeeded() && child.role == Role::kSite)) {
-        OnExit(i);  // stopped, or finished at once (nothing left to do)
-      } else {
-        OnStartFailed(i, child.process->DescribeExit());
-      }
-      return;
-    }
-    if (child.signalled) return;  // stopping: only waits for the exit
-    if (!child.ready) {
-      Result<std::optional<std::string>> line =
-          child.process->TryReadReadyLine();
-      if (line.ok() && *line) {
-        Status taken;
-        if ((**line).rfind("ready ", 0) != 0) {
-          taken = UnavailableError("unexpected ready line '" + **line + "'");
-        } else if (child.role == Role::kSite) {
-          taken = OnSiteReady(i, **line);
-        } else {
-          OnWanemReady(**line);
-        }
-        if (!taken.ok()) {
-          KillAndReap(child);
-          OnStartFailed(i, taken.message());
-          return;
-        }
-        child.ready = true;
-        WriteEndpoints();
-      }
-    }
-    if (child.ready && Now() >= child.next_step_s) {
-      Status whole =
-          child.role == Role::kSite ? SendPeers(child.site) : ReAddRoutes();
-      if (whole.ok()) {
-        child.state = ChildState::kRunning;
-        Recovered(i);
-        return;
-      }
-      child.next_step_s = Now() + kStartStepRetryS;
-      if (Now() > child.next_try_s) {
-        KillAndReap(child);
-        OnStartFailed(i, "started, but " + whole.message());
-        return;
-      }
-    }
-    if (!child.ready && Now() > child.next_try_s) {
-      KillAndReap(child);
-      OnStartFailed(
-          i, "did not report ready within " + Seconds(kReadyTimeoutS) + " s");
-    }
-  }
-
-  // SIGKILL to a child's process, and waits for its end (prompt: nothing
-  // can hold off SIGKILL), keeping it for its log tail.
-  static void KillAndReap(Supervised& child) {
-    if (!child.process) return;
-    child.process->Signal(SIGKILL);
-    while (!child.process->Poll()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-
-  // Every route wanem had, on the same listen address, so the sites'
-  // connections find their ports again. Unavailable while one is missing.
-  Status ReAddRoutes() {
-    for (size_t r = 0; r < routes_.size(); ++r) {
-      if (routes_added_[r]) continue;
-      const RouteRecord& route = routes_[r];
-      Result<std::string> bound = wan_control_->AddRoute(
-          route.link, route.from_site, route.listen, route.forward);
-      if (!bound.ok()) {
-        return UnavailableError(
-            "route " + route.listen + " -> " + route.forward + " of link " +
-            route.link + " could not be re-added: " + bound.status().message());
-      }
-      routes_added_[r] = true;
-    }
-    return Status::Ok();
-  }
-
-  // The latest process of child `i` ended.
-  void OnExit(size_t i) {
-    Supervised& child = children_[i];
-    child.ended = child.process->DescribeExit();
-    if (child.role == Role::kWanem) OnWanemEnded();
-    const bool clean = child.process->succeeded();
-    if (child.signalled || (clean && child.role != Role::kWanem)) {
-      child.state = ChildState::kDone;
-      SetEndpointState(child, clean ? "finished" : "stopped: " + child.ended);
-      if (child.role == Role::kSite && !child.signalled) {
-        MLOG(INFO) << child.name << " finished";
-      }
-      return;
-    }
-    OnFailure(i, child.ended);
-  }
-
-  // A process of child `i` that did not come up (or whose start steps
-  // failed). A port still in use is retried without counting.
-  void OnStartFailed(size_t i, const std::string& how) {
-    Supervised& child = children_[i];
-    child.ended = how;
-    if (child.role == Role::kWanem && child.ready) OnWanemEnded();
-    child.ready = false;
-    if (LatestLogText(child.log_path).find("ddress already in use") !=
-            std::string::npos &&
-        child.bind_retries < kBindRetries) {
-      const double wait = kBindRetryFirstS * std::pow(2.0, child.bind_retries);
-      ++child.bind_retries;
-      --child.restarts;  // this attempt does not count
-      child.state = ChildState::kBackoff;
-      child.next_try_s = Now() + wait;
-      child.backoff_s = wait;
-      MLOG(WARNING) << child.name << " could not bind its port yet (still in "
-                    << "use); trying again in " << Seconds(wait) << " s";
-      return;
-    }
-    OnFailure(i, how);
-  }
-
-  // Child `i` failed (`how`): recorded and logged; restarted, let go, or
-  // the job fails.
-  void OnFailure(size_t i, const std::string& how) {
-    Supervised& child = children_[i];
-    const std::string tail =
-        child.process ? child.process->LogTail(kLogTailLines) : std::string();
-    if (child.outage_events.empty()) child.down_since_s = Now();
-    child.outage_events.push_back(
-        AddEvent(pb::PROCESS_FAILED, child.subject, how, 0));
-    std::string reason;
-    const Verdict verdict = Judge(child, &reason);
-    const std::string note = child.name + " " + how + " (" + reason +
-                             "); its log " + child.log_path + " ends with:\n" +
-                             tail;
-    switch (verdict) {
-      case Verdict::kRestart: {
-        child.backoff_s =
-            RestartBackoffSeconds(first_backoff_s_, child.restarts + 1);
-        child.state = ChildState::kBackoff;
-        child.next_try_s = Now() + child.backoff_s;
-        SetEndpointState(
-            child, "restarting (attempt " + std::to_string(child.restarts + 1) +
-                       " of " + std::to_string(max_restarts_) + ")");
-        MLOG(WARNING) << note;
-        return;
-      }
-      case Verdict::kLetGo:
-        child.state = ChildState::kDone;
-        SetEndpointState(child, "failed: " + how);
-        MLOG(WARNING) << note;
-        return;
-      case Verdict::kFail:
-        child.state = ChildState::kDone;
-        SetEndpointState(child, "failed: " + how);
-        MLOG(ERROR) << note;
-        if (failure_.empty()) failure_ = note;  // the first one is the cause
-        BeginStop();
-        return;
-    }
-  }
-
-  // Whether a failed child is started again; `reason` says what happens.
-  Verdict Judge(const Supervised& child, std::string* reason) const {
-    // The job is ending anyway: nothing to restart, nothing to fail.
-    const bool serving_done =
-        child.role == Role::kWorker && SiteChildDone(child.site);
-    if (child.role == Role::kWanem ? stage_ >= Stage::kStopWanem
-                                   : stage_ != Stage::kRunning) {
-      *reason = "not restarted: the job is stopping";
-      return Verdict::kLetGo;
-    }
-    if (serving_done) {
-      *reason = "not restarted: its site server has ended";
-      return Verdict::kLetGo;
-    }
-    if (options_.fail_fast) {
-      *reason = "not restarted: --fail-fast";
-      return Verdict::kFail;
-    }
-    if (max_restarts_ == 0) {
-      *reason = "not restarted: fault.max_restarts is 0";
-      return Verdict::kFail;
-    }
-    if (child.restarts >= max_restarts_) {
-      *reason = "not restarted: it was restarted " +
-                std::to_string(child.restarts) +
-                " times already, the limit (fault.max_restarts or "
-                "--max-restarts)";
-      return Verdict::kFail;
-    }
-    *reason =
-        "restarting it in " +
-        Seconds(RestartBackoffSeconds(first_backoff_s_, child.restarts + 1)) +
-        " s: restart " + std::to_string(child.restarts + 1) + " of " +
-        std::to_string(max_restarts_) +
-        (child.role == Role::kSite ? ", from its checkpoint (--resume)" : "");
-    return Verdict::kRestart;
-  }
-
-  // Whether the server of site `s` has ended for good.
-  bool SiteChildDone(int s) const {
-    for (const Supervised& child : children_) {
-      if (child.role == Role::kSite && child.site == s) {
-        return child.state == ChildState::kDone;
-      }
-    }
-    return true;
-  }
-
-  // Starts child `i` again (its backoff passed).
-  void Restart(size_t i) {
-    Supervised& child = children_[i];
-    ++child.restarts;
-    const std::string separator =
-        std::string(kSeparatorPrefix) + "restart " +
-        std::to_string(child.restarts) + " of " +
-        std::to_string(max_restarts_) + " of " + child.name + " at " +
-        LocalTimeNow() + " (the previous process " + child.ended + ") =====";
-    if (Status appended = AppendLogLine(child.log_path, separator);
-        !appended.ok()) {
-      MLOG(WARNING) << appended;
-    }
-    if (child.role == Role::kWanem && manifest_.wanem_size() > 0) {
-      KeepTrafficCsv(manifest_.mutable_wanem(manifest_.wanem_size() - 1),
-                     manifest_.wanem_size());
-      SaveManifest();
-    }
-    if (child.role == Role::kSite) {
-      for (SiteProgress& progress : progress_) {
-        if (progress.child == i) progress.status.reset();
-      }
-    }
-    child.process.reset();
-    Result<ChildProcess> process =
-        ChildProcess::Spawn(child.name, child.argv, child.log_path);
-    if (!process.ok()) {
-      OnFailure(i, "could not be started: " + process.status().message());
-      return;
-    }
-    child.process.emplace(std::move(*process));
-    child.signalled = false;
-    child.ready = false;
-    MLOG(INFO) << "restarted " << child.name << " (restart " << child.restarts
-               << " of " << max_restarts_ << ", pid " << child.process->pid()
-               << ")";
-    if (child.role == Role::kWorker) {
-      child.state = ChildState::kRunning;
-      Recovered(i);
-      return;
-    }
-    child.state = ChildState::kStarting;
-    child.next_try_s = Now() + kReadyTimeoutS;
-    child.next_step_s = 0;
-  }
-
-  // Child `i` is back: PROCESS_RESTARTED with its downtime, which is also
-  // the duration of the failures of the outage.
-  void Recovered(size_t i) {
-    Supervised& child = children_[i];
-    const double down_s = Now() - child.down_since_s;
-    const double now_unix = UnixSeconds();
-    for (int e : child.outage_events) {
-      pb::FaultEvent* event = manifest_.mutable_events(e);
-      event->set_duration_s(now_unix - event->unix_s());
-    }
-    child.outage_events.clear();
-    child.bind_retries = 0;
-    AddEvent(pb::PROCESS_RESTARTED, child.subject,
-             "restart " + std::to_string(child.restarts) + " of " +
-                 std::to_string(max_restarts_) + " after a backoff of " +
-                 Seconds(child.backoff_s) + " s" +
-                 (child.role == Role::kSite
-                      ? "; continues from its checkpoint (--resume)"
-                  : child.role == Role::kWanem
-                      ? "; " + std::to_string(routes_.size()) +
-                            " routes re-added on their ports"
-                      : ""),
-             down_s);
-    SetEndpointState(child, "running");
-    MLOG(INFO) << child.name << " is back after " << Seconds(down_s)
-               << " s down";
-  }
-
-  // ---- wanem's counters ----------------------------------------------------
-
-  // Reads wanem's counters about once a second into the manifest, so a
-  // crash loses at most the traffic since the last read.
+  // wanem's counters, about once per kWanPollPeriodS, while its process
+  // runs: checked (waitpid) right before, so a dead wanem is not asked.
   void PollWanem() {
-    if (!wanem_ || children_[*wanem_].state != ChildState::kRunning ||
-        !wan_control_ || Now() < next_wan_poll_s_) {
-      return;
-    }
-    next_wan_poll_s_ = Now() + kWanPollPeriodS;
-    ReadWanCounters(/*final=*/false);
-  }
-
-  bool ReadWanCounters(bool final) {
-    if (manifest_.wanem_size() == 0) return false;
-    Result<pb::WanControlReply> status = wan_control_->GetStatus();
-    if (!status.ok()) {
-      if (final) {
-        MLOG(ERROR) << "cannot read wanem's final counters: "
-                    << status.status();
-      }
-      return false;
-    }
-    pb::WanIncarnation* current =
-        manifest_.mutable_wanem(manifest_.wanem_size() - 1);
-    current->clear_links();
-    for (pb::LinkTraffic& link : wan::LinkTrafficFromReply(*status)) {
-      *current->add_links() = std::move(link);
-    }
-    current->set_counted_unix_s(UnixSeconds());
-    current->set_final(final);
-    SaveManifest();
-    return true;
-  }
-
-  // wanem's process ended: unless its final counters were read, what it
-  // carried since the last read is not counted.
-  void OnWanemEnded() {
-    wan_control_.reset();
-    if (manifest_.wanem_size() == 0) return;
-    pb::WanIncarnation* current =
-        manifest_.mutable_wanem(manifest_.wanem_size() - 1);
-    if (current->final()) return;
-    const double since = current->counted_unix_s() > 0
-                             ? current->counted_unix_s()
-                             : current->started_unix_s();
-    current->set_uncounted_s(std::max(0.0, UnixSeconds() - since));
-    SaveManifest();
-  }
-
-  // ---- the ordered stop ----------------------------------------------------
-
-  // The job must stop now (interrupt, a failure past the restart limit):
-  // workers first (SIGTERM), pending restarts cancelled.
-  void BeginStop() {
-    if (stage_ != Stage::kRunning) return;
-    MLOG(INFO) << "stopping workers (up to " << Seconds(kWorkerGraceS)
-               << " s), then site servers with their final flush (up to "
-               << Seconds(kSiteGraceS) << " s), then wanem";
-    stage_ = Stage::kStopWorkers;
-    stop_deadline_s_ = Now() + kWorkerGraceS;
-    workers_signal_ = SIGTERM;
-    for (Supervised& child : children_) {
-      if (child.role == Role::kWanem) continue;
-      if (child.state == ChildState::kBackoff) {
-        child.state = ChildState::kDone;
-        SetEndpointState(child, "failed: " + child.ended);
-      }
-      if (child.role == Role::kWorker) Stop(child, SIGTERM);
-    }
-  }
-
-  bool AllDone(Role role) const {
-    return std::all_of(
-        children_.begin(), children_.end(), [role](const Supervised& child) {
-          return child.role != role || child.state == ChildState::kDone;
-        });
-  }
-
-  // Names of the children of `role` not done yet.
-  std::string Remaining(Role role) const {
-    std::string names;
-    for (const Supervised& child : children_) {
-      if (child.role == role && child.state != ChildState::kDone) {
-        names += (names.empty() ? "" : ", ") + child.name;
-      }
-    }
-    return names;
-  }
-
-  void SignalAll(Role role, int signal) {
-    for (Supervised& child : children_) {
-      if (child.role == role) Stop(child, signal);
-    }
-  }
-
-  void AdvanceStop() {
-    const double now = Now();
-    switch (stage_) {
-      case Stage::kRunning:
-        if (!AllDone(Role::kSite)) return;
-        // Every site finished the job and told its workers to stop.
-        stage_ = Stage::kStopWorkers;
-        stop_deadline_s_ = now + kWorkerGraceS;
-        workers_signal_ = 0;
-        for (Supervised& child : children_) {
-          if (child.role == Role::kWorker &&
-              child.state == ChildState::kBackoff) {
-            child.state = ChildState::kDone;
-          }
-        }
-        return;
-      case Stage::kStopWorkers:
-        if (AllDone(Role::kWorker)) {
-          stage_ = Stage::kStopSites;
-          stop_deadline_s_ = now + kSiteGraceS;
-          if (!AllDone(Role::kSite)) {
-            MLOG(INFO) << "workers stopped; stopping the site servers: final "
-                          "flush to their peers and summary (up to "
-                       << Seconds(kSiteGraceS) << " s)";
-          }
-          for (Supervised& child : children_) {
-            if (child.role != Role::kSite) continue;
-            if (child.state == ChildState::kBackoff) {
-              child.state = ChildState::kDone;
-            }
-            Stop(child, SIGTERM);
-          }
-        } else if (now > stop_deadline_s_) {
-          workers_signal_ = workers_signal_ == 0 ? SIGTERM : SIGKILL;
-          MLOG(WARNING) << (workers_signal_ == SIGTERM ? "SIGTERM" : "SIGKILL")
-                        << " to workers still running: "
-                        << Remaining(Role::kWorker);
-          SignalAll(Role::kWorker, workers_signal_);
-          stop_deadline_s_ = now + kKillGraceS;
-        }
-        return;
-      case Stage::kStopSites:
-        if (AllDone(Role::kSite)) {
-          stage_ = Stage::kStopWanem;
-          stop_deadline_s_ = now + kKillGraceS;
-          StopWanem();
-        } else if (now > stop_deadline_s_) {
-          MLOG(ERROR) << "site servers did not finish within "
-                      << Seconds(kSiteGraceS) << " s: SIGKILL to "
-                      << Remaining(Role::kSite);
-          SignalAll(Role::kSite, SIGKILL);
-          stop_deadline_s_ = now + kKillGraceS;
-        }
-        return;
-      case Stage::kStopWanem:
-        if (AllDone(Role::kWanem)) {
-          stage_ = Stage::kDone;
-        } else if (now > stop_deadline_s_) {
-          SignalAll(Role::kWanem, SIGKILL);
-          stop_deadline_s_ = now + kKillGraceS;
-        }
-        return;
-      case Stage::kKilling:
-        if (AllDone(Role::kSite) && AllDone(Role::kWorker) &&
-            AllDone(Role::kWanem)) {
-          stage_ = Stage::kDone;
-        }
-        return;
-      case Stage::kDone:
-        return;
-    }
-  }
-
-  // Every site server is done: wanem's counters are final. Read them, then
-  // stop it — last, so that the sites' final flushes could cross.
-  void StopWanem() {
-    if (!wanem_) return;
-    Supervised& wanem = children_[*wanem_];
-    if (wanem.state == ChildState::kBackoff) {
-      wanem.state = ChildState::kDone;
-      return;
-    }
-    if (wanem.state == ChildState::kDone) return;
-    MLOG(INFO) << "site servers done; reading wanem's final counters and "
-                  "stopping it";
-    if (wanem.state == ChildState::kRunning && wan_control_) {
-      ReadWanCounters(/*final=*/true);
-    }
-    Stop(wanem, SIGTERM);
+    const std::optional<size_t> wanem = supervisor_.wanem();
+    if (!wanem || !supervisor_.ProcessRunning(*wanem)) return;
+    wanem_control_.Poll();
   }
 
   // ---- progress ------------------------------------------------------------
@@ -1439,14 +652,14 @@ class JobRun {
   }
 
   SiteProgressView View(const SiteProgress& site) const {
-    const Supervised& child = children_[site.child];
+    const Supervised& child = supervisor_.child(site.child);
     SiteProgressView view;
     view.status = site.status ? &*site.status : nullptr;
     view.clock = site.clock;
     view.restarting = child.state == ChildState::kBackoff ||
                       child.state == ChildState::kStarting;
     view.attempt =
-        child.restarts + (child.state == ChildState::kBackoff ? 1 : 0);
+        child.policy.restarts() + (child.state == ChildState::kBackoff ? 1 : 0);
     view.finished = child.state == ChildState::kDone && child.process &&
                     child.process->succeeded();
     const double silent = Now() - site.last_answer_s;
@@ -1458,7 +671,7 @@ class JobRun {
   // not asked: it is shown as restarting).
   void PollProgress() {
     for (SiteProgress& site : progress_) {
-      if (children_[site.child].state != ChildState::kRunning) {
+      if (supervisor_.child(site.child).state != ChildState::kRunning) {
         site.last_answer_s = Now();
         site.answering = true;
         continue;
@@ -1493,11 +706,12 @@ class JobRun {
       }
     }
     std::string outcome;
-    if (!failure_.empty()) {
+    const std::string& failure = supervisor_.failure();
+    if (!failure.empty()) {
       // Who failed and how; the log's tail stays in the error.
-      const std::string first_line = failure_.substr(0, failure_.find('\n'));
+      const std::string first_line = failure.substr(0, failure.find('\n'));
       outcome = "failed: " + first_line.substr(0, first_line.find("; its log"));
-    } else if (interrupted_) {
+    } else if (supervisor_.interrupted()) {
       outcome = "interrupted";
     } else if (!summaries.empty()) {
       // The reason of a site that stopped on its own account.
@@ -1511,19 +725,12 @@ class JobRun {
     }
     pb::RunReport report =
         BuildRunReport(job_, summaries, wall_.ElapsedSeconds(), outcome);
-    AddFaultEvents({manifest_.events().begin(), manifest_.events().end()},
-                   manifest_.started_unix_s(), &report);
-    if (manifest_.wanem_size() > 0) {
-      AddWanTraffic({manifest_.wanem().begin(), manifest_.wanem().end()},
-                    &report);
-      MergeTrafficFiles();
-    }
-    SaveManifest();
+    manifest_.CompleteReport(&report);
     MERIDIAN_RETURN_IF_ERROR(
         WriteJsonFile(report, options_.out_dir + "/report.json"));
     MERIDIAN_RETURN_IF_ERROR(
         WriteTimelineCsv(summaries, options_.out_dir + "/timeline.csv"));
-    if (!failure_.empty()) return UnavailableError(failure_);
+    if (!failure.empty()) return UnavailableError(failure);
     if (summaries.empty()) {
       return UnavailableError("no site server wrote its summary (" + missing +
                               ")");
@@ -1534,87 +741,29 @@ class JobRun {
     return report;
   }
 
-  // With several wanem processes, OUT/traffic.csv becomes one series: the
-  // last process's file is kept as its own too, so a later resume merges
-  // from the per-process files again.
-  void MergeTrafficFiles() {
-    if (manifest_.wanem_size() < 2) return;
-    KeepTrafficCsv(manifest_.mutable_wanem(manifest_.wanem_size() - 1),
-                   manifest_.wanem_size());
-    std::vector<std::string> inputs;
-    std::vector<double> offsets;
-    const double first = manifest_.wanem(0).started_unix_s();
-    for (const pb::WanIncarnation& incarnation : manifest_.wanem()) {
-      if (incarnation.traffic_csv().empty()) continue;
-      inputs.push_back(options_.out_dir + "/" + incarnation.traffic_csv());
-      offsets.push_back(incarnation.started_unix_s() - first);
-    }
-    Status merged =
-        MergeTrafficCsv(inputs, offsets, options_.out_dir + "/traffic.csv");
-    if (!merged.ok()) {
-      MLOG(WARNING) << "cannot merge the traffic samples of wanem's "
-                    << manifest_.wanem_size() << " processes: " << merged;
-    }
-  }
-
   const pb::JobConfig& job_;
   // A copy: PrepareSecurity may point config_path at the derived job file.
   RunOptions options_;
-  const uint32_t max_restarts_;
-  const double first_backoff_s_;
   std::vector<std::string> ephemeral_keys_;  // secret key files we wrote
   Stopwatch wall_;
   zmq::context_t context_;
   std::string binary_;
-  // Every child: site servers, wanem, workers, in start order. Owned here;
-  // each entry lives for the run (a restart replaces its process).
-  std::vector<Supervised> children_;
-  std::optional<size_t> wanem_;                // its index in children_
+  // OUT/run.json: the launcher's events and wanem's counters live here.
+  RunManifestFile manifest_;
+  EndpointsFile endpoints_;  // OUT/endpoints.json
+  WanemControl wanem_control_;
+  // Every child; its indices are those of progress_ and the hooks.
+  Supervisor supervisor_;
   std::vector<std::string> server_endpoints_;  // by site index; "" if none
   std::vector<std::string> mirror_endpoints_;  // by site index; "" if none
   std::map<int, pb::Header> peers_requests_;   // SET_PEERS by site index
-  std::unique_ptr<wan::ControlClient> wan_control_;  // the live wanem's
-  std::vector<RouteRecord> routes_;
-  std::vector<bool> routes_added_;  // to the live wanem process
-  double next_wan_poll_s_ = 0;
-  std::vector<SiteProgress> progress_;  // one per site server
+  std::vector<SiteProgress> progress_;         // one per site server
   double next_progress_s_ = 0;
   double next_plain_s_ = kPlainProgressPeriodS;
-  int progress_lines_ = 0;      // lines of the live block drawn on a terminal
-  pb::RunEndpoints endpoints_;  // written to OUT/endpoints.json
-  // OUT/run.json: the launcher's events and wanem's counters live here.
-  pb::RunManifest manifest_;
-  bool manifest_warned_ = false;
-  Stage stage_ = Stage::kRunning;
-  double stop_deadline_s_ = 0;
-  int workers_signal_ = 0;  // the last signal sent to every worker
-  bool interrupted_ = false;
-  std::string failure_;
+  int progress_lines_ = 0;  // lines of the live block drawn on a terminal
 };
 
 }  // namespace
-
-double RestartBackoffSeconds(double first_s, uint32_t restart) {
-  if (!std::isfinite(first_s) || first_s <= 0) return 0;
-  const double doubled =
-      first_s * std::pow(2.0, static_cast<double>(std::max(restart, 1u) - 1));
-  return std::min(doubled, kMaxBackoffS);
-}
-
-Result<std::string> ResumeConfigPath(const std::string& run_dir) {
-  const std::string path = run_dir + "/run.json";
-  pb::RunManifest manifest;
-  if (Status read = ReadJsonFile(path, &manifest); !read.ok()) {
-    return read.code() == StatusCode::kNotFound
-               ? NotFoundError("cannot resume: no " + path +
-                               " (not a directory of `meridian run`)")
-               : read;
-  }
-  if (manifest.config_path().empty()) {
-    return DataLossError("cannot resume: " + path + " names no job file");
-  }
-  return manifest.config_path();
-}
 
 std::string FormatSiteProgress(const SiteProgressView& site) {
   char buf[256];

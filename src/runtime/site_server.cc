@@ -53,6 +53,7 @@
 #include "meridian/sync.h"
 #include "meridian/transport.h"
 #include "runtime/evaluator.h"
+#include "runtime/fault_events.h"
 #include "runtime/site_checkpoint.h"
 #include "runtime/site_metrics.h"
 #include "runtime/sync_engine.h"
@@ -94,10 +95,6 @@ constexpr double kSyncFinishTimeoutS = 60.0;
 constexpr double kRateWindowS = 5.0;
 // How often the event loop copies its counters into the metrics registry.
 constexpr double kMetricsPeriodS = 0.25;
-// Fault events kept in the summary; later ones are logged only (a worker
-// dying and coming back every few seconds for days must not grow the
-// summary without bound).
-constexpr int kMaxFaultEvents = 1000;
 
 // A positive, finite setting, or `fallback`.
 double Positive(double value, double fallback) {
@@ -162,6 +159,7 @@ class SiteServer::Impl {
         aggregate_(model_->layout().num_elements()),
         workers_(MakeSlots(job_, site_index), site_config_.name(),
                  timeouts_.worker_timeout_s),
+        events_(site_config_.name(), wall_clock_),
         socket_(context_, zmq::socket_type::router) {
     open_dead_event_.assign(workers_.size(), -1);
     EvaluatorOptions eval;
@@ -317,10 +315,17 @@ class SiteServer::Impl {
   Status AwaitWorkers() {
     const double deadline = Now() + timeouts_.join_timeout_s;
     const uint32_t needed = std::min(timeouts_.min_workers, workers_.size());
-    while (workers_.LiveCount() < workers_.size()) {
+    while (workers_.LiveCount() < workers_.size() || AwaitingPeers()) {
       if (StopRequested()) {
         FinishJob("stopped before all workers joined");
         return Status::Ok();
+      }
+      if (Now() > deadline && AwaitingPeers()) {
+        return DeadlineExceededError(
+            "site server '" + site_config_.name() +
+            "' was told to wait for SET_PEERS (--await-peers) and got none "
+            "within " +
+            FormatSeconds(timeouts_.join_timeout_s) + " s");
       }
       if (Now() > deadline) {
         if (workers_.LiveCount() >= needed && workers_.LiveCount() > 0) break;
@@ -336,6 +341,11 @@ class SiteServer::Impl {
       if (finished_) return Status::Ok();
     }
     return Status::Ok();
+  }
+
+  // Training waits for SET_PEERS (SiteServerOptions::await_peers).
+  bool AwaitingPeers() const {
+    return options_.await_peers && sync_ != nullptr && !peers_set_;
   }
 
   void StartTraining() {
@@ -460,12 +470,11 @@ class SiteServer::Impl {
     summary_.set_stop_reason(stop_reason_);
     summary_.set_model_parameters(
         static_cast<uint32_t>(model_->layout().num_elements()));
+    summary_.clear_events();
+    events_.CopyTo(summary_.mutable_events());
     if (sync_) {
       *summary_.mutable_sync() = sync_->Summary();
-      for (const pb::FaultEvent& event : sync_->events()) {
-        if (summary_.events_size() >= kMaxFaultEvents) break;
-        *summary_.add_events() = event;
-      }
+      sync_->events().CopyTo(summary_.mutable_events());
     }
     if (recovery_.restarts() > 0) *summary_.mutable_recovery() = recovery_;
     summary_.set_search_time_s(policy_->search_time_s());
@@ -630,6 +639,7 @@ class SiteServer::Impl {
       return Refuse(message.routing_id, message.header,
                     {pb::ERROR_UNKNOWN_SENDER, status.message()});
     }
+    peers_set_ = true;
     SendStatus(message);
   }
 
@@ -814,35 +824,18 @@ class SiteServer::Impl {
     }
   }
 
-  // Appends a fault event to the summary (up to kMaxFaultEvents); returns
-  // its index, or -1 when it was not kept.
+  // Records a fault event of this server; returns its index, or -1 when
+  // it was not kept.
   int RecordEvent(pb::FaultKind kind, const std::string& subject,
                   double duration_s, const std::string& detail) {
-    if (summary_.events_size() >= kMaxFaultEvents) {
-      if (!events_capped_) {
-        events_capped_ = true;
-        MLOG(WARNING) << "more than " << kMaxFaultEvents
-                      << " fault events: later ones are logged only";
-      }
-      return -1;
-    }
-    pb::FaultEvent* event = summary_.add_events();
-    event->set_kind(kind);
-    event->set_site(site_config_.name());
-    event->set_subject(subject);
-    event->set_unix_s(wall_clock_->UnixSeconds());
-    event->set_duration_s(duration_s);
-    event->set_detail(detail);
-    return summary_.events_size() - 1;
+    return events_.Record(kind, subject, detail, duration_s);
   }
 
   // The worker's WORKER_DEAD event is resolved: it lasted `dead_s`.
   void CloseDeadEvent(uint32_t worker, double dead_s) {
     const int index = open_dead_event_[worker];
     open_dead_event_[worker] = -1;
-    if (index >= 0 && index < summary_.events_size()) {
-      summary_.mutable_events(index)->set_duration_s(dead_s);
-    }
+    events_.Resolve(index, dead_s);
   }
 
   // ---- the commit path -----------------------------------------------------
@@ -1457,9 +1450,7 @@ class SiteServer::Impl {
     trained_before_s_ = meta.training_s();
     evaluator_->Restore({meta.timeline().begin(), meta.timeline().end()},
                         meta.time_to_target_s());
-    for (const pb::FaultEvent& event : meta.events()) {
-      *summary_.add_events() = event;
-    }
+    events_.Restore(meta.events());
     recovery_ = meta.recovery();
     recovery_.set_restarts(recovery_.restarts() + 1);
     recovery_.set_checkpoint_t_s(meta.training_s());
@@ -1543,9 +1534,7 @@ class SiteServer::Impl {
     for (const pb::EvalPoint& point : evaluator_->Timeline()) {
       *meta.add_timeline() = point;
     }
-    for (const pb::FaultEvent& event : summary_.events()) {
-      *meta.add_events() = event;
-    }
+    events_.CopyTo(meta.mutable_events());
     *meta.mutable_recovery() = recovery_;
     for (const CommitRecord& record : workers_.CommitRecords()) {
       pb::WorkerSlotCheckpoint* slot = meta.add_workers();
@@ -1598,10 +1587,12 @@ class SiteServer::Impl {
 
   // ---- membership (event loop) ---------------------------------------------
   WorkerTable workers_;
+  // This server's fault events (the sync engine keeps its own).
+  FaultEventLog events_;
   // Per slot, the index of its unresolved WORKER_DEAD event (-1: none).
   std::vector<int> open_dead_event_;
   uint64_t worker_deaths_ = 0;
-  bool events_capped_ = false;
+  bool peers_set_ = false;  // a SET_PEERS was applied
 
   // ---- sockets (event loop) ------------------------------------------------
   zmq::context_t context_;

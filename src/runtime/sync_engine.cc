@@ -17,6 +17,7 @@
 #include "meridian/wan_presets.h"
 #include "meridian/wan_units.h"
 #include "runtime/mirror_delivery.h"
+#include "runtime/update_codec.h"
 
 namespace meridian {
 namespace {
@@ -28,20 +29,9 @@ constexpr int kMirrorLingerMs = 1000;
 // ZeroMQ's queue towards a peer, in messages: what does not fit waits in
 // the channel's retention (bounded in bytes) instead.
 constexpr int kChannelHighWaterMark = 100;
-// Fault events kept for the summary (the log has every one).
-constexpr size_t kMaxEvents = 1000;
 // Heartbeat intervals without a word after which a peer counts as silent
 // (SyncEngine::Impl::Silent).
 constexpr double kSilentHeartbeats = 2.5;
-
-// One encoded update: a slice and a payload frame per tensor that changed.
-struct Encoded {
-  std::vector<pb::TensorSlice> slices;
-  std::vector<std::string> frames;
-  uint64_t entries = 0;
-  uint64_t bytes = 0;
-  bool empty() const { return slices.empty(); }
-};
 
 std::span<const std::byte> AsBytes(const std::string& bytes) {
   return {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()};
@@ -51,15 +41,6 @@ std::span<const std::byte> FrameBytes(const std::string& frame) {
 }
 std::span<const std::byte> FrameBytes(const zmq::message_t& frame) {
   return BytesOf(frame);
-}
-
-pb::CompressionConfig LosslessConfig(int zstd_level) {
-  pb::CompressionConfig config;
-  config.set_selection(pb::SELECT_ALL);
-  config.set_index_coding(pb::INDEX_AUTO);
-  config.set_value_coding(pb::VALUE_FP32);
-  config.set_zstd_level(zstd_level);
-  return config;
 }
 
 uint64_t NewIncarnation() {
@@ -136,26 +117,15 @@ class SyncEngine::Impl {
         schedule_(sync_, job_.optimizer(), job_.policy().local_steps()),
         clocks_(PeerNames()),
         incarnation_(NewIncarnation()),
-        mirror_(*options_.context, zmq::socket_type::router) {
+        mirror_(*options_.context, zmq::socket_type::router),
+        events_(name_, options_.wall_clock) {
     self_.set_site(name_);
     self_.set_role(pb::ROLE_SITE_SERVER);
   }
 
   Status Init() {
-    pb::CompressionConfig main = sync_.compression();
-    if (sync_.kind() == pb::DENSE) main.set_index_coding(pb::INDEX_DENSE);
-    MERIDIAN_ASSIGN_OR_RETURN(UpdateEncoder encoder,
-                              UpdateEncoder::Create(main));
-    encoder_.emplace(std::move(encoder));
-    MERIDIAN_ASSIGN_OR_RETURN(
-        UpdateEncoder lossless,
-        UpdateEncoder::Create(LosslessConfig(main.zstd_level())));
-    lossless_.emplace(std::move(lossless));
-    pb::CompressionConfig indices = LosslessConfig(1);
-    indices.set_value_coding(pb::VALUE_FP16);  // zeros: only indices matter
-    MERIDIAN_ASSIGN_OR_RETURN(UpdateEncoder index_encoder,
-                              UpdateEncoder::Create(indices));
-    index_encoder_.emplace(std::move(index_encoder));
+    MERIDIAN_ASSIGN_OR_RETURN(UpdateCodec codec, UpdateCodec::Create(sync_));
+    codec_.emplace(std::move(codec));
 
     DeliveryOptions delivery;
     delivery.heartbeat_interval_s = fault_.heartbeat_interval_s();
@@ -406,7 +376,7 @@ class SyncEngine::Impl {
                       [](const auto& peer) { return !peer->reachable; }));
   }
 
-  const std::vector<pb::FaultEvent>& events() const { return events_; }
+  const FaultEventLog& events() const { return events_; }
 
   std::vector<SyncEngine::PeerCounters> peer_counters() const {
     std::vector<SyncEngine::PeerCounters> out;
@@ -476,6 +446,7 @@ class SyncEngine::Impl {
     out->set_entries_received(entries_received_);
     out->set_rejected(rejected_);
     out->set_blocked_s(blocked_s_);
+    events_.CopyTo(out->mutable_events());
     for (const auto& peer : peers_) {
       pb::PeerCheckpoint* saved = out->add_peers();
       saved->set_site(peer->name);
@@ -515,6 +486,7 @@ class SyncEngine::Impl {
     entries_received_ = state.entries_received();
     rejected_ = state.rejected();
     blocked_s_ = state.blocked_s();
+    events_.Restore(state.events());
     for (const pb::PeerCheckpoint& saved : state.peers()) {
       Peer* peer = PeerNamed(saved.site());
       if (peer == nullptr) {
@@ -563,9 +535,10 @@ class SyncEngine::Impl {
                 .WithContext("the outgoing log's message " +
                              std::to_string(record.sequence()) + " for site '" +
                              record.peer() + "'"));
-        for (float& value : received_values_) value = -value;
-        store_->AddToAccumulator(peer->acc, received_indices_,
-                                 received_values_);
+        DecodedUpdate& taken_back = codec_->decoded();
+        for (float& value : taken_back.values) value = -value;
+        store_->AddToAccumulator(peer->acc, taken_back.indices,
+                                 taken_back.values);
         ++retracted;
       }
     }
@@ -726,17 +699,7 @@ class SyncEngine::Impl {
 
   void RecordEvent(pb::FaultKind kind, const std::string& subject,
                    const std::string& detail, double duration_s = 0) {
-    // Bounded: a link flapping for days must not grow the summary; the log
-    // keeps every one.
-    if (events_.size() >= kMaxEvents) return;
-    pb::FaultEvent event;
-    event.set_kind(kind);
-    event.set_site(name_);
-    event.set_subject(subject);
-    event.set_unix_s(options_.wall_clock->UnixSeconds());
-    event.set_duration_s(duration_s);
-    event.set_detail(detail);
-    events_.push_back(std::move(event));
+    events_.Record(kind, subject, detail, duration_s);
   }
 
   // Anything from `peer` (a message on the mirror socket, an ack on the
@@ -969,81 +932,9 @@ class SyncEngine::Impl {
     }
   }
 
-  // Takes what passes `theta` out of accumulator `acc` and encodes it, one
-  // slice per tensor; lossy residuals go back into the accumulator.
-  Encoded TakeAndEncode(size_t acc, double theta, UpdateEncoder& encoder) {
-    indices_.clear();
-    values_.clear();
-    const pb::ThresholdMode mode = sync_.threshold_mode();
-    store_->VisitAccumulator(
-        acc, [&](const KeyRange& range, std::span<const float> w,
-                 std::span<float> a) {
-          TakeSignificant(a, w, theta, mode, range.begin, &indices_, &values_);
-        });
-    return EncodeEntries(acc, encoder);
-  }
-
-  // Encodes (indices_, values_) per tensor; residuals to accumulator `acc`.
-  Encoded EncodeEntries(size_t acc, UpdateEncoder& encoder) {
-    Encoded encoded;
-    encoded.entries = indices_.size();
-    residual_indices_.clear();
-    residual_values_.clear();
-    size_t next = 0;
-    for (const TensorInfo& tensor : store_->layout().tensors()) {
-      const uint64_t end = tensor.offset + tensor.size;
-      local_indices_.clear();
-      local_values_.clear();
-      const size_t first = next;
-      while (next < indices_.size() && indices_[next] < end) {
-        local_indices_.push_back(
-            static_cast<uint32_t>(indices_[next] - tensor.offset));
-        local_values_.push_back(values_[next]);
-        ++next;
-      }
-      if (local_indices_.empty()) continue;
-      residual_.assign(local_values_.size(), 0.0f);
-      Result<EncodedUpdate> result = encoder.EncodeSparse(
-          tensor.size, local_indices_, local_values_, residual_);
-      if (!result.ok()) {
-        // Cannot happen for finite values; keep the change rather than
-        // lose it.
-        MLOG(ERROR) << "cannot encode the update of '" << tensor.name
-                    << "': " << result.status() << "; kept for later";
-        for (size_t j = 0; j < local_values_.size(); ++j) {
-          residual_indices_.push_back(indices_[first + j]);
-          residual_values_.push_back(local_values_[j]);
-        }
-        continue;
-      }
-      for (size_t j = 0; j < residual_.size(); ++j) {
-        if (residual_[j] != 0.0f) {
-          residual_indices_.push_back(indices_[first + j]);
-          residual_values_.push_back(residual_[j]);
-        }
-      }
-      pb::TensorSlice slice;
-      slice.set_tensor(tensor.name);
-      slice.set_offset(0);
-      slice.set_length(tensor.size);
-      slice.set_dtype(pb::DTYPE_FLOAT32);
-      slice.set_codec(pb::CODEC_PIPELINE);
-      slice.set_payload_bytes(result->bytes.size());
-      encoded.slices.push_back(slice);
-      encoded.frames.emplace_back(
-          reinterpret_cast<const char*>(result->bytes.data()),
-          result->bytes.size());
-      encoded.bytes += result->bytes.size();
-    }
-    if (!residual_indices_.empty()) {
-      store_->AddToAccumulator(acc, residual_indices_, residual_values_);
-    }
-    return encoded;
-  }
-
   // Sends `update` to `peer` as a MIRROR_UPDATE (or MIRROR_INDICES), tagged
   // with the clock it belongs to (the one after the last announced).
-  void SendUpdate(const Encoded& update, pb::MessageType type,
+  void SendUpdate(const EncodedSlices& update, pb::MessageType type,
                   const std::string& origin, bool average, Peer& peer) {
     if (update.empty() || peer.final_sent) return;
     pb::Header header = MakeHeader(type, self_, 0);
@@ -1082,57 +973,30 @@ class SyncEngine::Impl {
       peer.period_congested = true;
       return;
     }
-    SendWithBarrier(TakeAndEncode(peer.acc, theta, *encoder_), peer);
+    SendWithBarrier(
+        codec_->Take(*store_, peer.acc, theta, sync_.threshold_mode(),
+                     UpdateCodec::Fidelity::kConfigured),
+        peer);
   }
 
-  void SendWithBarrier(const Encoded& update, Peer& peer) {
+  void SendWithBarrier(const EncodedSlices& update, Peer& peer) {
     if (update.empty()) return;
     if (sync_.selective_barrier_fraction() > 0 &&
         static_cast<double>(update.entries) >
             sync_.selective_barrier_fraction() *
                 static_cast<double>(store_->num_elements())) {
-      SendUpdate(IndicesOnly(update), pb::MIRROR_INDICES, name_, false, peer);
+      SendUpdate(codec_->IndicesOnly(update), pb::MIRROR_INDICES, name_, false,
+                 peer);
     }
     SendUpdate(update, pb::MIRROR_UPDATE, name_, false, peer);
-  }
-
-  // The same slices with every value zero (MIRROR_INDICES).
-  Encoded IndicesOnly(const Encoded& update) {
-    Encoded indices;
-    indices.entries = update.entries;
-    for (size_t i = 0; i < update.slices.size(); ++i) {
-      const pb::TensorSlice& slice = update.slices[i];
-      SparseUpdate sparse;
-      if (!decoder_
-               .DecodeSparse(AsBytes(update.frames[i]), slice.length(), &sparse)
-               .ok()) {
-        continue;
-      }
-      std::fill(sparse.values.begin(), sparse.values.end(), 0.0f);
-      Result<EncodedUpdate> result = index_encoder_->EncodeSparse(
-          sparse.size, sparse.indices, sparse.values, {});
-      if (!result.ok()) continue;
-      pb::TensorSlice copy = slice;
-      copy.set_payload_bytes(result->bytes.size());
-      indices.slices.push_back(copy);
-      indices.frames.emplace_back(
-          reinterpret_cast<const char*>(result->bytes.data()),
-          result->bytes.size());
-    }
-    return indices;
   }
 
   void SendModelForAveraging(int64_t clock) {
     // The whole model, losslessly, for this round's average.
     std::vector<float> model(store_->num_elements());
     store_->Snapshot(model);
-    indices_.clear();
-    values_.clear();
-    for (uint64_t i = 0; i < model.size(); ++i) {
-      indices_.push_back(i);
-      values_.push_back(model[i]);
-    }
-    const Encoded encoded = EncodeEntries(averaging_acc_, *lossless_);
+    const EncodedSlices encoded =
+        codec_->EncodeModel(*store_, averaging_acc_, model);
     // The accumulator is not used by averaging: keep it empty.
     store_->VisitAccumulator(
         averaging_acc_,
@@ -1202,7 +1066,9 @@ class SyncEngine::Impl {
     for (Peer* peer : targets) {
       if (peer->final_sent) continue;
       if (sync_.kind() != pb::MODEL_AVERAGING) {
-        const Encoded update = TakeAndEncode(peer->acc, 0.0, *lossless_);
+        const EncodedSlices update =
+            codec_->Take(*store_, peer->acc, 0.0, sync_.threshold_mode(),
+                         UpdateCodec::Fidelity::kLossless);
         SendUpdate(update, pb::MIRROR_UPDATE, name_, false, *peer);
       }
       ++peer->announced;
@@ -1502,7 +1368,7 @@ class SyncEngine::Impl {
                     {pb::ERROR_MALFORMED, decoded.message()});
     }
     if (header.type() == pb::MIRROR_INDICES) {
-      blocked_.Block(site, header.clock(), received_indices_);
+      blocked_.Block(site, header.clock(), codec_->decoded().indices);
       return;
     }
     const pb::MirrorUpdate& body = header.mirror_update();
@@ -1510,71 +1376,36 @@ class SyncEngine::Impl {
       AddToAveragingRound(header.clock(), site);
       return;
     }
-    store_->ApplyExternalSparse(received_indices_, received_values_,
+    const DecodedUpdate& received = codec_->decoded();
+    store_->ApplyExternalSparse(received.indices, received.values,
                                 RelayTargets(peer.site));
     ++updates_received_;
-    entries_received_ += received_indices_.size();
+    entries_received_ += received.indices.size();
     blocked_.Release(site, header.clock());
   }
 
   // Decodes the slices of an update (header validated against the layout
-  // and codec) into (received_indices_, received_values_), flat and
-  // ascending. Nothing is applied: a bad slice leaves the model untouched.
-  // `frames`: zmq::message_t or std::string, one per slice.
+  // and codec) into codec_->decoded(). Nothing is applied: a bad slice
+  // leaves the model untouched. `frames`: zmq::message_t or std::string,
+  // one per slice.
   template <typename Frames>
   Status DecodeUpdate(const pb::Header& header, const Frames& frames) {
-    received_indices_.clear();
-    received_values_.clear();
-    const size_t count = static_cast<size_t>(std::size(frames));
-    if (static_cast<size_t>(header.slices_size()) != count) {
-      return InvalidArgumentError(
-          "the update has " + std::to_string(count) + " payload frames for " +
-          std::to_string(header.slices_size()) + " slices");
-    }
-    for (int i = 0; i < header.slices_size(); ++i) {
-      const pb::TensorSlice& slice = header.slices(i);
-      const TensorInfo* tensor = store_->layout().Find(slice.tensor());
-      if (tensor == nullptr) {
-        return InvalidArgumentError("slice " + std::to_string(i) +
-                                    ": unknown tensor '" + slice.tensor() +
-                                    "'");
-      }
-      Status decoded = decoder_.DecodeSparse(FrameBytes(frames[i]),
-                                             slice.length(), &sparse_);
-      if (decoded.ok() && sparse_.size != slice.length()) {
-        decoded = InvalidArgumentError(
-            "encoded slice has " + std::to_string(sparse_.size) +
-            " elements, the header says " + std::to_string(slice.length()));
-      }
-      if (!decoded.ok()) {
-        return InvalidArgumentError("slice " + std::to_string(i) + " ('" +
-                                    slice.tensor() +
-                                    "'): " + decoded.message());
-      }
-      const uint64_t base = tensor->offset + slice.offset();
-      for (size_t j = 0; j < sparse_.indices.size(); ++j) {
-        received_indices_.push_back(base + sparse_.indices[j]);
-        received_values_.push_back(sparse_.values[j]);
-      }
-    }
-    if (!std::is_sorted(received_indices_.begin(), received_indices_.end()) ||
-        std::adjacent_find(received_indices_.begin(),
-                           received_indices_.end()) !=
-            received_indices_.end()) {
-      return InvalidArgumentError("slices overlap or are out of order");
-    }
-    return Status::Ok();
+    std::vector<std::span<const std::byte>> bytes;
+    bytes.reserve(std::size(frames));
+    for (const auto& frame : frames) bytes.push_back(FrameBytes(frame));
+    return codec_->Decode(store_->layout(), header, bytes);
   }
 
   void AddToAveragingRound(int64_t clock, const std::string& site) {
     std::vector<float>& sum = rounds_[clock];
     if (sum.empty()) sum.assign(store_->num_elements(), 0.0f);
-    for (size_t j = 0; j < received_indices_.size(); ++j) {
-      sum[received_indices_[j]] += received_values_[j];
+    const DecodedUpdate& received = codec_->decoded();
+    for (size_t j = 0; j < received.indices.size(); ++j) {
+      sum[received.indices[j]] += received.values[j];
     }
     round_sites_[clock].push_back(site);
     ++updates_received_;
-    entries_received_ += received_indices_.size();
+    entries_received_ += received.indices.size();
     MaybeAverage();
   }
 
@@ -1619,11 +1450,8 @@ class SyncEngine::Impl {
   std::vector<std::unique_ptr<Peer>> peers_;
   uint64_t error_sequence_ = 0;
 
-  std::optional<UpdateEncoder> encoder_;
-  std::optional<UpdateEncoder> lossless_;
-  std::optional<UpdateEncoder> index_encoder_;
-  UpdateDecoder decoder_;
-  size_t averaging_acc_ = 0;  // MODEL_AVERAGING's encoding scratch
+  std::optional<UpdateCodec> codec_;  // set by Init
+  size_t averaging_acc_ = 0;          // MODEL_AVERAGING's encoding scratch
 
   int64_t local_clock_ = 0;
   double last_theta_ = 0;
@@ -1635,7 +1463,7 @@ class SyncEngine::Impl {
   // start, the end of a stall of the event loop).
   double liveness_floor_s_ = 0;
   double last_service_s_ = -1;
-  std::vector<pb::FaultEvent> events_;
+  FaultEventLog events_;
   SyncEngine::OutgoingLog outgoing_log_;  // empty: no log
   uint64_t log_failures_ = 0;
 
@@ -1651,18 +1479,6 @@ class SyncEngine::Impl {
   uint64_t entries_received_ = 0;
   uint64_t rejected_ = 0;
   double blocked_s_ = 0;
-
-  // Scratch, reused across clocks.
-  std::vector<uint64_t> indices_;
-  std::vector<float> values_;
-  std::vector<uint32_t> local_indices_;
-  std::vector<float> local_values_;
-  std::vector<float> residual_;
-  std::vector<uint64_t> residual_indices_;
-  std::vector<float> residual_values_;
-  std::vector<uint64_t> received_indices_;
-  std::vector<float> received_values_;
-  SparseUpdate sparse_;
 };
 
 Result<std::unique_ptr<SyncEngine>> SyncEngine::Create(
@@ -1717,9 +1533,7 @@ int64_t SyncEngine::ClockFloor() const { return impl_->ClockFloor(); }
 uint32_t SyncEngine::unreachable_peers() const {
   return impl_->unreachable_peers();
 }
-const std::vector<pb::FaultEvent>& SyncEngine::events() const {
-  return impl_->events();
-}
+const FaultEventLog& SyncEngine::events() const { return impl_->events(); }
 void SyncEngine::SetOutgoingLog(OutgoingLog log) {
   impl_->SetOutgoingLog(std::move(log));
 }

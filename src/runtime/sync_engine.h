@@ -28,6 +28,7 @@
 #include "meridian/clock.h"
 #include "meridian/job.pb.h"
 #include "meridian/param_store.h"
+#include "runtime/fault_events.h"
 #include "meridian/report.pb.h"
 #include "meridian/status.h"
 
@@ -116,7 +117,7 @@ class SyncEngine {
   uint32_t unreachable_peers() const;
   // Faults the engine saw (peers unreachable and back, restarted, resends),
   // in order. For the site's summary.
-  const std::vector<pb::FaultEvent>& events() const;
+  const FaultEventLog& events() const;
 
   // ---- checkpoints (site_checkpoint.h) ----------------------------------
   // Called with every numbered message before it is handed to ZeroMQ (the

@@ -773,7 +773,8 @@ TEST_F(SupervisionTest, KilledSiteServerResumesFromItsCheckpoint) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const pb::RunReport report = ReadReport();
   EXPECT_EQ(EventsOf(report, pb::PROCESS_FAILED, "site 'a'").size(), 1u);
-  EXPECT_EQ(EventsOf(report, pb::PROCESS_RESTARTED, "site 'a'").size(), 1u);
+  EXPECT_EQ(EventsOf(report, pb::PROCESS_RESTARTED, "site 'a'").size(), 1u)
+      << result.output;
   ASSERT_EQ(report.sites_size(), 2);
   for (const pb::SiteSummary& site : report.sites()) {
     EXPECT_TRUE(site.sync().flushed()) << site.name();
