@@ -26,6 +26,7 @@
 #include "meridian/sync.h"
 #include "meridian/transport.h"
 #include "runtime/endpoints_file.h"
+#include "runtime/format.h"
 #include "runtime/process.h"
 #include "runtime/run_manifest.h"
 #include "runtime/supervisor.h"
@@ -178,7 +179,7 @@ class JobRun final : private SupervisorHooks {
       MERIDIAN_RETURN_IF_ERROR(manifest_.Continue());
       MLOG(INFO) << "resuming the run in " << options_.out_dir << " (resume "
                  << manifest_.resumes() << ", started "
-                 << Seconds(UnixSeconds() - manifest_.started_unix_s())
+                 << FormatSeconds(UnixSeconds() - manifest_.started_unix_s())
                  << " s ago)";
       return Status::Ok();
     }

@@ -54,6 +54,7 @@
 #include "meridian/transport.h"
 #include "runtime/evaluator.h"
 #include "runtime/fault_events.h"
+#include "runtime/format.h"
 #include "runtime/site_checkpoint.h"
 #include "runtime/site_metrics.h"
 #include "runtime/sync_engine.h"
@@ -99,12 +100,6 @@ constexpr double kMetricsPeriodS = 0.25;
 // A positive, finite setting, or `fallback`.
 double Positive(double value, double fallback) {
   return std::isfinite(value) && value > 0 ? value : fallback;
-}
-
-std::string FormatSeconds(double s, int decimals = 0) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.*f", decimals, s);
-  return buf;
 }
 
 const char* PendingName(Pending pending) {
@@ -325,14 +320,14 @@ class SiteServer::Impl {
             "site server '" + site_config_.name() +
             "' was told to wait for SET_PEERS (--await-peers) and got none "
             "within " +
-            FormatSeconds(timeouts_.join_timeout_s) + " s");
+            FormatSeconds(timeouts_.join_timeout_s, 0) + " s");
       }
       if (Now() > deadline) {
         if (workers_.LiveCount() >= needed && workers_.LiveCount() > 0) break;
         return DeadlineExceededError(
             "workers [" + workers_.DescribeNotLive() + "] of site server '" +
             site_config_.name() + "' did not join within " +
-            FormatSeconds(timeouts_.join_timeout_s) + " s (" +
+            FormatSeconds(timeouts_.join_timeout_s, 0) + " s (" +
             std::to_string(workers_.LiveCount()) + " joined, at least " +
             std::to_string(std::max<uint32_t>(needed, 1)) +
             " needed: fault.min_workers)");
@@ -370,7 +365,7 @@ class SiteServer::Impl {
     } else {
       MLOG(WARNING) << workers_.LiveCount() << " of " << workers_.size()
                     << " workers joined within "
-                    << FormatSeconds(timeouts_.join_timeout_s)
+                    << FormatSeconds(timeouts_.join_timeout_s, 0)
                     << " s; training without [" << workers_.DescribeNotLive()
                     << "] (they may join late)";
     }
@@ -409,7 +404,7 @@ class SiteServer::Impl {
     if (job_.stop_at_target() && evaluator_->target_reached()) {
       FinishJob("target accuracy reached");
     } else if (Elapsed() >= job_.time_budget_s()) {
-      FinishJob("time budget of " + FormatSeconds(job_.time_budget_s()) +
+      FinishJob("time budget of " + FormatSeconds(job_.time_budget_s(), 0) +
                 " s used");
     } else if (StopRequested()) {
       FinishJob("stopped on request (signal)");

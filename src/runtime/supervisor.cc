@@ -50,12 +50,6 @@ std::string LatestLogText(const std::string& path) {
 
 }  // namespace
 
-std::string Seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f", s);
-  return buf;
-}
-
 double RestartBackoffSeconds(double first_s, uint32_t restart) {
   if (!std::isfinite(first_s) || first_s <= 0) return 0;
   const double doubled =
@@ -311,8 +305,8 @@ void Supervisor::StepStarting(size_t i) {
   }
   if (!child.ready && Now() > child.next_try_s) {
     KillAndReap(child);
-    OnStartFailed(
-        i, "did not report ready within " + Seconds(kReadyTimeoutS) + " s");
+    OnStartFailed(i, "did not report ready within " +
+                         FormatSeconds(kReadyTimeoutS) + " s");
   }
 }
 
@@ -360,7 +354,7 @@ void Supervisor::OnStartFailed(size_t i, const std::string& how) {
     child.next_try_s = Now() + wait;
     child.backoff_s = wait;
     MLOG(WARNING) << child.name << " could not bind its port yet (still in "
-                  << "use); trying again in " << Seconds(wait) << " s";
+                  << "use); trying again in " << FormatSeconds(wait) << " s";
     return;
   }
   OnFailure(i, how);
@@ -439,10 +433,10 @@ Supervisor::Verdict Supervisor::Judge(const Supervised& child, bool reset,
     return Verdict::kFail;
   }
   *reason =
-      "restarting it in " + Seconds(child.policy.NextBackoffS()) +
+      "restarting it in " + FormatSeconds(child.policy.NextBackoffS()) +
       " s: restart " + std::to_string(child.policy.next_restart()) + " of " +
       std::to_string(options_.max_restarts) +
-      (reset ? " (it had run " + Seconds(child.policy.last_up_s()) +
+      (reset ? " (it had run " + FormatSeconds(child.policy.last_up_s()) +
                    " s: its count of restarts starts again)"
              : "") +
       (child.role == Role::kSite ? ", from its checkpoint (--resume)" : "");
@@ -504,14 +498,15 @@ void Supervisor::Recovered(size_t i) {
   manifest_->EndOutage(child.outage_events);
   child.outage_events.clear();
   child.bind_retries = 0;
-  manifest_->AddEvent(pb::PROCESS_RESTARTED, child.subject,
-                      "restart " + std::to_string(child.policy.restarts()) +
-                          " of " + std::to_string(options_.max_restarts) +
-                          " after a backoff of " + Seconds(child.backoff_s) +
-                          " s" + hooks_->RecoveryNote(i),
-                      down_s);
+  manifest_->AddEvent(
+      pb::PROCESS_RESTARTED, child.subject,
+      "restart " + std::to_string(child.policy.restarts()) + " of " +
+          std::to_string(options_.max_restarts) + " after a backoff of " +
+          FormatSeconds(child.backoff_s) + " s" + hooks_->RecoveryNote(i),
+      down_s);
   SetEndpointState(child, "running");
-  MLOG(INFO) << child.name << " is back after " << Seconds(down_s) << " s down";
+  MLOG(INFO) << child.name << " is back after " << FormatSeconds(down_s)
+             << " s down";
 }
 
 void Supervisor::SetEndpointState(const Supervised& child,
@@ -527,9 +522,9 @@ void Supervisor::SetEndpointState(const Supervised& child,
 // workers first (SIGTERM), pending restarts cancelled.
 void Supervisor::BeginStop() {
   if (stage_ != Stage::kRunning) return;
-  MLOG(INFO) << "stopping workers (up to " << Seconds(kWorkerGraceS)
+  MLOG(INFO) << "stopping workers (up to " << FormatSeconds(kWorkerGraceS)
              << " s), then site servers with their final flush (up to "
-             << Seconds(kSiteGraceS) << " s), then wanem";
+             << FormatSeconds(kSiteGraceS) << " s), then wanem";
   stage_ = Stage::kStopWorkers;
   stop_deadline_s_ = Now() + kWorkerGraceS;
   workers_signal_ = SIGTERM;
@@ -590,7 +585,7 @@ void Supervisor::AdvanceStop() {
         if (!AllDone(Role::kSite)) {
           MLOG(INFO) << "workers stopped; stopping the site servers: final "
                         "flush to their peers and summary (up to "
-                     << Seconds(kSiteGraceS) << " s)";
+                     << FormatSeconds(kSiteGraceS) << " s)";
         }
         for (Supervised& child : children_) {
           if (child.role != Role::kSite) continue;
@@ -615,7 +610,7 @@ void Supervisor::AdvanceStop() {
         StopWanem();
       } else if (now > stop_deadline_s_) {
         MLOG(ERROR) << "site servers did not finish within "
-                    << Seconds(kSiteGraceS) << " s: SIGKILL to "
+                    << FormatSeconds(kSiteGraceS) << " s: SIGKILL to "
                     << Remaining(Role::kSite);
         SignalAll(Role::kSite, SIGKILL);
         stop_deadline_s_ = now + kKillGraceS;

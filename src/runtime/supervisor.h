@@ -29,6 +29,7 @@
 #include "meridian/clock.h"
 #include "meridian/status.h"
 #include "runtime/endpoints_file.h"
+#include "runtime/format.h"
 #include "runtime/process.h"
 #include "runtime/run_manifest.h"
 
@@ -57,9 +58,6 @@ inline constexpr double kMaxBackoffS = 30.0;
 // its backoff start again, so that only a child that keeps failing reaches
 // the restart limit (a long job may lose any process now and then).
 inline constexpr double kHealthyPeriodS = 60.0;
-
-// "12.5": seconds in the launcher's log lines.
-std::string Seconds(double s);
 
 // The restart limit and backoff of one child, on time passed in (seconds
 // on any one clock): the count of restarts grows by one per restart and

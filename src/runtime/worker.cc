@@ -22,6 +22,7 @@
 #include "meridian/optimizer.h"
 #include "meridian/policy.h"
 #include "meridian/transport.h"
+#include "runtime/format.h"
 
 namespace meridian {
 namespace {
@@ -58,12 +59,6 @@ uint64_t RandomIncarnation() {
   uint64_t value = 0;
   while (value == 0) value = rng();
   return value;
-}
-
-std::string Seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f", s);
-  return buf;
 }
 
 }  // namespace
@@ -284,9 +279,9 @@ class Worker::Impl {
       const double absent_s = ToSeconds(clock_->Now() - absent_since);
       if (timeouts_.give_up_s > 0 && absent_s > timeouts_.give_up_s) {
         return UnavailableError("site server at " + Endpoint() + " gone for " +
-                                Seconds(absent_s) +
+                                FormatSeconds(absent_s) +
                                 " s; giving up (fault.worker_give_up_s = " +
-                                Seconds(timeouts_.give_up_s) + ")");
+                                FormatSeconds(timeouts_.give_up_s) + ")");
       }
       // A new connection: the old one may be broken for good, and whatever
       // it still owes us must not be taken for the WELCOME.
@@ -296,8 +291,9 @@ class Worker::Impl {
       Result<Envelope> reply = client_.CallWhileAlive(Hello(), {}, liveness);
       if (reply.ok()) {
         MERIDIAN_RETURN_IF_ERROR(CheckWelcome(*reply));
-        MLOG(INFO) << "rejoined the site server after " << Seconds(absent_s)
-                   << " s (attempt " << attempt << "); it applied this "
+        MLOG(INFO) << "rejoined the site server after "
+                   << FormatSeconds(absent_s) << " s (attempt " << attempt
+                   << "); it applied this "
                    << "process's commits up to id "
                    << reply->header.welcome().last_commit_id();
         return reply;
@@ -311,7 +307,8 @@ class Worker::Impl {
         clock_->SleepFor(wait);
       }
       MLOG(WARNING) << "no WELCOME from the site server at " << Endpoint()
-                    << " (attempt " << attempt << ", " << Seconds(absent_s)
+                    << " (attempt " << attempt << ", "
+                    << FormatSeconds(absent_s)
                     << " s gone): " << reply.status().message();
       wait = std::min(wait * 2, max_wait);
     }

@@ -788,7 +788,11 @@ TEST_F(SupervisionTest, KilledSiteServerResumesFromItsCheckpoint) {
     // Training time goes on from the checkpoint's, not from zero.
     EXPECT_GT(site.training_s(), 20);
   }
-  EXPECT_LT(MaxDifference(out_ + "/model-a.f32", out_ + "/model-b.f32"), 1e-4);
+  // The same sums in another order: fault-free runs of this job end
+  // 2-3e-5 apart, runs with this crash up to 1.1e-4 (the retracted window
+  // adds regroupings). A significant update lost or applied twice moves
+  // the weights it touches by at least theta = 5% of their size.
+  EXPECT_LT(MaxDifference(out_ + "/model-a.f32", out_ + "/model-b.f32"), 5e-4);
 }
 
 }  // namespace
