@@ -1,7 +1,9 @@
-// Number formatting shared by the runtime's log lines and messages.
+// Small number helpers shared by the runtime: formatting for log lines and
+// messages, and defaults for unset job settings.
 #ifndef MERIDIAN_RUNTIME_FORMAT_H_
 #define MERIDIAN_RUNTIME_FORMAT_H_
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -12,6 +14,12 @@ inline std::string FormatSeconds(double s, int decimals = 1) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.*f", decimals, s);
   return buf;
+}
+
+// A positive, finite setting, or `fallback` (the job file left it unset or
+// zero).
+inline double Positive(double value, double fallback) {
+  return std::isfinite(value) && value > 0 ? value : fallback;
 }
 
 }  // namespace meridian

@@ -97,11 +97,6 @@ constexpr double kRateWindowS = 5.0;
 // How often the event loop copies its counters into the metrics registry.
 constexpr double kMetricsPeriodS = 0.25;
 
-// A positive, finite setting, or `fallback`.
-double Positive(double value, double fallback) {
-  return std::isfinite(value) && value > 0 ? value : fallback;
-}
-
 const char* PendingName(Pending pending) {
   switch (pending) {
     case Pending::kNone:

@@ -43,10 +43,6 @@ double Ema(double previous, double sample, bool first) {
   return first ? sample : (1 - kEmaWeight) * previous + kEmaWeight * sample;
 }
 
-double Positive(double value, double fallback) {
-  return std::isfinite(value) && value > 0 ? value : fallback;
-}
-
 // A random non-zero number that differs between processes (HELLO's
 // incarnation).
 uint64_t RandomIncarnation() {

@@ -422,6 +422,13 @@ class SupervisionTest : public ::testing::Test {
                  "meridian_sync_peer_clock", "peer", peer);
   }
 
+  // Whether both sites of TwoSiteJob train and have heard each other's
+  // clocks through wanem.
+  bool SitesSynced() {
+    return Training({"a", "b"}, {"a/0", "b/0"}) && PeerClock("a", "b") >= 2 &&
+           PeerClock("b", "a") >= 2;
+  }
+
   pb::RunReport ReadReport() {
     pb::RunReport report;
     EXPECT_TRUE(ReadJsonFile(out_ + "/report.json", &report).ok());
@@ -494,12 +501,7 @@ TEST_F(SupervisionTest, KilledWanemIsRestartedAndTheSitesKeepSyncing) {
   WriteJob(TwoSiteJob(45));
   BackgroundRun run(path_ + " --out " + out_);
   // Both sites train and hear each other through wanem.
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return Training({"a", "b"}, {"a/0", "b/0"}) &&
-               PeerClock("a", "b") >= 2 && PeerClock("b", "a") >= 2;
-      },
-      std::chrono::seconds(120)))
+  ASSERT_TRUE(WaitFor([&] { return SitesSynced(); }, std::chrono::seconds(120)))
       << "the sites never synced";
   // The launcher has read the first process's counters (once a second).
   double counted = 0;
@@ -692,12 +694,8 @@ TEST_F(SupervisionTest, ResumeContinuesAJobWhoseEveryProcessWasKilled) {
   WriteJob(TwoSiteJob(30));
   {
     BackgroundRun run(path_ + " --out " + out_);
-    ASSERT_TRUE(WaitFor(
-        [&] {
-          return Training({"a", "b"}, {"a/0", "b/0"}) &&
-                 PeerClock("a", "b") >= 2 && PeerClock("b", "a") >= 2;
-        },
-        std::chrono::seconds(120)))
+    ASSERT_TRUE(
+        WaitFor([&] { return SitesSynced(); }, std::chrono::seconds(120)))
         << "the sites never synced";
     // Let the sites write a checkpoint or two (fault.checkpoint_period_s 1).
     std::this_thread::sleep_for(std::chrono::seconds(3));
@@ -758,12 +756,7 @@ TEST_F(SupervisionTest, ResumeContinuesAJobWhoseEveryProcessWasKilled) {
 TEST_F(SupervisionTest, KilledSiteServerResumesFromItsCheckpoint) {
   WriteJob(TwoSiteJob(25));
   BackgroundRun run(path_ + " --out " + out_);
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return Training({"a", "b"}, {"a/0", "b/0"}) &&
-               PeerClock("a", "b") >= 2 && PeerClock("b", "a") >= 2;
-      },
-      std::chrono::seconds(120)))
+  ASSERT_TRUE(WaitFor([&] { return SitesSynced(); }, std::chrono::seconds(120)))
       << "the sites never synced";
   std::this_thread::sleep_for(std::chrono::seconds(3));  // checkpoints
   const std::vector<pid_t> site_a = Pids(" site --config ", {dir_, "--site a"});

@@ -103,6 +103,17 @@ class SyncFaultTest : public ::testing::Test {
 
 std::string* SyncFaultTest::data_dir_ = nullptr;
 
+// After 0.8 s of training, site c is cut off from a and b for 2.5 s
+// (the emulator holds the bytes), then healed.
+void PartitionCForAWhile(wan::ControlClient* wanem) {
+  std::this_thread::sleep_for(milliseconds(800));
+  ASSERT_TRUE(wanem->Partition("a-c").ok());
+  ASSERT_TRUE(wanem->Partition("b-c").ok());
+  std::this_thread::sleep_for(milliseconds(2500));
+  ASSERT_TRUE(wanem->Heal("a-c").ok());
+  ASSERT_TRUE(wanem->Heal("b-c").ok());
+}
+
 // Site c is cut off from a and b for 2.5 s (the emulator holds the bytes,
 // as a real partition would lose them in TCP buffers); a and b go on
 // (PARTITION_CONTINUE), c too, and after the heal every change crosses
@@ -110,14 +121,7 @@ std::string* SyncFaultTest::data_dir_ = nullptr;
 TEST_F(SyncFaultTest, PartitionContinueAndHealKeepsEveryUpdateOnce) {
   const pb::JobConfig job = Job(pb::PARTITION_CONTINUE);
   testing::LiveSitesOptions options = Options();
-  options.during = [](wan::ControlClient* wanem) {
-    std::this_thread::sleep_for(milliseconds(800));
-    ASSERT_TRUE(wanem->Partition("a-c").ok());
-    ASSERT_TRUE(wanem->Partition("b-c").ok());
-    std::this_thread::sleep_for(milliseconds(2500));
-    ASSERT_TRUE(wanem->Heal("a-c").ok());
-    ASSERT_TRUE(wanem->Heal("b-c").ok());
-  };
+  options.during = PartitionCForAWhile;
   Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
   ASSERT_TRUE(run.ok()) << run.status();
   ExpectEveryUpdateOnce(job, *run);
@@ -137,14 +141,7 @@ TEST_F(SyncFaultTest, PartitionContinueAndHealKeepsEveryUpdateOnce) {
 TEST_F(SyncFaultTest, PartitionBlockAndHealKeepsEveryUpdateOnce) {
   const pb::JobConfig job = Job(pb::PARTITION_BLOCK);
   testing::LiveSitesOptions options = Options();
-  options.during = [](wan::ControlClient* wanem) {
-    std::this_thread::sleep_for(milliseconds(800));
-    ASSERT_TRUE(wanem->Partition("a-c").ok());
-    ASSERT_TRUE(wanem->Partition("b-c").ok());
-    std::this_thread::sleep_for(milliseconds(2500));
-    ASSERT_TRUE(wanem->Heal("a-c").ok());
-    ASSERT_TRUE(wanem->Heal("b-c").ok());
-  };
+  options.during = PartitionCForAWhile;
   Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
   ASSERT_TRUE(run.ok()) << run.status();
   ExpectEveryUpdateOnce(job, *run);
