@@ -68,6 +68,14 @@ void RunManifestFile::Save() {
 
 int RunManifestFile::AddEvent(pb::FaultKind kind, const std::string& subject,
                               const std::string& detail, double duration_s) {
+  if (manifest_.events_size() >= kMaxFaultEvents) {
+    if (!events_capped_) {
+      events_capped_ = true;
+      MLOG(WARNING) << "more than " << kMaxFaultEvents
+                    << " launcher fault events: later ones are logged only";
+    }
+    return -1;
+  }
   pb::FaultEvent* event = manifest_.add_events();
   event->set_kind(kind);
   event->set_site("");
@@ -83,6 +91,7 @@ int RunManifestFile::AddEvent(pb::FaultKind kind, const std::string& subject,
 void RunManifestFile::EndOutage(const std::vector<int>& events) {
   const double now_unix = UnixSeconds();
   for (int e : events) {
+    if (e < 0 || e >= manifest_.events_size()) continue;  // not kept
     pb::FaultEvent* event = manifest_.mutable_events(e);
     event->set_duration_s(now_unix - event->unix_s());
   }

@@ -13,8 +13,9 @@
 // nothing) and one per resume. A child fails at most max_restarts + 1
 // times in a row and starts its count again only after kHealthyPeriodS
 // (60 s) up, so over T seconds of a run it adds at most
-// 2 * (max_restarts + 1) * (1 + T / 60) events. One wanem entry per wanem
-// process.
+// 2 * (max_restarts + 1) * (1 + T / 60) events, and never more than
+// kMaxFaultEvents (fault_events.h; later ones are logged only). One wanem
+// entry per wanem process.
 #ifndef MERIDIAN_RUNTIME_RUN_MANIFEST_H_
 #define MERIDIAN_RUNTIME_RUN_MANIFEST_H_
 
@@ -24,6 +25,7 @@
 #include "meridian/job.pb.h"
 #include "meridian/report.pb.h"
 #include "meridian/status.h"
+#include "runtime/fault_events.h"
 
 namespace meridian {
 
@@ -53,7 +55,8 @@ class RunManifestFile {
   // a later --resume needs the file).
   void Save();
 
-  // Records a fault event of the launcher (site ""); returns its index.
+  // Records a fault event of the launcher (site ""); returns its index, or -1
+  // when it was not kept (kMaxFaultEvents).
   int AddEvent(pb::FaultKind kind, const std::string& subject,
                const std::string& detail, double duration_s);
   // The outage the events at `events` (AddEvent's indices) belong to is
@@ -85,7 +88,8 @@ class RunManifestFile {
 
   const std::string out_dir_;
   pb::RunManifest manifest_;
-  bool warned_ = false;  // a failed save was logged
+  bool warned_ = false;         // a failed save was logged
+  bool events_capped_ = false;  // the event bound was logged
 };
 
 }  // namespace meridian
