@@ -11,6 +11,8 @@
 #define MERIDIAN_METRICS_H_
 
 #include <atomic>
+#include <chrono>
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <string>
@@ -111,13 +113,57 @@ struct MetricsAddress {
 };
 Result<MetricsAddress> ParseMetricsAddress(std::string_view text);
 
+// What a metrics endpoint grants its clients, so that slow or hostile
+// ones cannot starve scrapes (MetricsServer says what that bounds).
+struct MetricsServerLimits {
+  // The longest the server waits on a connection at a time: for a request
+  // (a new connection, or the next one on a kept-alive connection), for
+  // each further part of a request, for room to write the next part of a
+  // response.
+  std::chrono::milliseconds io_timeout{2000};
+  // A connection is closed this long after the server began serving it,
+  // whatever it does (a client trickling bytes cannot hold it longer).
+  std::chrono::milliseconds connection_timeout{10000};
+  // Bytes of one request (request line, headers, body): a scrape needs a
+  // few hundred. A longer request ends the connection.
+  size_t max_request_bytes = 16384;
+  // Requests served on one connection before the server closes it.
+  size_t keep_alive_max = 10;
+  // Threads serving connections, one per connection; started on demand.
+  size_t max_threads = 64;
+  // Accepted connections waiting for a thread when all are busy. While
+  // this is full the server accepts nothing more: further connections wait
+  // in the kernel's listen backlog (128), costing this process nothing.
+  size_t max_queued = 64;
+  // A thread without a connection for this long ends (and is joined
+  // within about a second).
+  std::chrono::milliseconds idle_thread_timeout{5000};
+};
+
 // Serves GET /metrics (the registry's RenderText) and 404 on any other
 // path, on a background thread, until Stop() or destruction.
 //
+// Slow and hostile clients (the defaults of MetricsServerLimits in
+// brackets). Every connection has a serving thread of its own, so a
+// connection that sends nothing, sends half a request and stalls, reads
+// its response slowly, trickles bytes or streams endless headers holds
+// only its own thread, and for at most min(io_timeout [2 s] after the last
+// byte it moved, connection_timeout [10 s]). A scrape is served at once
+// while fewer than max_threads [64] other connections are being served.
+// With more, it waits its turn: at most about 2 x connection_timeout [20 s]
+// behind max_threads + max_queued [128] hostile connections, and longer
+// only if they keep the kernel's backlog filled as well. N such
+// connections cost min(N, 64) threads (stacks are mostly untouched virtual
+// memory: a few dozen KiB resident each), min(N, 128) descriptors and at
+// most max_request_bytes [16 KiB] of request plus one rendered response
+// each. Threads left idle end after idle_thread_timeout [5 s], so the
+// server returns to no serving thread at all. Stop() ends every
+// connection within about 100 ms (each wait on a client looks at it).
+//
 // Threads: the owner calls Start, Stop, address() and url(); cpp-httplib's
-// listening thread and its pool of two answer scrapes, touching only the
-// registry (thread-safe) and httplib's own state. No state of ours is
-// shared with them beyond that, so there is nothing to lock.
+// listening thread and the serving threads answer scrapes, touching only
+// the registry (thread-safe) and httplib's own state; the serving threads'
+// queue (metrics.cc) locks its own state.
 class MetricsServer {
  public:
   // Binds `address` (ParseMetricsAddress) and starts serving. Errors: a
@@ -125,7 +171,8 @@ class MetricsServer {
   // in use (Unavailable, naming the address). `registry` must outlive the
   // server.
   static Result<std::unique_ptr<MetricsServer>> Start(
-      const MetricsRegistry* registry, std::string_view address);
+      const MetricsRegistry* registry, std::string_view address,
+      const MetricsServerLimits& limits = MetricsServerLimits());
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;

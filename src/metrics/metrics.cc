@@ -1,12 +1,23 @@
 #include "meridian/metrics.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <system_error>
 #include <thread>
 
 #include "meridian/log.h"
@@ -79,10 +90,345 @@ void MetricsSocketOptions(int sock) {
   ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
 }
 
-// Threads serving scrapes: they are rare and answered in microseconds.
-constexpr size_t kServerThreads = 2;
-constexpr time_t kKeepAliveS = 1;  // bounds how long Stop() can wait
 constexpr auto kStartTimeout = std::chrono::seconds(5);
+// cpp-httplib listens with a backlog of 5: a burst of connections (slow
+// clients connecting at once) would overflow it and the kernel would drop
+// the SYN of a scrape, which retries only after 1, 2, 4 s. The kernel caps
+// this at net.core.somaxconn.
+constexpr int kListenBacklog = 128;
+// How often a wait on a connection looks at whether the server stops.
+constexpr auto kStopPoll = std::chrono::milliseconds(100);
+
+// cpp-httplib's task queue for the metrics server (httplib::ThreadPool
+// has a fixed number of threads): one thread per connection being served,
+// started on demand up to `max_threads`, each ending after `idle_timeout`
+// without work, so that threads taken by a burst of slow connections are
+// given back. When all are busy, connections wait in a FIFO of at most
+// `max_queued`; while that is full, enqueue() (called by the accept loop)
+// waits, so further connections stay in the kernel's listen backlog
+// without costing a descriptor or memory here.
+//
+// Thread-safe: enqueue() runs on httplib's listening thread, the workers
+// on their own, Release() on the owner's; shutdown() on the listening
+// thread after its loop, then the destructor.
+class ElasticTaskQueue final : public httplib::TaskQueue {
+ public:
+  // `on_destroy` runs first thing in the destructor.
+  ElasticTaskQueue(const MetricsServerLimits& limits,
+                   std::function<void()> on_destroy)
+      : max_threads_(std::max<size_t>(1, limits.max_threads)),
+        max_queued_(std::max<size_t>(1, limits.max_queued)),
+        idle_timeout_(limits.idle_thread_timeout),
+        on_destroy_(std::move(on_destroy)) {}
+  ~ElasticTaskQueue() override {
+    on_destroy_();
+    shutdown();
+  }
+
+  void enqueue(std::function<void()> fn) override EXCLUDES(mu_) {
+    std::vector<std::thread> finished;
+    std::function<void()> inline_job;
+    {
+      MutexLock lock(&mu_);
+      while (jobs_.size() >= max_queued_ && !released_) space_.wait(mu_);
+      jobs_.push_back(std::move(fn));
+      if (jobs_.size() > waiting_ && threads_.size() < max_threads_) {
+        try {
+          std::thread thread([this] { Work(); });
+          const std::thread::id id = thread.get_id();
+          threads_.emplace(id, std::move(thread));
+        } catch (const std::system_error&) {
+          // No thread to be had (a process limit). The job waits for a
+          // running thread; with none, the accept loop serves it itself
+          // (accepting nothing meanwhile) rather than let it wait for ever.
+          if (threads_.empty()) inline_job = TakeJob();
+        }
+      } else {
+        work_.notify_one();
+      }
+      finished = TakeFinished();
+    }
+    if (inline_job) inline_job();
+    for (std::thread& thread : finished) thread.join();
+  }
+
+  // Waits for the connections being served and those queued (each ends
+  // within the server's timeouts once it stops running), then for every
+  // thread. Idempotent.
+  void shutdown() override EXCLUDES(mu_) {
+    std::vector<std::thread> threads;
+    {
+      MutexLock lock(&mu_);
+      shutdown_ = true;
+      released_ = true;
+      for (auto& [id, thread] : threads_) threads.push_back(std::move(thread));
+      threads_.clear();
+      for (std::thread& thread : TakeFinished()) {
+        threads.push_back(std::move(thread));
+      }
+    }
+    work_.notify_all();
+    space_.notify_all();
+    for (std::thread& thread : threads) {
+      if (thread.joinable()) thread.join();
+    }
+  }
+
+  // Lets a waiting enqueue() go on (the server is stopping: its accept
+  // loop must see that).
+  void Release() EXCLUDES(mu_) {
+    {
+      MutexLock lock(&mu_);
+      released_ = true;
+    }
+    space_.notify_all();
+  }
+
+  // Called by the accept loop when no connection came for a while: joins
+  // the threads that ended idle, so that their stacks are given back.
+  void on_idle() override EXCLUDES(mu_) {
+    std::vector<std::thread> finished;
+    {
+      MutexLock lock(&mu_);
+      finished = TakeFinished();
+    }
+    for (std::thread& thread : finished) thread.join();
+  }
+
+ private:
+  void Work() EXCLUDES(mu_) {
+    mu_.lock();
+    while (true) {
+      ++waiting_;
+      const auto deadline = std::chrono::steady_clock::now() + idle_timeout_;
+      while (jobs_.empty() && !shutdown_ &&
+             work_.wait_until(mu_, deadline) != std::cv_status::timeout) {
+      }
+      --waiting_;
+      if (jobs_.empty()) {
+        if (shutdown_ || std::chrono::steady_clock::now() >= deadline) break;
+        continue;
+      }
+      std::function<void()> fn = TakeJob();
+      mu_.unlock();
+      fn();  // serves one connection and closes it
+      fn = nullptr;
+      mu_.lock();
+    }
+    // Idle too long, or shutting down: hand this thread over to be joined
+    // (by the next enqueue, or shutdown, which may have taken it already).
+    if (auto self = threads_.find(std::this_thread::get_id());
+        self != threads_.end()) {
+      finished_.push_back(std::move(self->second));
+      threads_.erase(self);
+    }
+    mu_.unlock();
+  }
+
+  std::function<void()> TakeJob() REQUIRES(mu_) {
+    std::function<void()> fn = std::move(jobs_.front());
+    jobs_.pop_front();
+    space_.notify_one();
+    return fn;
+  }
+
+  std::vector<std::thread> TakeFinished() REQUIRES(mu_) {
+    std::vector<std::thread> finished;
+    finished.swap(finished_);
+    return finished;
+  }
+
+  const size_t max_threads_;
+  const size_t max_queued_;
+  const std::chrono::steady_clock::duration idle_timeout_;
+  const std::function<void()> on_destroy_;
+  Mutex mu_;
+  std::condition_variable_any work_;   // a job was queued, or shutdown
+  std::condition_variable_any space_;  // the queue has room, or released
+  std::deque<std::function<void()>> jobs_ GUARDED_BY(mu_);
+  // Running threads (serving or waiting for work), by id.
+  std::map<std::thread::id, std::thread> threads_ GUARDED_BY(mu_);
+  std::vector<std::thread> finished_ GUARDED_BY(mu_);  // to be joined
+  size_t waiting_ GUARDED_BY(mu_) = 0;  // threads waiting for a job
+  bool shutdown_ GUARDED_BY(mu_) = false;
+  bool released_ GUARDED_BY(mu_) = false;
+};
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// One connection of the metrics server as cpp-httplib's Stream, enforcing
+// what httplib 0.11 does not: a deadline for the whole connection and a
+// byte budget per request (httplib reads request lines and headers without
+// a size limit, and its timeouts are per read, so a client trickling bytes
+// or streaming headers could hold a thread or grow memory without end).
+// Every wait is also bounded by the io timeout and ends early when the
+// server stops. Used by one serving thread.
+class ConnectionStream final : public httplib::Stream {
+ public:
+  ConnectionStream(int sock, const MetricsServerLimits& limits,
+                   std::function<bool()> stopping)
+      : sock_(sock),
+        limits_(limits),
+        stopping_(std::move(stopping)),
+        deadline_(std::chrono::steady_clock::now() +
+                  limits.connection_timeout) {}
+
+  // Waits up to the io timeout for the next request's first byte; then
+  // gives that request a fresh byte budget. False: nothing came, the
+  // deadline passed or the server stops.
+  bool NextRequest() {
+    budget_ = limits_.max_request_bytes;
+    return !failed_ && (begin_ < end_ || Wait(POLLIN));
+  }
+  // A read or write failed (timeout, deadline, too long, closed, error).
+  // httplib then answers 400 if it can and would wait for another request
+  // on the connection; the connection should rather end.
+  bool failed() const { return failed_; }
+
+  bool is_readable() const override { return begin_ < end_ || Wait(POLLIN); }
+  bool is_writable() const override { return Wait(POLLOUT); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (begin_ == end_) {
+      if (budget_ == 0) return Fail();  // the request is too long
+      while (true) {
+        if (!Wait(POLLIN)) return Fail();
+        const ssize_t n = ::recv(
+            sock_, buffer_, std::min(sizeof(buffer_), budget_), MSG_DONTWAIT);
+        if (n > 0) {
+          begin_ = 0;
+          end_ = static_cast<size_t>(n);
+          budget_ -= end_;
+          break;
+        }
+        if (n == 0) {  // the client closed
+          failed_ = true;
+          return 0;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          return Fail();
+        }
+      }
+    }
+    const size_t count = std::min(size, end_ - begin_);
+    std::memcpy(ptr, buffer_ + begin_, count);
+    begin_ += count;
+    return static_cast<ssize_t>(count);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    while (true) {
+      if (!Wait(POLLOUT)) return Fail();
+      const ssize_t n = ::send(sock_, ptr, size, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n >= 0) return n;
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        return Fail();
+      }
+    }
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage address{};
+    socklen_t length = sizeof(address);
+    if (::getpeername(sock_, reinterpret_cast<sockaddr*>(&address), &length) ==
+        0) {
+      Describe(address, &ip, &port);
+    }
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage address{};
+    socklen_t length = sizeof(address);
+    if (::getsockname(sock_, reinterpret_cast<sockaddr*>(&address), &length) ==
+        0) {
+      Describe(address, &ip, &port);
+    }
+  }
+  int socket() const override { return sock_; }
+
+ private:
+  // Waits for `events` for at most the io timeout and never past the
+  // connection's deadline, looking every kStopPoll at whether the server
+  // stops. True when the socket is ready (or closed: the read or write
+  // then says so).
+  bool Wait(short events) const {
+    const SteadyTime until = std::min(
+        deadline_, std::chrono::steady_clock::now() + limits_.io_timeout);
+    while (true) {
+      if (stopping_()) return false;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd item{sock_, events, 0};
+      const int ready = ::poll(
+          &item, 1, static_cast<int>(std::min(left, kStopPoll).count()) + 1);
+      if (ready > 0) return true;
+      if (ready < 0 && errno != EINTR) return false;
+    }
+  }
+
+  ssize_t Fail() {
+    failed_ = true;
+    return -1;
+  }
+
+  static void Describe(const sockaddr_storage& address, std::string* ip,
+                       int* port) {
+    char text[INET6_ADDRSTRLEN] = {};
+    if (address.ss_family == AF_INET) {
+      const auto* v4 = reinterpret_cast<const sockaddr_in*>(&address);
+      ::inet_ntop(AF_INET, &v4->sin_addr, text, sizeof(text));
+      *port = ntohs(v4->sin_port);
+    } else if (address.ss_family == AF_INET6) {
+      const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&address);
+      ::inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof(text));
+      *port = ntohs(v6->sin6_port);
+    }
+    *ip = text;
+  }
+
+  const int sock_;
+  const MetricsServerLimits& limits_;
+  const std::function<bool()> stopping_;
+  const SteadyTime deadline_;
+  size_t budget_ = 0;  // bytes the current request may still take
+  bool failed_ = false;
+  char buffer_[4096];
+  size_t begin_ = 0;
+  size_t end_ = 0;
+};
+
+// cpp-httplib's server with its connection loop replaced (the virtual
+// process_and_close_socket, as httplib's SSLServer does): the same
+// keep-alive loop around httplib's own request parsing and routing
+// (process_request), over a ConnectionStream instead of httplib's socket
+// stream, so that MetricsServerLimits hold.
+class MetricsHttpServer final : public httplib::Server {
+ public:
+  explicit MetricsHttpServer(const MetricsServerLimits& limits)
+      : limits_(limits) {}
+
+  // The bound listening socket (between bind and stop).
+  int listen_socket() const { return svr_sock_; }
+
+ private:
+  bool process_and_close_socket(int sock) override {
+    ConnectionStream stream(sock, limits_,
+                            [this] { return svr_sock_ == INVALID_SOCKET; });
+    bool ok = false;
+    const size_t requests = std::max<size_t>(1, limits_.keep_alive_max);
+    for (size_t i = 0; i < requests && stream.NextRequest(); ++i) {
+      bool connection_closed = false;
+      ok = process_request(stream, /*close_connection=*/i + 1 == requests,
+                           connection_closed, nullptr);
+      if (!ok || connection_closed || stream.failed()) break;
+    }
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ok;
+  }
+
+  const MetricsServerLimits limits_;
+};
 
 }  // namespace
 
@@ -321,17 +667,30 @@ Result<MetricsAddress> ParseMetricsAddress(std::string_view text) {
 
 class MetricsServer::Impl {
  public:
-  explicit Impl(const MetricsRegistry* registry) : registry_(registry) {}
+  Impl(const MetricsRegistry* registry, const MetricsServerLimits& limits)
+      : registry_(registry), limits_(limits) {}
   ~Impl() { Stop(); }
 
   Status Start(const MetricsAddress& address) {
-    server_.new_task_queue = [] {
-      return new httplib::ThreadPool(kServerThreads);
+    // The listening thread creates the queue when its loop starts and
+    // deletes it when the loop ends; queue_ lets Stop() release an accept
+    // loop waiting on a full queue.
+    server_.new_task_queue = [this] {
+      auto* queue = new ElasticTaskQueue(limits_, [this] {
+        MutexLock lock(&queue_mu_);
+        queue_ = nullptr;
+      });
+      MutexLock lock(&queue_mu_);
+      queue_ = queue;
+      return queue;
     };
     server_.set_socket_options(MetricsSocketOptions);
-    server_.set_keep_alive_timeout(kKeepAliveS);
-    server_.set_read_timeout(kKeepAliveS, 0);
-    server_.set_write_timeout(kKeepAliveS, 0);
+    // Timeouts, keep-alive and request sizes are MetricsHttpServer's; a
+    // scrape carries no body.
+    server_.set_payload_max_length(limits_.max_request_bytes);
+    // The accept loop wakes this often when no connection comes, to join
+    // the threads that ended idle (ElasticTaskQueue::on_idle).
+    server_.set_idle_interval(1, 0);
     server_.Get("/metrics", [this](const httplib::Request&,
                                    httplib::Response& response) {
       response.set_content(registry_->RenderText(),
@@ -357,6 +716,8 @@ class MetricsServer::Impl {
                               address.ToString() +
                               " (address in use or not on this host)");
     }
+    // Listening already: this only raises the backlog.
+    ::listen(server_.listen_socket(), kListenBacklog);
     address_ = MetricsAddress{address.host, port}.ToString();
     url_host_ = address.host == "0.0.0.0" ? "127.0.0.1" : address.host;
     url_host_ += ":" + std::to_string(port);
@@ -385,6 +746,10 @@ class MetricsServer::Impl {
     // stop() closes the listening socket and ends the accept loop; a
     // second would trip cpp-httplib's assertion on the closed socket.
     if (!done_.load()) server_.stop();
+    {
+      MutexLock lock(&queue_mu_);
+      if (queue_ != nullptr) queue_->Release();
+    }
     thread_.join();
   }
 
@@ -395,9 +760,13 @@ class MetricsServer::Impl {
   // Threads: registry_ and server_ are read by the serving threads (both
   // thread-safe); thread_, address_ and url_host_ belong to the owner's
   // thread (set in Start before the thread runs, joined in Stop); done_ is
-  // set by the listening thread when its loop ends.
+  // set by the listening thread when its loop ends; queue_ is set and
+  // cleared by the listening thread (the queue's life) and read by Stop().
   const MetricsRegistry* registry_;
-  httplib::Server server_;
+  const MetricsServerLimits limits_;
+  Mutex queue_mu_;
+  ElasticTaskQueue* queue_ GUARDED_BY(queue_mu_) = nullptr;
+  MetricsHttpServer server_{limits_};
   std::thread thread_;
   std::atomic<bool> done_{false};
   std::string address_;
@@ -405,10 +774,11 @@ class MetricsServer::Impl {
 };
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const MetricsRegistry* registry, std::string_view address) {
+    const MetricsRegistry* registry, std::string_view address,
+    const MetricsServerLimits& limits) {
   MERIDIAN_ASSIGN_OR_RETURN(MetricsAddress parsed,
                             ParseMetricsAddress(address));
-  auto impl = std::make_unique<Impl>(registry);
+  auto impl = std::make_unique<Impl>(registry, limits);
   try {
     MERIDIAN_RETURN_IF_ERROR(impl->Start(parsed));
   } catch (const std::exception& error) {

@@ -1,8 +1,11 @@
 #include "meridian/message.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#include "meridian/log.h"
 
 namespace meridian {
 namespace {
@@ -287,7 +290,24 @@ std::string DescribeHeader(const pb::Header& header) {
   std::string out = pb::MessageType_Name(header.type());
   if (out.empty()) out = "type " + std::to_string(header.type());
   out += " from ";
-  out += header.sender().site().empty() ? "?" : header.sender().site();
+  // The site name is the sender's to choose: a plain name is shown as it
+  // is, anything else quoted and escaped, so that it can neither pose as
+  // another sender ("a/server seq 1") nor break the line.
+  const std::string& site = header.sender().site();
+  constexpr size_t kMaxSiteBytes = 64;
+  const bool plain =
+      site.size() <= kMaxSiteBytes &&
+      std::all_of(site.begin(), site.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+               (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+      });
+  if (site.empty()) {
+    out += "?";
+  } else if (plain) {
+    out += site;
+  } else {
+    out += '"' + Sanitized(site, kMaxSiteBytes) + '"';
+  }
   out += '/';
   switch (header.sender().role()) {
     case pb::ROLE_WORKER:

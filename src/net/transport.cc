@@ -174,13 +174,24 @@ Status SendError(zmq::socket_t& socket, const pb::Endpoint& self,
 void RefuseMessage(zmq::socket_t& socket, const pb::Endpoint& self,
                    uint64_t sequence, std::string_view routing_id,
                    const pb::Header& header, const Rejection& rejection) {
-  MLOG(ERROR) << "rejected " << DescribeHeader(header) << ": "
-              << pb::ErrorCode_Name(rejection.code) << ": " << rejection.reason;
+  // A peer can repeat a refused message as fast as it sends: per kind of
+  // refusal (type, code, sender site) the log gets a few lines per window
+  // and then a count (ShouldLog; its total budget also holds against a
+  // peer that makes up a new site name per message).
+  const std::string code = pb::ErrorCode_Name(rejection.code);
+  std::string type = pb::MessageType_Name(header.type());
+  if (type.empty()) type = "type " + std::to_string(header.type());
+  MLOG_EVERY_KEY(ERROR, "rejected " + type + " from " +
+                            Sanitized(header.sender().site(), 64) + ": " + code)
+      << "rejected " << DescribeHeader(header) << ": " << code << ": "
+      << rejection.reason;
   if (header.type() == pb::HEARTBEAT) return;
   if (Status status = SendError(socket, self, sequence, rejection,
                                 header.sequence(), routing_id);
       !status.ok()) {
-    MLOG(WARNING) << "cannot send the error reply: " << status;
+    MLOG_EVERY_KEY(WARNING, "cannot send the error reply: " +
+                                std::string(StatusCodeName(status.code())))
+        << "cannot send the error reply: " << status;
   }
 }
 

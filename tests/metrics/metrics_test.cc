@@ -2,10 +2,18 @@
 // over real sockets.
 #include "meridian/metrics.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -252,6 +260,236 @@ TEST(MetricsFetchTest, UnreachableIsUnavailable) {
   ASSERT_FALSE(text.ok());
   EXPECT_EQ(text.status().code(), StatusCode::kUnavailable);
   EXPECT_FALSE(FetchMetricsText("bad", 1.0).ok());
+}
+
+// --- Slow and hostile clients -------------------------------------------
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using SteadyClock = std::chrono::steady_clock;
+
+// A client TCP connection to the metrics server, closed on destruction.
+class RawConnection {
+ public:
+  explicit RawConnection(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&address),
+                           sizeof(address)) == 0;
+  }
+  ~RawConnection() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+
+  bool connected() const { return connected_; }
+  // Sends all of `bytes`; false when the server closed the connection.
+  bool Send(const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n =
+          ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // True once the server has closed the connection (reads whatever it sent
+  // before, e.g. a 400 for a request cut short). Waits at most `timeout`.
+  bool ClosedByServerWithin(milliseconds timeout) {
+    const auto deadline = SteadyClock::now() + timeout;
+    char buffer[65536];
+    while (SteadyClock::now() < deadline) {
+      pollfd item{fd_, POLLIN, 0};
+      if (::poll(&item, 1, 50) <= 0) continue;
+      const ssize_t n = ::recv(fd_, buffer, sizeof(buffer), 0);
+      if (n <= 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+int PortOf(const std::string& address) {
+  return std::stoi(address.substr(address.rfind(':') + 1));
+}
+
+int ThreadsOfThisProcess() {
+  int count = 0;
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] != '.') ++count;
+  }
+  ::closedir(dir);
+  return count;
+}
+
+// Polls `condition` every 50 ms for at most `timeout`.
+bool Eventually(const std::function<bool()>& condition, milliseconds timeout) {
+  const auto deadline = SteadyClock::now() + timeout;
+  while (!condition()) {
+    if (SteadyClock::now() >= deadline) return false;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  return true;
+}
+
+// Scrapes `address` and says how long it took; fails the test on error.
+double ScrapeSeconds(const std::string& address, const std::string& expect) {
+  const auto start = SteadyClock::now();
+  Result<std::string> text = FetchMetricsText(address, 30.0);
+  const double elapsed =
+      std::chrono::duration<double>(SteadyClock::now() - start).count();
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (text.ok()) {
+    EXPECT_TRUE(Contains(*text, expect)) << *text;
+  }
+  return elapsed;
+}
+
+TEST(MetricsSlowClientTest, ScrapesAreServedWhileStalledConnectionsWait) {
+  MetricsRegistry registry;
+  registry.Gauge("meridian_up", "Up")->Set(1);
+  const int threads_before = ThreadsOfThisProcess();
+  MetricsServerLimits limits;  // defaults (2 s io timeout, 64 threads) ...
+  limits.idle_thread_timeout = milliseconds(500);  // ... but quick to idle
+  Result<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start(&registry, "127.0.0.1:0", limits);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  const int port = PortOf(address);
+
+  // 32 connections that send half a request and stall, 16 that send
+  // nothing at all.
+  std::vector<std::unique_ptr<RawConnection>> stalled;
+  for (int i = 0; i < 48; ++i) {
+    stalled.push_back(std::make_unique<RawConnection>(port));
+    ASSERT_TRUE(stalled.back()->connected());
+    if (i < 32) {
+      ASSERT_TRUE(stalled.back()->Send("GET /metrics HTTP/1.1\r\nHost: x"));
+    }
+  }
+  // A scrape is served at once, not after them (generous for a loaded
+  // 2-core machine: it takes milliseconds).
+  EXPECT_LT(ScrapeSeconds(address, "meridian_up 1"), 5.0);
+  // Served side by side: threads of their own, beyond the listening one.
+  EXPECT_GT(ThreadsOfThisProcess(), threads_before + 1);
+
+  // The server gives up on each after the io timeout (2 s) ...
+  for (const auto& connection : stalled) {
+    EXPECT_TRUE(connection->ClosedByServerWithin(seconds(20)));
+  }
+  stalled.clear();
+  // ... and its serving threads end: only the listening thread is left.
+  EXPECT_TRUE(
+      Eventually([&] { return ThreadsOfThisProcess() <= threads_before + 1; },
+                 seconds(30)))
+      << ThreadsOfThisProcess() << " threads, " << threads_before
+      << " before the server";
+  EXPECT_LT(ScrapeSeconds(address, "meridian_up 1"), 5.0);
+}
+
+TEST(MetricsSlowClientTest, TricklersAndEndlessHeadersAreCutOff) {
+  MetricsRegistry registry;
+  registry.Gauge("meridian_up", "Up")->Set(1);
+  MetricsServerLimits limits;
+  limits.io_timeout = milliseconds(1000);
+  limits.connection_timeout = milliseconds(1500);
+  Result<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start(&registry, "127.0.0.1:0", limits);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  const int port = PortOf(address);
+
+  // Headers without end, as fast as the server takes them: it stops
+  // reading at max_request_bytes (16 KiB) and closes, long before 64 MiB.
+  RawConnection flood(port);
+  ASSERT_TRUE(flood.connected());
+  ASSERT_TRUE(flood.Send("GET /metrics HTTP/1.1\r\n"));
+  const std::string header_lines = [] {
+    std::string lines;
+    for (int i = 0; i < 100; ++i)
+      lines += "X-Padding: " + std::string(100, 'a') + "\r\n";
+    return lines;
+  }();
+  size_t sent = 0;
+  while (sent < (64u << 20) && flood.Send(header_lines)) {
+    sent += header_lines.size();
+  }
+  EXPECT_LT(sent, 64u << 20) << "the server read 64 MiB of headers";
+
+  // A byte every 200 ms: each read comes well within the io timeout, but
+  // the connection ends at its 1.5 s deadline.
+  RawConnection trickle(port);
+  ASSERT_TRUE(trickle.connected());
+  const auto start = SteadyClock::now();
+  bool open = trickle.Send("GET /metrics HTTP/1.1\r\nX-Slow: ");
+  while (open && SteadyClock::now() - start < seconds(30)) {
+    std::this_thread::sleep_for(milliseconds(200));
+    open = trickle.Send("a") && !trickle.ClosedByServerWithin(milliseconds(1));
+  }
+  const double lasted =
+      std::chrono::duration<double>(SteadyClock::now() - start).count();
+  EXPECT_FALSE(open);
+  EXPECT_LT(lasted, 15.0);
+  EXPECT_LT(ScrapeSeconds(address, "meridian_up 1"), 5.0);
+}
+
+TEST(MetricsSlowClientTest, ReadersThatDoNotReadDoNotBlockScrapes) {
+  // A response of a few MiB, more than the socket buffers hold.
+  MetricsRegistry registry;
+  for (int i = 0; i < 40000; ++i) {
+    registry
+        .Gauge("meridian_padding", "Padding",
+               {{"series", std::to_string(i) + std::string(40, 'p')}})
+        ->Set(i);
+  }
+  registry.Gauge("meridian_up", "Up")->Set(1);
+  Result<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start(&registry, "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  std::vector<std::unique_ptr<RawConnection>> readers;
+  for (int i = 0; i < 8; ++i) {
+    readers.push_back(std::make_unique<RawConnection>(PortOf(address)));
+    ASSERT_TRUE(
+        readers.back()->Send("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
+  }
+  EXPECT_LT(ScrapeSeconds(address, "meridian_up 1"), 10.0);
+  // Each is dropped 2 s after its response stopped moving, not kept for
+  // ever (they read what was sent, then see the end).
+  for (const auto& reader : readers) {
+    std::this_thread::sleep_for(milliseconds(100));
+    EXPECT_TRUE(reader->ClosedByServerWithin(seconds(30)));
+  }
+}
+
+TEST(MetricsSlowClientTest, StopDoesNotWaitForStalledConnections) {
+  MetricsRegistry registry;
+  Result<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start(&registry, "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::unique_ptr<RawConnection>> stalled;
+  for (int i = 0; i < 16; ++i) {
+    stalled.push_back(
+        std::make_unique<RawConnection>(PortOf((*server)->address())));
+    stalled.back()->Send("GET /metrics HTTP/1.1\r\n");
+  }
+  std::this_thread::sleep_for(milliseconds(200));  // all being served
+  const auto start = SteadyClock::now();
+  (*server)->Stop();
+  // Every wait looks at the server every 100 ms; the 2 s io timeout
+  // does not apply (generous bound for a loaded machine).
+  EXPECT_LT(std::chrono::duration<double>(SteadyClock::now() - start).count(),
+            1.5);
 }
 
 }  // namespace

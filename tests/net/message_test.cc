@@ -116,6 +116,37 @@ TEST(DecodeMessageTest, AcceptsWellFormedCommit) {
             "COMMIT from site-a/worker#3 seq 17 (2 slices)");
 }
 
+TEST(DescribeHeaderTest, QuotesAndEscapesASiteNameThatIsNotPlain) {
+  pb::Endpoint sender = Worker(3);
+  sender.set_site("evil\nFAKE 12:00:00.000 E site-a: forged");
+  EXPECT_EQ(DescribeHeader(MakeHeader(pb::PULL, sender, 1)),
+            "PULL from \"evil\\nFAKE 12:00:00.000 E site-a: forged\"/worker#3 "
+            "seq 1");
+  // A name cannot pose as another sender, nor close its quotes.
+  sender.set_site("site-a/server seq 9 (1 slices)\" x");
+  EXPECT_EQ(
+      DescribeHeader(MakeHeader(pb::PULL, sender, 1)),
+      "PULL from \"site-a/server seq 9 (1 slices)\\\" x\"/worker#3 seq 1");
+  // Control bytes, invalid UTF-8 and length are handled; UTF-8 is kept.
+  sender.set_site(std::string("z\xc3\xbcrich\x1b[2J\xff") +
+                  std::string(500, 'x'));
+  const std::string described = DescribeHeader(MakeHeader(pb::PULL, sender, 1));
+  EXPECT_EQ(described.find('\n'), std::string::npos);
+  EXPECT_EQ(described.find('\x1b'), std::string::npos);
+  EXPECT_EQ(described.rfind("PULL from \"z\xc3\xbcrich\\x1b[2J\\xffxxx", 0), 0u)
+      << described;
+  EXPECT_NE(described.find("more bytes)\"/worker#3 seq 1"), std::string::npos)
+      << described;
+  EXPECT_LT(described.size(), 150u);
+  // Plain names stay as they are.
+  sender.set_site("us-east_1.b");
+  EXPECT_EQ(DescribeHeader(MakeHeader(pb::PULL, sender, 1)),
+            "PULL from us-east_1.b/worker#3 seq 1");
+  sender.clear_site();
+  EXPECT_EQ(DescribeHeader(MakeHeader(pb::PULL, sender, 1)),
+            "PULL from ?/worker#3 seq 1");
+}
+
 TEST(DecodeMessageTest, AcceptsBodylessTypesWhereOptional) {
   Wire pull;
   pull.header = MakeHeader(pb::PULL, Worker(0), 1);
