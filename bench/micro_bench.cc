@@ -46,20 +46,20 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "bench_util.h"
+#include "meridian/job.pb.h"
 #include "meridian/layout.h"
 #include "meridian/log.h"
-#include "meridian/job.pb.h"
-#include "meridian/report.pb.h"
-#include "meridian/wire.pb.h"
 #include "meridian/message.h"
 #include "meridian/model.h"
 #include "meridian/optimizer.h"
 #include "meridian/param_store.h"
+#include "meridian/report.pb.h"
 #include "meridian/security.h"
 #include "meridian/site_server.h"
 #include "meridian/status.h"
 #include "meridian/transport.h"
-#include "bench_util.h"
+#include "meridian/wire.pb.h"
 #include "testing/test_data.h"
 
 namespace meridian {
@@ -267,6 +267,8 @@ BENCHMARK(BM_ZmqCurveRoundTrip)->UseRealTime();
 // 784*h + h + 10*h + 10 floats = 262360 (1.0008 MiB) for h = 330.
 constexpr uint32_t kRoundTripHidden = 330;
 constexpr auto kCallTimeout = std::chrono::seconds(30);
+// Any valid token: the harness is the only one that stops its server.
+constexpr char kControlToken[] = "meridianBenchControlToken0123456789abcde";
 
 // A site server with one worker slot, run in a thread, and this process as
 // its worker. Created once (on the first run of BM_CommitPullRoundTrip) and
@@ -385,6 +387,7 @@ class SiteHarness {
     options.site = job.site(0).name();
     options.bind = "tcp://127.0.0.1:*";
     options.stop_requested = &stop_requested_;
+    options.control_token = kControlToken;
     MERIDIAN_ASSIGN_OR_RETURN(server_, SiteServer::Create(std::move(options)));
     server_thread_ = std::thread([this] { run_status_ = server_->Run(); });
 
@@ -414,6 +417,7 @@ class SiteHarness {
     pb::Header header;
     header.set_type(type);
     if (type == pb::SHUTDOWN) {
+      header.set_control_token(kControlToken);
       header.mutable_shutdown()->set_reason("benchmark finished");
     } else if (type == pb::BYE) {
       header.mutable_bye()->mutable_stats()->set_commits(commits_);
@@ -648,7 +652,8 @@ int main(int argc, char** argv) {
   // The site server logs every join and leave; keep the console for results.
   meridian::SetLogLevel(meridian::LogLevel::kWarning);
   const std::string format =
-      meridian::bench::FlagValue(argc, argv, "benchmark_format").value_or("console");
+      meridian::bench::FlagValue(argc, argv, "benchmark_format")
+          .value_or("console");
   const auto console_options = meridian::ConsoleOptions(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

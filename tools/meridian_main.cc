@@ -260,60 +260,6 @@ int Keygen(const std::string& site, const std::string& out_dir) {
   return 0;
 }
 
-int Site(const std::string& path, const std::string& site,
-         const std::string& bind, const std::string& mirror_bind,
-         const std::string& out_dir, int ready_fd,
-         const std::string& secret_key, const std::string& metrics,
-         bool with_workers, bool resume, const std::string& checkpoint_dir,
-         bool await_peers) {
-  SiteServerOptions options;
-  if (!LoadJob(path, &options.job)) return kExitBadInput;
-  const pb::JobConfig job = options.job;
-  options.site = site;
-  options.resume = resume;
-  options.await_peers = await_peers;
-  options.checkpoint_dir = checkpoint_dir;
-  options.secret_key_file = secret_key;
-  options.metrics_address = metrics;
-  options.bind = FlagOrEnvironment(bind, "MERIDIAN_BIND");
-  options.mirror_bind = FlagOrEnvironment(mirror_bind, "MERIDIAN_MIRROR_BIND");
-  options.out_dir = out_dir;
-  options.stop_requested = InstallStopSignalHandlers();
-  Result<std::unique_ptr<SiteServer>> server =
-      SiteServer::Create(std::move(options));
-  if (!server.ok()) {
-    MLOG(ERROR) << server.status();
-    return kExitFailure;
-  }
-  if (ready_fd >= 0) {
-    // "ready <worker endpoint> [<mirror endpoint>]"
-    std::string line = "ready " + (*server)->endpoint();
-    if (!(*server)->mirror_endpoint().empty()) {
-      line += " " + (*server)->mirror_endpoint();
-    }
-    if (!(*server)->metrics_address().empty()) {
-      line += " metrics=" + (*server)->metrics_address();
-    }
-    line += "\n";
-    if (::write(ready_fd, line.data(), line.size()) !=
-        static_cast<ssize_t>(line.size())) {
-      MLOG(WARNING) << "cannot write the ready line to fd " << ready_fd;
-    }
-    ::close(ready_fd);
-  }
-  auto serve = [&] { return (*server)->Run(); };
-  const Status status =
-      with_workers ? RunWithSiteWorkers(
-                         path, job, site,
-                         (out_dir.empty() ? "." : out_dir) + "/logs", "", serve)
-                   : serve();
-  if (!status.ok()) {
-    MLOG(ERROR) << status;
-    return kExitFailure;
-  }
-  return 0;
-}
-
 int WorkerRole(const std::string& path, const std::string& site, uint32_t index,
                const std::string& connect, const std::string& metrics) {
   WorkerOptions options;
@@ -487,9 +433,10 @@ struct Flags {
   int ready_fd = -1;
   std::string secret_key;
   bool with_workers = false;
-  bool resume = false;         // site --resume
-  std::string checkpoint_dir;  // site --checkpoint-dir
-  bool await_peers = false;    // site --await-peers
+  bool resume = false;             // site --resume
+  std::string checkpoint_dir;      // site --checkpoint-dir
+  bool await_peers = false;        // site --await-peers
+  std::string control_token_file;  // site --control-token-file
   RunFlags run;
   std::vector<std::string> compare_dirs;
   std::vector<std::string> report_dirs;
@@ -499,6 +446,66 @@ struct Flags {
   WanemFlags wanem;
   WanemCtlFlags ctl;
 };
+
+int Site(const Flags& flags) {
+  const std::string& site = flags.site;
+  const std::string& out_dir = flags.out_dir;
+  const int ready_fd = flags.ready_fd;
+  SiteServerOptions options;
+  if (!LoadJob(flags.config, &options.job)) return kExitBadInput;
+  const pb::JobConfig job = options.job;
+  Result<std::string> token = ControlToken(flags.control_token_file);
+  if (!token.ok()) {
+    MLOG(ERROR) << token.status();
+    return kExitBadInput;
+  }
+  options.control_token = std::move(*token);
+  options.site = site;
+  options.resume = flags.resume;
+  options.await_peers = flags.await_peers;
+  options.checkpoint_dir = flags.checkpoint_dir;
+  options.secret_key_file = flags.secret_key;
+  options.metrics_address = flags.metrics;
+  options.bind = FlagOrEnvironment(flags.endpoint, "MERIDIAN_BIND");
+  options.mirror_bind =
+      FlagOrEnvironment(flags.mirror_bind, "MERIDIAN_MIRROR_BIND");
+  options.out_dir = out_dir;
+  options.stop_requested = InstallStopSignalHandlers();
+  Result<std::unique_ptr<SiteServer>> server =
+      SiteServer::Create(std::move(options));
+  if (!server.ok()) {
+    MLOG(ERROR) << server.status();
+    return kExitFailure;
+  }
+  if (ready_fd >= 0) {
+    // "ready <worker endpoint> [<mirror endpoint>]"
+    std::string line = "ready " + (*server)->endpoint();
+    if (!(*server)->mirror_endpoint().empty()) {
+      line += " " + (*server)->mirror_endpoint();
+    }
+    if (!(*server)->metrics_address().empty()) {
+      line += " metrics=" + (*server)->metrics_address();
+    }
+    line += "\n";
+    if (::write(ready_fd, line.data(), line.size()) !=
+        static_cast<ssize_t>(line.size())) {
+      MLOG(WARNING) << "cannot write the ready line to fd " << ready_fd;
+    }
+    ::close(ready_fd);
+  }
+  auto serve = [&] { return (*server)->Run(); };
+  const Status status =
+      flags.with_workers
+          ? RunWithSiteWorkers(flags.config, job, site,
+                               (out_dir.empty() ? "." : out_dir) + "/logs", "",
+                               serve)
+          : serve();
+  if (!status.ok()) {
+    MLOG(ERROR) << status;
+    return kExitFailure;
+  }
+  return 0;
+}
 
 // The subcommands, to tell which one was given.
 struct Commands {
@@ -605,6 +612,10 @@ CLI::App* AddSiteCommand(CLI::App* app, Flags* flags) {
                    "the site's CURVE secret key file, mode 0600 "
                    "(default: $MERIDIAN_SECRET_KEY, else "
                    "<security.key_dir>/<site>.key)");
+  site->add_option("--control-token-file", flags->control_token_file,
+                   "the job's control token (mode 0600): SHUTDOWN and "
+                   "SET_PEERS are obeyed only with it (default: "
+                   "$MERIDIAN_CONTROL_TOKEN, else none is obeyed)");
   site->add_flag("--resume", flags->resume,
                  "continue from the newest checkpoint in the checkpoint "
                  "directory, if there is one (a restart after a crash)");
@@ -763,10 +774,7 @@ int Dispatch(const Commands& commands, const Flags& flags) {
   if (*commands.run) return Run(flags.config, flags.out_dir, flags.run);
   if (*commands.compare) return Compare(flags.compare_dirs);
   if (*commands.site) {
-    return Site(flags.config, flags.site, flags.endpoint, flags.mirror_bind,
-                flags.out_dir, flags.ready_fd, flags.secret_key, flags.metrics,
-                flags.with_workers, flags.resume, flags.checkpoint_dir,
-                flags.await_peers);
+    return Site(flags);
   }
   if (*commands.keygen) return Keygen(flags.site, flags.out_dir);
   if (*commands.worker) {

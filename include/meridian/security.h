@@ -46,6 +46,25 @@ namespace meridian {
 // (after --secret-key, before security.key_dir).
 inline constexpr const char* kSecretKeyEnv = "MERIDIAN_SECRET_KEY";
 
+// Control tokens (wire.proto Header.control_token): a site server obeys
+// SHUTDOWN and SET_PEERS only when they carry its token. `meridian run`
+// makes one per run, writes it to <out>/control.token (mode 0600, the
+// secret key file format) and hands the file to its site servers
+// (--control-token-file); a standalone `meridian site` takes the file, or
+// the token itself in $MERIDIAN_CONTROL_TOKEN.
+inline constexpr const char* kControlTokenEnv = "MERIDIAN_CONTROL_TOKEN";
+
+// 32 random bytes (libsodium), as 40 Z85 characters.
+Result<std::string> GenerateControlToken();
+// Writes `token` to `path` (mode 0600), replacing an older token file.
+Status WriteControlTokenFile(const std::string& path, const std::string& token);
+// The token of a site role: read from the file `flag` when non-empty
+// (checked like a secret key file), else $MERIDIAN_CONTROL_TOKEN, else
+// empty (no control message will be obeyed).
+Result<std::string> ControlToken(std::string_view flag);
+// Compares in time that depends only on the lengths.
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
+
 // A CURVE key pair, both halves Z85 text.
 struct CurveKeyPair {
   std::string public_key;

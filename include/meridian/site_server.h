@@ -16,6 +16,7 @@
 
 #include "meridian/clock.h"
 #include "meridian/job.pb.h"
+#include "meridian/layout.h"
 #include "meridian/report.pb.h"
 #include "meridian/status.h"
 
@@ -81,6 +82,27 @@ struct SiteServerOptions {
   // back at once must not open its channels to the job's direct mirror
   // addresses first. Ignored when the site syncs with nobody.
   bool await_peers = false;
+  // The job's control token: SHUTDOWN and SET_PEERS are obeyed only when
+  // they carry it (Header.control_token). Empty: no control message is
+  // obeyed (the operator stops the server with a signal). `meridian site`
+  // reads it from --control-token-file or $MERIDIAN_CONTROL_TOKEN.
+  std::string control_token;
+};
+
+// The bounds of the worker endpoint (job.server.limits) with the defaults
+// filled in from `layout`: what one connection may make the server hold.
+struct EndpointBounds {
+  uint64_t max_frame_bytes = 0;   // ZMQ_MAXMSGSIZE of the worker socket
+  uint64_t max_reply_floats = 0;  // floats one reply may carry
+  uint32_t send_queue = 0;        // ZMQ_SNDHWM, messages per connection
+  uint32_t receive_queue = 0;     // ZMQ_RCVHWM, messages per connection
+
+  static EndpointBounds FromConfig(const pb::EndpointLimits& limits,
+                                   const ModelLayout& layout);
+  // What ZeroMQ may hold for one connection at most: its queues full of
+  // messages of the largest allowed size (a message is at most a header
+  // and one frame per tensor). For the README's memory formula.
+  uint64_t PerConnectionBytes(const ModelLayout& layout) const;
 };
 
 class SiteServer {

@@ -24,6 +24,8 @@ enum class StatusCode {
   kDeadlineExceeded,    // a timeout expired
   kCancelled,           // stopped on request (signal, shutdown)
   kInternal,            // a bug: an invariant did not hold
+  kResourceExhausted,   // a bounded queue or limit is full (a peer does not
+                        // read, a request asks for too much)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -85,6 +87,9 @@ inline Status DeadlineExceededError(std::string message) {
 }
 inline Status CancelledError(std::string message) {
   return Status(StatusCode::kCancelled, std::move(message));
+}
+inline Status ResourceExhaustedError(std::string message) {
+  return Status(StatusCode::kResourceExhausted, std::move(message));
 }
 inline Status InternalError(std::string message) {
   return Status(StatusCode::kInternal, std::move(message));

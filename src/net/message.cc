@@ -173,8 +173,8 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
   }
   for (int i = 0; i < header->slices_size(); ++i) {
     const pb::TensorSlice& slice = header->slices(i);
-    const std::string where =
-        "slice " + std::to_string(i) + " ('" + slice.tensor() + "')";
+    const std::string where = "slice " + std::to_string(i) + " ('" +
+                              Sanitized(slice.tensor(), 64) + "')";
     const size_t element = DTypeSize(slice.dtype());
     if (element == 0 ||
         HasUnknownValue(slice, pb::TensorSlice::kDtypeFieldNumber)) {
@@ -220,9 +220,9 @@ Verdict CheckSlicesAgainstLayout(const pb::Header& header,
     const pb::TensorSlice& slice = header.slices(i);
     const TensorInfo* tensor = layout.Find(slice.tensor());
     if (tensor == nullptr) {
-      return Reject(pb::ERROR_OUT_OF_RANGE, "slice " + std::to_string(i) +
-                                                ": unknown tensor '" +
-                                                slice.tensor() + "'");
+      return Reject(pb::ERROR_OUT_OF_RANGE,
+                    "slice " + std::to_string(i) + ": unknown tensor '" +
+                        Sanitized(slice.tensor(), 64) + "'");
     }
     // offset + length <= size, written so that it cannot overflow.
     if (slice.offset() > tensor->size ||
@@ -250,9 +250,9 @@ Verdict CheckCodec(const pb::Header& header, pb::Codec codec) {
     if (header.slices(i).codec() != codec) {
       return Reject(pb::ERROR_MALFORMED,
                     "slice " + std::to_string(i) + " ('" +
-                        header.slices(i).tensor() + "') must be encoded as " +
-                        pb::Codec_Name(codec) + " in " +
-                        pb::MessageType_Name(header.type()));
+                        Sanitized(header.slices(i).tensor(), 64) +
+                        "') must be encoded as " + pb::Codec_Name(codec) +
+                        " in " + pb::MessageType_Name(header.type()));
     }
   }
   return std::nullopt;
@@ -279,8 +279,8 @@ Verdict CheckFinite(const pb::TensorSlice& slice,
     if (!std::isfinite(value)) {
       return Reject(pb::ERROR_NON_FINITE,
                     std::string(std::isnan(value) ? "NaN" : "Inf") +
-                        " in tensor '" + slice.tensor() + "' at element " +
-                        std::to_string(slice.offset() + i));
+                        " in tensor '" + Sanitized(slice.tensor(), 64) +
+                        "' at element " + std::to_string(slice.offset() + i));
     }
   }
   return std::nullopt;

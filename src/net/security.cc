@@ -131,8 +131,9 @@ class FileDescriptor {
   int fd_;
 };
 
-Result<std::string> ReadKeyFile(const std::string& path, bool secret) {
-  const std::string what = secret ? "secret key file" : "public key file";
+// `what` names the file in errors ("secret key file", ...).
+Result<std::string> ReadKeyFile(const std::string& path, bool secret,
+                                const std::string& what) {
   // O_NONBLOCK: a FIFO given by mistake must not block the open.
   FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) {
@@ -304,11 +305,56 @@ Status WriteCurveKeyFiles(const std::string& dir, const std::string& name,
 }
 
 Result<std::string> ReadSecretKeyFile(const std::string& path) {
-  return ReadKeyFile(path, /*secret=*/true);
+  return ReadKeyFile(path, /*secret=*/true, "secret key file");
 }
 
 Result<std::string> ReadPublicKeyFile(const std::string& path) {
-  return ReadKeyFile(path, /*secret=*/false);
+  return ReadKeyFile(path, /*secret=*/false, "public key file");
+}
+
+Result<std::string> GenerateControlToken() {
+  // 32 random bytes from libsodium, through the CURVE key generator: the
+  // secret half of a fresh pair is exactly that, in Z85.
+  MERIDIAN_ASSIGN_OR_RETURN(CurveKeyPair pair, GenerateCurveKeyPair());
+  return std::move(pair.secret_key);
+}
+
+Status WriteControlTokenFile(const std::string& path,
+                             const std::string& token) {
+  if (!IsZ85Key(token)) return InvalidArgumentError("not a control token");
+  std::error_code error;
+  std::filesystem::remove(path, error);  // one token per run
+  return WriteNewFile(
+      path, 0600,
+      "# Meridian control token of one run (SHUTDOWN, SET_PEERS): whoever "
+      "holds it can stop the job. Keep it private (mode 0600).\n" +
+          token + "\n");
+}
+
+Result<std::string> ControlToken(std::string_view flag) {
+  if (!flag.empty()) {
+    return ReadKeyFile(std::string(flag), /*secret=*/true,
+                       "control token file");
+  }
+  const char* env = std::getenv(kControlTokenEnv);
+  if (env == nullptr || env[0] == '\0') return std::string();
+  if (!IsZ85Key(env)) {
+    return InvalidArgumentError(
+        std::string("$") + kControlTokenEnv +
+        " is not a control token (40 Z85 characters, as `meridian run` "
+        "writes to <out>/control.token)");
+  }
+  return std::string(env);
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  // Only the lengths may leak (tokens have a fixed length).
+  if (a.size() != b.size()) return false;
+  unsigned char difference = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    difference |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return difference == 0;
 }
 
 Result<std::string> SecretKeyPath(const pb::JobConfig& job,

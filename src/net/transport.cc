@@ -54,14 +54,16 @@ Status SendMessage(zmq::socket_t& socket, const pb::Header& header,
     if (!routing_id.empty()) {
       zmq::message_t id(routing_id.data(), routing_id.size());
       if (!socket.send(std::move(id), zmq::send_flags::sndmore)) {
-        return UnavailableError("send would block (peer not reading)");
+        return ResourceExhaustedError(
+            "the peer's queue is full (it does not read)");
       }
     }
     const auto header_flags =
         payload.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;
     if (!socket.send(zmq::message_t(bytes.data(), bytes.size()),
                      header_flags)) {
-      return UnavailableError("send would block (peer not reading)");
+      return ResourceExhaustedError(
+          "the peer's queue is full (it does not read)");
     }
     for (size_t i = 0; i < payload.size(); ++i) {
       const auto flags = i + 1 < payload.size() ? zmq::send_flags::sndmore
@@ -87,14 +89,14 @@ Status TrySendMessage(zmq::socket_t& socket, const pb::Header& header,
       zmq::message_t id(routing_id.data(), routing_id.size());
       if (!socket.send(std::move(id),
                        zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-        return UnavailableError("send would block");
+        return ResourceExhaustedError("send would block");
       }
     }
     // After an accepted first frame the last one is queued with it (a
     // multipart message is atomic).
     if (!socket.send(zmq::message_t(bytes.data(), bytes.size()),
                      zmq::send_flags::dontwait)) {
-      return UnavailableError("send would block");
+      return ResourceExhaustedError("send would block");
     }
   } catch (const zmq::error_t& error) {
     return FromZmqError(error, "sending " + DescribeHeader(header));

@@ -143,6 +143,7 @@ class JobRun final : private SupervisorHooks {
   Result<pb::RunReport> Run() {
     MERIDIAN_RETURN_IF_ERROR(PrepareOutDir());
     MERIDIAN_RETURN_IF_ERROR(PrepareSecurity());
+    MERIDIAN_RETURN_IF_ERROR(PrepareControlToken());
     manifest_.Save();
     if (Status started = StartChildren(); !started.ok()) {
       supervisor_.FailStart(started);
@@ -284,6 +285,16 @@ class JobRun final : private SupervisorHooks {
     return Status::Ok();
   }
 
+  // A fresh control token for this run (a resumed run too: its site
+  // servers all start again), in <out>/control.token for the site servers
+  // and the operator. Only SET_PEERS uses it here; the launcher stops its
+  // children with signals.
+  Status PrepareControlToken() {
+    MERIDIAN_ASSIGN_OR_RETURN(control_token_, GenerateControlToken());
+    control_token_file_ = options_.out_dir + "/control.token";
+    return WriteControlTokenFile(control_token_file_, control_token_);
+  }
+
   // Every child has exited: the secret halves of ephemeral keys go (the
   // public halves stay with the derived job file).
   void ForgetEphemeralKeys() {
@@ -350,15 +361,25 @@ class JobRun final : private SupervisorHooks {
       child.name = "site server '" + site.name() + "'";
       child.subject = "site '" + site.name() + "'";
       child.site = s;
-      child.argv = {binary_,         "site",
-                    "--config",      options_.config_path,
-                    "--site",        site.name(),
-                    "--bind",        "tcp://127.0.0.1:*",
-                    "--mirror-bind", "tcp://127.0.0.1:*",
-                    "--out",         options_.out_dir,
-                    "--ready-fd",    std::to_string(kReadyFd),
-                    "--metrics",     "127.0.0.1:0",
-                    "--await-peers"};
+      child.argv = {binary_,
+                    "site",
+                    "--config",
+                    options_.config_path,
+                    "--site",
+                    site.name(),
+                    "--bind",
+                    "tcp://127.0.0.1:*",
+                    "--mirror-bind",
+                    "tcp://127.0.0.1:*",
+                    "--out",
+                    options_.out_dir,
+                    "--ready-fd",
+                    std::to_string(kReadyFd),
+                    "--metrics",
+                    "127.0.0.1:0",
+                    "--await-peers",
+                    "--control-token-file",
+                    control_token_file_};
       if (options_.resume) child.argv.push_back("--resume");
       child.log_path = logs + "site-" + site.name() + ".log";
       MERIDIAN_ASSIGN_OR_RETURN(const size_t i,
@@ -435,6 +456,7 @@ class JobRun final : private SupervisorHooks {
       if (mirror_endpoints_[s].empty()) continue;  // syncs with nobody
       pb::Header request;
       request.set_type(pb::SET_PEERS);
+      request.set_control_token(control_token_);
       pb::Peers* peers = request.mutable_peers();
       for (int peer : RoleOf(job_, s).Peers()) {
         pb::Peer* entry = peers->add_peer();
@@ -746,6 +768,8 @@ class JobRun final : private SupervisorHooks {
   // A copy: PrepareSecurity may point config_path at the derived job file.
   RunOptions options_;
   std::vector<std::string> ephemeral_keys_;  // secret key files we wrote
+  std::string control_token_;                // this run's (PrepareControlToken)
+  std::string control_token_file_;           // <out>/control.token
   Stopwatch wall_;
   zmq::context_t context_;
   std::string binary_;

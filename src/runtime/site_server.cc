@@ -50,6 +50,7 @@
 #include "meridian/param_store.h"
 #include "meridian/policy.h"
 #include "meridian/report.h"
+#include "meridian/security.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
 #include "runtime/evaluator.h"
@@ -150,6 +151,8 @@ class SiteServer::Impl {
         workers_(MakeSlots(job_, site_index), site_config_.name(),
                  timeouts_.worker_timeout_s),
         events_(site_config_.name(), wall_clock_),
+        bounds_(EndpointBounds::FromConfig(job_.server().limits(),
+                                           model_->layout())),
         socket_(context_, zmq::socket_type::router) {
     open_dead_event_.assign(workers_.size(), -1);
     EvaluatorOptions eval;
@@ -172,6 +175,17 @@ class SiteServer::Impl {
     std::vector<float> initial(model_->layout().num_elements());
     model_->Initialize(job_.seed(), initial);
     MERIDIAN_RETURN_IF_ERROR(store_.Assign(initial));
+    for (const TensorInfo& tensor : model_->layout().tensors()) {
+      if (tensor.size * sizeof(float) > bounds_.max_frame_bytes) {
+        return InvalidArgumentError(
+            "server.limits.max_frame_bytes " +
+            std::to_string(bounds_.max_frame_bytes) + " is below the " +
+            std::to_string(tensor.size * sizeof(float)) + " bytes of tensor '" +
+            tensor.name +
+            "': no commit could arrive (leave it 0 for the "
+            "default)");
+      }
+    }
     const std::string bind = options_.bind.empty()
                                  ? BindEndpointFor(site_config_.address())
                                  : options_.bind;
@@ -180,7 +194,16 @@ class SiteServer::Impl {
       // Fail loudly (EHOSTUNREACH) instead of dropping a reply to a worker
       // that went away.
       socket_.set(zmq::sockopt::router_mandatory, 1);
-      socket_.set(zmq::sockopt::sndtimeo, 1000);
+      // Never wait for a peer: a reply that does not fit its connection's
+      // queue fails at once (Deliver says what happens then).
+      socket_.set(zmq::sockopt::sndtimeo, 0);
+      socket_.set(zmq::sockopt::sndhwm, static_cast<int>(bounds_.send_queue));
+      socket_.set(zmq::sockopt::rcvhwm,
+                  static_cast<int>(bounds_.receive_queue));
+      // A frame announced bigger than any valid message has drops its
+      // connection before ZeroMQ allocates it.
+      socket_.set(zmq::sockopt::maxmsgsize,
+                  static_cast<int64_t>(bounds_.max_frame_bytes));
       socket_.bind(bind);
     } catch (const zmq::error_t& error) {
       return UnavailableError("site '" + site_config_.name() +
@@ -214,7 +237,11 @@ class SiteServer::Impl {
                << "; test set " << evaluator_->test_set_size()
                << " samples; a worker silent for "
                << FormatSeconds(timeouts_.worker_timeout_s, 1)
-               << " s is declared dead";
+               << " s is declared dead; one connection may hold at most "
+               << FormatSeconds(
+                      bounds_.PerConnectionBytes(model_->layout()) / 1048576.0,
+                      1)
+               << " MiB (server.limits)";
     return Status::Ok();
   }
 
@@ -547,9 +574,10 @@ class SiteServer::Impl {
         Refuse(received->refused->routing_id, received->refused->header,
                received->refused->rejection);
       } else if (received->message) {
-        Dispatch(*received->message);
+        DispatchGuarded(*received->message);
       }
     }
+    DropWorkersNotReading();
     if (sync_) {
       sync_->HandleReadable(std::span<const zmq::pollitem_t>(items).subspan(1));
       AdvanceClock();  // the clock floor moves with what peers say
@@ -567,6 +595,29 @@ class SiteServer::Impl {
               const Rejection& rejection) {
     ++rejected_;
     RefuseMessage(socket_, self_, ++sequence_, routing_id, header, rejection);
+  }
+
+  // Dispatch, with any exception a handler lets out (an allocation that
+  // failed under a memory limit, a ZeroMQ error) turned into an
+  // ERROR_INTERNAL reply: the request failed, the server goes on. Every
+  // handler checks a request completely before it changes the model, so a
+  // failure leaves the model as it was.
+  void DispatchGuarded(Envelope& message) {
+    std::string what;
+    try {
+      return Dispatch(message);
+    } catch (const std::bad_alloc&) {
+      what = "out of memory";
+    } catch (const zmq::error_t& error) {
+      what = std::string("ZeroMQ: ") + error.what();
+    } catch (const std::exception& error) {
+      what = error.what();
+    }
+    ++internal_errors_;
+    Refuse(message.routing_id, message.header,
+           {pb::ERROR_INTERNAL, "site server '" + site_config_.name() +
+                                    "' failed handling it (" + what +
+                                    "); the model is unchanged"});
   }
 
   void Dispatch(Envelope& message) {
@@ -594,8 +645,10 @@ class SiteServer::Impl {
       case pb::STATUS_REQUEST:
         return SendStatus(message);
       case pb::SET_PEERS:
+        if (!Authorized(message)) return;
         return HandleSetPeers(message);
       case pb::SHUTDOWN:
+        if (!Authorized(message)) return;
         FinishJob("shutdown requested: " +
                   (message.header.shutdown().reason().empty()
                        ? std::string("no reason given")
@@ -607,6 +660,23 @@ class SiteServer::Impl {
                        pb::MessageType_Name(message.header.type()) +
                            " is not a request a site server serves"});
     }
+  }
+
+  // Whether a control message carries the job's control token; refuses
+  // it otherwise.
+  bool Authorized(const Envelope& message) {
+    const std::string& token = options_.control_token;
+    if (!token.empty() &&
+        ConstantTimeEquals(message.header.control_token(), token)) {
+      return true;
+    }
+    Refuse(message.routing_id, message.header,
+           {pb::ERROR_UNAUTHORIZED,
+            token.empty() ? "site server '" + site_config_.name() +
+                                "' obeys no control message (it was started "
+                                "without a control token)"
+                          : "control messages need the job's control token"});
+    return false;
   }
 
   void HandleSetPeers(const Envelope& message) {
@@ -658,9 +728,9 @@ class SiteServer::Impl {
       return Refuse(
           message.routing_id, message.header,
           {pb::ERROR_UNKNOWN_SENDER,
-           "HELLO from worker " + sender.site() + "/" + std::to_string(index) +
-               ": site server '" + site_config_.name() + "' serves " +
-               workers_.Describe()});
+           "HELLO from worker " + Sanitized(sender.site(), 64) + "/" +
+               std::to_string(index) + ": site server '" + site_config_.name() +
+               "' serves " + workers_.Describe()});
     }
     Result<ModelLayout> layout = ModelLayout::FromSpecs(hello.layout());
     if (!layout.ok() || !(*layout == model_->layout())) {
@@ -774,7 +844,8 @@ class SiteServer::Impl {
     double stalled_s = 0;
     for (const WorkerTable::Death& death :
          workers_.CheckLiveness(now, &stalled_s)) {
-      DeclareDead(death);
+      DeclareDead(death,
+                  "silent for " + FormatSeconds(death.silent_s, 1) + " s");
     }
     if (stalled_s > 0) {
       MLOG(WARNING) << "the event loop did not run for "
@@ -794,11 +865,11 @@ class SiteServer::Impl {
     }
   }
 
-  void DeclareDead(const WorkerTable::Death& death) {
+  // `why`: "silent for 12.0 s", ...
+  void DeclareDead(const WorkerTable::Death& death, const std::string& why) {
     const WorkerSlot& slot = workers_[death.slot];
     ++worker_deaths_;
-    MLOG(WARNING) << "worker " << slot.Name() << " silent for "
-                  << FormatSeconds(death.silent_s, 1) << " s: declared dead"
+    MLOG(WARNING) << "worker " << slot.Name() << " " << why << ": declared dead"
                   << (death.dropped == Pending::kNone
                           ? std::string()
                           : std::string("; its unanswered request (") +
@@ -807,8 +878,7 @@ class SiteServer::Impl {
                   << "; " << workers_.LiveCount() << " of " << workers_.size()
                   << " workers live";
     open_dead_event_[death.slot] =
-        RecordEvent(pb::WORKER_DEAD, slot.Name(), 0,
-                    "silent for " + FormatSeconds(death.silent_s, 1) + " s");
+        RecordEvent(pb::WORKER_DEAD, slot.Name(), 0, why);
     if (training_ && !finished_) {
       Execute(policy_->OnLeave(death.slot, clock_->Now()));
     }
@@ -939,6 +1009,20 @@ class SiteServer::Impl {
                                                      /*whole_model=*/false)) {
         return Refuse(message.routing_id, message.header, *verdict);
       }
+      // Ranges may overlap: without a cap, one small request could ask
+      // for thousands of copies of the model.
+      uint64_t floats = 0;
+      for (const pb::TensorSlice& range : pull.ranges()) {
+        floats += range.length();  // each <= the model: cannot overflow
+      }
+      if (floats > ReplyFloatLimit()) {
+        return Refuse(
+            message.routing_id, message.header,
+            {pb::ERROR_LIMIT, "PULL asks for " + std::to_string(floats) +
+                                  " floats; a reply carries at most " +
+                                  std::to_string(ReplyFloatLimit()) +
+                                  " (server.limits.max_reply_floats)"});
+      }
     }
     workers_[*worker].read_ranges.assign(pull.ranges().begin(),
                                          pull.ranges().end());
@@ -983,6 +1067,13 @@ class SiteServer::Impl {
                         FloatsOf(message.payload[i], &scratch_[i])});
     }
     return segments;
+  }
+
+  // Floats one PULL reply may carry: the configured limit, at least one
+  // whole model (what every COMMIT is answered with anyway).
+  uint64_t ReplyFloatLimit() const {
+    return std::max<uint64_t>(bounds_.max_reply_floats,
+                              model_->layout().num_elements());
   }
 
   void ApplyCommit(const Envelope& message) {
@@ -1181,13 +1272,37 @@ class SiteServer::Impl {
                std::vector<zmq::message_t> frames) {
     workers_.NoteAnswered(worker, Now());
     const WorkerSlot& slot = workers_[worker];
-    if (Status status =
-            SendMessage(socket_, header, std::move(frames), slot.routing_id);
-        !status.ok()) {
-      // The worker's connection is gone; it will rejoin, and learns from
-      // WELCOME.last_commit_id what was applied.
-      MLOG(WARNING) << "cannot reply to worker " << slot.Name() << ": "
-                    << status;
+    const Status status =
+        SendMessage(socket_, header, std::move(frames), slot.routing_id);
+    if (status.ok()) return;
+    if (status.code() == StatusCode::kResourceExhausted) {
+      // The worker does not read: its connection's queue is full. The
+      // reply is dropped and, once the event loop is back at its top, the
+      // worker declared dead; it must join again (its applied commits
+      // stay applied: WELCOME.last_commit_id tells it which).
+      not_reading_.push_back({worker, slot.routing_id});
+      return;
+    }
+    // The worker's connection is gone; it will rejoin, and learns from
+    // WELCOME.last_commit_id what was applied.
+    MLOG(WARNING) << "cannot reply to worker " << slot.Name() << ": " << status;
+  }
+
+  // Declares dead the workers whose replies did not fit their queues (see
+  // Deliver), unless they joined again meanwhile.
+  void DropWorkersNotReading() {
+    std::vector<std::pair<uint32_t, std::string>> not_reading;
+    not_reading.swap(not_reading_);
+    for (const auto& [worker, routing_id] : not_reading) {
+      const WorkerSlot& slot = workers_[worker];
+      if (slot.state != SlotState::kLive || slot.routing_id != routing_id) {
+        continue;
+      }
+      DeclareDead(workers_.DeclareDead(worker, Now()),
+                  "does not read its replies (" +
+                      std::to_string(bounds_.send_queue) +
+                      " wait for it: server.limits.send_queue); its last "
+                      "reply is dropped");
     }
   }
 
@@ -1216,7 +1331,8 @@ class SiteServer::Impl {
       *status->mutable_last_eval() = *last;
     }
     if (Status sent = SendMessage(socket_, header, {}, request.routing_id);
-        !sent.ok()) {
+        !sent.ok() && sent.code() != StatusCode::kResourceExhausted) {
+      // (A client that does not read its answers just loses them.)
       MLOG(WARNING) << "cannot answer a status request: " << sent;
     }
   }
@@ -1585,6 +1701,10 @@ class SiteServer::Impl {
   bool peers_set_ = false;  // a SET_PEERS was applied
 
   // ---- sockets (event loop) ------------------------------------------------
+  const EndpointBounds bounds_;  // what one worker connection may cost
+  // Workers (slot, connection) whose reply did not fit their queue.
+  std::vector<std::pair<uint32_t, std::string>> not_reading_;
+  uint64_t internal_errors_ = 0;  // requests that failed inside a handler
   zmq::context_t context_;
   zmq::socket_t socket_;
   std::string endpoint_;
@@ -1629,6 +1749,39 @@ class SiteServer::Impl {
   std::unique_ptr<MetricsServer> metrics_server_;
   double next_metrics_s_ = 0;
 };
+
+EndpointBounds EndpointBounds::FromConfig(const pb::EndpointLimits& limits,
+                                          const ModelLayout& layout) {
+  constexpr uint32_t kDefaultSendQueue = 4;
+  constexpr uint32_t kDefaultReceiveQueue = 8;
+  uint64_t largest_tensor_bytes = 0;
+  for (const TensorInfo& tensor : layout.tensors()) {
+    largest_tensor_bytes =
+        std::max<uint64_t>(largest_tensor_bytes, tensor.size * sizeof(float));
+  }
+  EndpointBounds bounds;
+  bounds.max_frame_bytes =
+      limits.max_frame_bytes() > 0
+          ? limits.max_frame_bytes()
+          : std::max<uint64_t>(largest_tensor_bytes, kMaxHeaderBytes);
+  bounds.max_reply_floats = limits.max_reply_floats() > 0
+                                ? limits.max_reply_floats()
+                                : layout.num_elements();
+  bounds.send_queue =
+      limits.send_queue() > 0 ? limits.send_queue() : kDefaultSendQueue;
+  bounds.receive_queue = limits.receive_queue() > 0 ? limits.receive_queue()
+                                                    : kDefaultReceiveQueue;
+  return bounds;
+}
+
+uint64_t EndpointBounds::PerConnectionBytes(const ModelLayout& layout) const {
+  const uint64_t frames = layout.tensors().size() + 1;
+  const uint64_t largest_message =
+      std::min(frames * max_frame_bytes,
+               kMaxHeaderBytes + layout.num_elements() * sizeof(float));
+  return static_cast<uint64_t>(send_queue + receive_queue) *
+         std::max(largest_message, max_frame_bytes);
+}
 
 Result<std::unique_ptr<SiteServer>> SiteServer::Create(
     SiteServerOptions options) {

@@ -164,6 +164,7 @@ class SyncEngine::Impl {
       // Acknowledgements and errors never block the event loop: one that
       // cannot be queued now is sent again later.
       mirror_.set(zmq::sockopt::sndtimeo, 0);
+      mirror_.set(zmq::sockopt::maxmsgsize, MaxMirrorFrameBytes());
       mirror_.bind(bind);
     } catch (const zmq::error_t& error) {
       return UnavailableError("site '" + name_ +
@@ -601,6 +602,21 @@ class SyncEngine::Impl {
       out += (out.empty() ? "" : ", ") + name;
     }
     return out.empty() ? "nobody" : out;
+  }
+
+  // The largest frame a peer may send (ZMQ_MAXMSGSIZE of the mirror
+  // socket): a header, or one tensor's CODEC_PIPELINE buffer, which is at
+  // most twice its dense bytes (index + value per element) plus the
+  // buffer's own header. A bigger frame drops the connection before
+  // ZeroMQ allocates it.
+  int64_t MaxMirrorFrameBytes() const {
+    constexpr uint64_t kPipelineHeaderSlack = 64 << 10;
+    uint64_t largest = 0;
+    for (const TensorInfo& tensor : store_->layout().tensors()) {
+      largest = std::max<uint64_t>(largest, tensor.size * sizeof(float));
+    }
+    return static_cast<int64_t>(std::max<uint64_t>(
+        2 * largest + kPipelineHeaderSlack, kMaxHeaderBytes));
   }
 
   std::string RoleName() const {
@@ -1190,17 +1206,19 @@ class SyncEngine::Impl {
                       ? PeerNamed(site)
                       : nullptr;
     if (found == nullptr) {
-      return Refuse(message.routing_id, header,
-                    {pb::ERROR_UNKNOWN_SENDER,
-                     "'" + site + "' is not a site that '" + name_ +
-                         "' syncs with (its peers: " + PeerList() + ")"});
+      return Refuse(
+          message.routing_id, header,
+          {pb::ERROR_UNKNOWN_SENDER,
+           "'" + Sanitized(site, 64) + "' is not a site that '" + name_ +
+               "' syncs with (its peers: " + PeerList() + ")"});
     }
     if (curve_ && message.user_id != site) {
       // Any listed key is admitted; a peer may speak only for its own site.
-      return Refuse(message.routing_id, header,
-                    {pb::ERROR_UNKNOWN_SENDER,
-                     "a connection authenticated as site '" + message.user_id +
-                         "' sent a message as site '" + site + "'"});
+      return Refuse(
+          message.routing_id, header,
+          {pb::ERROR_UNKNOWN_SENDER,
+           "a connection authenticated as site '" + message.user_id +
+               "' sent a message as site '" + Sanitized(site, 64) + "'"});
     }
     Peer& peer = *found;
     peer.bytes_received += header.ByteSizeLong();

@@ -96,9 +96,13 @@ Admission WorkerTable::Admit(uint32_t index, uint64_t incarnation,
         admission.kind = Admission::Kind::kReconnected;
         admission.request_pending = slot.awaiting_reply();
         new_incarnation = false;
-      } else if (incarnation == 0 && slot.incarnation == 0) {
+      } else if (incarnation == 0) {
+        // Without an incarnation nothing tells a restarted process from a
+        // second client: the live worker keeps its slot.
         admission.refusal = {pb::ERROR_UNEXPECTED,
-                             "worker " + slot.Name() + " already joined"};
+                             "worker " + slot.Name() +
+                                 " already joined (a HELLO without an "
+                                 "incarnation cannot replace it)"};
         return admission;
       } else {
         admission.kind = Admission::Kind::kRestarted;
@@ -193,6 +197,16 @@ WorkerTable::Checked WorkerTable::CheckRequest(const pb::Header& header,
                                             " (replayed or reordered request)"};
     return checked;
   }
+  if (header.sequence() - slot.last_sequence > kMaxSequenceStep) {
+    // Refused without moving the window: one wild number (a bit flip, a
+    // hostile or buggy client) cannot use up the worker's number space.
+    checked.refusal = {pb::ERROR_STALE,
+                       "sequence number " + std::to_string(header.sequence()) +
+                           " is more than " + std::to_string(kMaxSequenceStep) +
+                           " above the last accepted " +
+                           std::to_string(slot.last_sequence)};
+    return checked;
+  }
   if (slot.awaiting_reply() && !allow_pending) {
     checked.refusal = {pb::ERROR_UNEXPECTED,
                        "worker " + slot.Name() +
@@ -240,15 +254,21 @@ std::vector<WorkerTable::Death> WorkerTable::CheckLiveness(double now_s,
         now_s - slot.last_heard_s <= worker_timeout_s_) {
       continue;
     }
-    dead.push_back({i, slot.pending, now_s - slot.last_heard_s});
-    slot.state = SlotState::kDead;
-    slot.dead_since_s = now_s;
-    // Its unanswered request is dropped: an update it carried was applied
-    // (or aggregated) on arrival; only the reply is never sent.
-    slot.pending = Pending::kNone;
-    slot.held = false;
+    dead.push_back(DeclareDead(i, now_s));
   }
   return dead;
+}
+
+WorkerTable::Death WorkerTable::DeclareDead(uint32_t index, double now_s) {
+  WorkerSlot& slot = slots_[index];
+  const Death death{index, slot.pending, now_s - slot.last_heard_s};
+  slot.state = SlotState::kDead;
+  slot.dead_since_s = now_s;
+  // Its unanswered request is dropped: an update it carried was applied
+  // (or aggregated) on arrival; only the reply is never sent.
+  slot.pending = Pending::kNone;
+  slot.held = false;
+  return death;
 }
 
 std::vector<uint32_t> WorkerTable::DueForHeartbeat(double now_s,

@@ -122,6 +122,11 @@ struct CommitRecord {
   pb::WorkerStats retired_stats;
 };
 
+// How far above the last accepted sequence number a request's may be
+// (HELLO excepted: it starts the count afresh). Requests come one at a
+// time, so a well-behaved worker steps by 1 (a few after a timeout).
+inline constexpr uint64_t kMaxSequenceStep = uint64_t{1} << 20;
+
 class WorkerTable {
  public:
   static constexpr size_t kMaxRetiredIncarnations = 8;
@@ -193,6 +198,11 @@ class WorkerTable {
   // since the previous call, nobody is declared dead: every live worker
   // gets a fresh window and `*stalled_s` says how long the stall was.
   std::vector<Death> CheckLiveness(double now_s, double* stalled_s);
+
+  // Declares the live worker in `slot` dead now, for another reason than
+  // silence (it does not read its replies): as CheckLiveness does, its
+  // pending request is dropped. It must join again (HELLO).
+  Death DeclareDead(uint32_t slot, double now_s);
 
   // Live workers whose reply the server holds and that were sent nothing
   // for `interval_s`: they are due a HEARTBEAT.

@@ -17,6 +17,7 @@
 #include "meridian/site_server.h"
 #include "meridian/transport.h"
 #include "testing/mirror_messages.h"
+#include "testing/site_control.h"
 #include "testing/test_data.h"
 
 namespace meridian {
@@ -55,6 +56,7 @@ class MirrorInputTest : public ::testing::Test {
     options_a.site = "site-a";
     options_a.bind = "tcp://127.0.0.1:*";
     options_a.mirror_bind = "tcp://127.0.0.1:*";
+    options_a.control_token = testing::kTestControlToken;
     Result<std::unique_ptr<SiteServer>> server =
         SiteServer::Create(std::move(options_a));
     ASSERT_TRUE(server.ok()) << server.status();
@@ -73,6 +75,7 @@ class MirrorInputTest : public ::testing::Test {
     if (!thread_.joinable()) return;  // the test already stopped it
     pb::Header shutdown;
     shutdown.set_type(pb::SHUTDOWN);
+    shutdown.set_control_token(testing::kTestControlToken);
     pb::Endpoint client;
     client.set_role(pb::ROLE_CLIENT);
     RpcClient control(context_, server_->endpoint(), client);
@@ -284,6 +287,7 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   options.site = "site-a";
   options.bind = "tcp://127.0.0.1:*";
   options.mirror_bind = "tcp://127.0.0.1:*";
+  options.control_token = testing::kTestControlToken;
   options.metrics_address = "127.0.0.1:0";  // to see the held replies
   Result<std::unique_ptr<SiteServer>> server =
       SiteServer::Create(std::move(options));

@@ -20,6 +20,7 @@
 #include "meridian/transport.h"
 #include "testing/live_sites.h"
 #include "testing/mirror_messages.h"
+#include "testing/site_control.h"
 #include "testing/test_data.h"
 
 namespace meridian {
@@ -82,6 +83,7 @@ class SecureSyncTest : public ::testing::Test {
     options.site = site;
     options.bind = "tcp://127.0.0.1:*";
     options.mirror_bind = "tcp://127.0.0.1:*";
+    options.control_token = testing::kTestControlToken;
     return SiteServer::Create(std::move(options));
   }
 
@@ -203,6 +205,7 @@ TEST_F(SecureSyncTest, PeerWithAnUnlistedKeyIsRefusedAndTheModelUntouched) {
   {
     pb::Header request;
     request.set_type(pb::SET_PEERS);
+    request.set_control_token(testing::kTestControlToken);
     pb::Peer* entry = request.mutable_peers()->add_peer();
     entry->set_site("b");
     entry->set_endpoint(b_mirror.get(zmq::sockopt::last_endpoint));
@@ -321,6 +324,7 @@ TEST_F(SecureSyncTest, ListedPeerCannotSpeakForAnotherSite) {
       << log;
   pb::Header shutdown;
   shutdown.set_type(pb::SHUTDOWN);
+  shutdown.set_control_token(testing::kTestControlToken);
   shutdown.mutable_shutdown()->set_reason("test over");
   RpcClient control(context, server->endpoint(), Launcher());
   EXPECT_TRUE(control.Call(shutdown, {}, kTimeout).ok());

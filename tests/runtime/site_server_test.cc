@@ -17,6 +17,7 @@
 #include "meridian/message.h"
 #include "meridian/model.h"
 #include "meridian/transport.h"
+#include "testing/site_control.h"
 #include "testing/test_data.h"
 
 namespace meridian {
@@ -46,6 +47,7 @@ class SiteServerTest : public ::testing::Test {
     options.job = job_;
     options.site = "site-a";
     options.bind = "tcp://127.0.0.1:*";
+    options.control_token = testing::kTestControlToken;
     options.out_dir = testing::MakeTempDir("site-server-out");
     out_dir_ = options.out_dir;
     Result<std::unique_ptr<SiteServer>> server =
@@ -65,6 +67,7 @@ class SiteServerTest : public ::testing::Test {
     if (!thread_.joinable()) return;
     pb::Header shutdown;
     shutdown.set_type(pb::SHUTDOWN);
+    shutdown.set_control_token(testing::kTestControlToken);
     shutdown.mutable_shutdown()->set_reason("test over");
     RpcClient control(context_, endpoint_, ClientEndpoint());
     EXPECT_TRUE(control.Call(shutdown, {}, kTimeout).ok());
@@ -471,6 +474,7 @@ TEST_F(SiteServerTest, ShutdownStopsWorkersAndWritesTheSummary) {
   RpcClient control(context_, endpoint_, ClientEndpoint());
   pb::Header shutdown;
   shutdown.set_type(pb::SHUTDOWN);
+  shutdown.set_control_token(testing::kTestControlToken);
   shutdown.mutable_shutdown()->set_reason("operator");
   ASSERT_TRUE(control.Call(shutdown, {}, kTimeout).ok());
   // The next commit is still applied (nothing lost), then the worker is
@@ -499,14 +503,176 @@ TEST_F(SiteServerTest, ShutdownStopsWorkersAndWritesTheSummary) {
   EXPECT_TRUE(std::filesystem::exists(out_dir_ + "/site-site-a.json"));
 }
 
+// ---- what one peer may cost the server (issue 13) --------------------------
+
+TEST_F(SiteServerTest, ControlMessagesNeedTheJobsToken) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  RpcClient anyone(context_, endpoint_, ClientEndpoint());
+  pb::Header shutdown;
+  shutdown.set_type(pb::SHUTDOWN);
+  shutdown.mutable_shutdown()->set_reason("hostile");
+  ExpectError(anyone.Call(shutdown, {}, kTimeout), pb::ERROR_UNAUTHORIZED);
+  // A wrong token of the right length is no better, nor is a worker.
+  shutdown.set_control_token("meridianTestControlToken0123456789abcdeF");
+  ExpectError(anyone.Call(shutdown, {}, kTimeout), pb::ERROR_UNAUTHORIZED);
+  shutdown.clear_control_token();
+  ExpectError(worker->Call(shutdown, {}, kTimeout), pb::ERROR_UNAUTHORIZED);
+  pb::Header peers;
+  peers.set_type(pb::SET_PEERS);
+  peers.mutable_peers()->add_peer()->set_site("site-b");
+  ExpectError(anyone.Call(peers, {}, kTimeout), pb::ERROR_UNAUTHORIZED);
+  // Nothing was done: the job goes on.
+  Result<Envelope> reply =
+      worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->header.type(), pb::MODEL);
+  EXPECT_FALSE(reply->header.model().stop());
+  Result<pb::SiteStatus> status =
+      testing::QueryStatus(context_, endpoint_, kTimeout);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_FALSE(status->finished());
+}
+
+TEST_F(SiteServerTest, APullForManyCopiesOfTheModelIsRefused) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  // 4000 ranges over the same tensor: a few hundred KB of request for a
+  // reply of 4000 models. Refused, and the server serves on.
+  const TensorInfo& tensor = model_->layout().tensors()[0];
+  pb::Header pull;
+  pull.set_type(pb::PULL);
+  for (int i = 0; i < 4000; ++i) {
+    pb::TensorSlice* range = pull.mutable_pull()->add_ranges();
+    range->set_tensor(tensor.name);
+    range->set_offset(0);
+    range->set_length(tensor.size);
+  }
+  Result<Envelope> reply = worker->Call(pull, {}, kTimeout);
+  ExpectError(reply, pb::ERROR_LIMIT);
+  EXPECT_NE(reply->header.error().message().find("max_reply_floats"),
+            std::string::npos);
+  // As many floats as the model has are fine, overlapping or not.
+  pb::Header fits;
+  fits.set_type(pb::PULL);
+  for (int i = 0; i < 2; ++i) {
+    pb::TensorSlice* range = fits.mutable_pull()->add_ranges();
+    range->set_tensor(tensor.name);
+    range->set_length(tensor.size / 2);
+  }
+  Result<Envelope> model = worker->Call(fits, {}, kTimeout);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->header.type(), pb::MODEL);
+  EXPECT_EQ(model->payload.size(), 2u);
+  ExpectModelUntouched(worker);
+}
+
+TEST_F(SiteServerTest, AWildSequenceNumberDoesNotLockAWorkerOut) {
+  StartServer(1);
+  zmq::socket_t socket(context_, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.connect(endpoint_);
+  auto call = [&](pb::Header header, uint64_t sequence) {
+    header.set_protocol_version(kProtocolVersion);
+    *header.mutable_sender() = WorkerEndpoint(0);
+    header.set_sequence(sequence);
+    EXPECT_TRUE(SendMessage(socket, header).ok());
+    Result<Received> received = ReceiveMessage(socket, false, kTimeout);
+    EXPECT_TRUE(received.ok() && received->message.has_value());
+    return std::move(*received->message);
+  };
+  pb::Header pull;
+  pull.set_type(pb::PULL);
+  pull.mutable_pull();
+  EXPECT_EQ(call(Hello(0), 1).header.type(), pb::WELCOME);
+  for (uint64_t wild : {std::numeric_limits<uint64_t>::max(),
+                        uint64_t{2} + (uint64_t{1} << 20)}) {
+    Envelope refused = call(pull, wild);
+    ASSERT_EQ(refused.header.type(), pb::ERROR);
+    EXPECT_EQ(refused.header.error().code(), pb::ERROR_STALE);
+  }
+  // The window did not move: the worker's next number is still good.
+  EXPECT_EQ(call(pull, 2).header.type(), pb::MODEL);
+  EXPECT_EQ(call(pull, 2 + (uint64_t{1} << 20)).header.type(), pb::MODEL);
+}
+
+TEST_F(SiteServerTest, AFrameLargerThanTheLimitDropsOnlyItsConnection) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  // 4 MiB announced where the largest valid frame is 1 MiB (the header
+  // limit; this model's tensors are smaller): ZeroMQ drops the connection.
+  {
+    zmq::socket_t hostile(context_, zmq::socket_type::dealer);
+    hostile.set(zmq::sockopt::linger, 0);
+    hostile.connect(endpoint_);
+    std::vector<zmq::message_t> frames;
+    frames.emplace_back(size_t{4} << 20);
+    std::memset(frames.back().data(), 0x41, frames.back().size());
+    zmq::send_multipart(hostile, frames);
+    Result<Received> received =
+        ReceiveMessage(hostile, false, std::chrono::milliseconds(1000));
+    ASSERT_TRUE(received.ok());
+    EXPECT_TRUE(received->timed_out()) << "the oversized frame was answered";
+  }
+  ExpectModelUntouched(worker);
+  Result<pb::SiteStatus> status =
+      testing::QueryStatus(context_, endpoint_, kTimeout);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->rejected(), 0u);  // never reached the server's code
+}
+
+TEST_F(SiteServerTest, AWorkerThatStopsReadingIsDroppedAndTheOthersServed) {
+  StartServer(2);
+  // Worker 1 speaks by hand and never reads: a small receive buffer so
+  // that the server's queue for it fills soon.
+  zmq::socket_t deaf(context_, zmq::socket_type::dealer);
+  deaf.set(zmq::sockopt::linger, 0);
+  deaf.set(zmq::sockopt::rcvbuf, 4096);
+  deaf.set(zmq::sockopt::rcvhwm, 1);
+  deaf.connect(endpoint_);
+  uint64_t sequence = 0;
+  auto send = [&](pb::Header header) {
+    header.set_protocol_version(kProtocolVersion);
+    *header.mutable_sender() = WorkerEndpoint(1);
+    header.set_sequence(++sequence);
+    return TrySendMessage(deaf, header).ok();
+  };
+  ASSERT_TRUE(send(Hello(1)));
+  RpcClient* worker = NewWorkerClient(0);
+  Result<Envelope> welcome = worker->Call(Hello(0), {}, kTimeout);
+  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  ASSERT_EQ(welcome->header.type(), pb::WELCOME);
+  // The deaf worker asks for the model over and over; worker 0 keeps
+  // committing and must be answered all along.
+  pb::Header pull;
+  pull.set_type(pb::PULL);
+  pull.mutable_pull();
+  uint64_t version = welcome->header.welcome().model_version();
+  bool dropped = false;
+  for (int round = 0; round < 2000 && !dropped; ++round) {
+    for (int i = 0; i < 10; ++i) (void)send(pull);
+    Result<Envelope> reply =
+        worker->Call(CommitHeader(version), UpdateFrames(1e-6f), kTimeout);
+    ASSERT_TRUE(reply.ok()) << "round " << round << ": " << reply.status();
+    ASSERT_EQ(reply->header.type(), pb::MODEL) << DescribeHeader(reply->header);
+    version = reply->header.model().version();
+    if (round % 20 == 19) {
+      Result<pb::SiteStatus> status =
+          testing::QueryStatus(context_, endpoint_, kTimeout);
+      ASSERT_TRUE(status.ok()) << status.status();
+      dropped = status->workers_dead() == 1;
+    }
+  }
+  EXPECT_TRUE(dropped) << "the deaf worker was never declared dead";
+}
 
 // Every policy refuses the same bad commits before it sees them: one based
 // on a model version the site never had, one from a worker the site does
 // not know, one whose slices do not match the model's shape. The model is
 // untouched and the next good commit is applied.
-class PolicyBadInputTest : public SiteServerTest,
-                           public ::testing::WithParamInterface<pb::PolicyKind> {
-};
+class PolicyBadInputTest
+    : public SiteServerTest,
+      public ::testing::WithParamInterface<pb::PolicyKind> {};
 
 TEST_P(PolicyBadInputTest, BadCommitsAreRefusedAndTheModelIsUntouched) {
   StartServer(1, GetParam());
@@ -518,8 +684,7 @@ TEST_P(PolicyBadInputTest, BadCommitsAreRefusedAndTheModelIsUntouched) {
   ExpectError(intruder.Call(CommitHeader(), UpdateFrames(1.0f), kTimeout),
               pb::ERROR_UNKNOWN_SENDER);
   pb::Header wrong_shape = CommitHeader();
-  wrong_shape.mutable_slices(0)->set_length(wrong_shape.slices(0).length() -
-                                            1);
+  wrong_shape.mutable_slices(0)->set_length(wrong_shape.slices(0).length() - 1);
   ExpectError(worker->Call(wrong_shape, UpdateFrames(1.0f), kTimeout),
               pb::ERROR_SIZE_MISMATCH);
   ExpectModelUntouched(worker);

@@ -150,6 +150,7 @@ class WorkerFaultTest : public ::testing::Test {
     options.site = "site-a";
     options.bind = "tcp://127.0.0.1:*";
     options.out_dir = dir_;
+    options.control_token = testing::kTestControlToken;
     Result<std::unique_ptr<SiteServer>> server =
         SiteServer::Create(std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();

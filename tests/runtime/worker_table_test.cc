@@ -202,6 +202,12 @@ TEST(WorkerTableTest, ClientsWithoutIncarnationCannotTakeALiveSlot) {
   Admission a = table.Admit(0, 0, "c1", 1, 1);
   EXPECT_EQ(a.kind, Kind::kRefused);
   EXPECT_NE(a.refusal.reason.find("already joined"), std::string::npos);
+  // Not the live slot of a worker that has one either.
+  WorkerTable other = MakeTable(1);
+  Join(&other, 0, 7, "c0", 0);
+  EXPECT_EQ(other.Admit(0, 0, "c1", 1, 1).kind, Kind::kRefused);
+  EXPECT_EQ(other[0].incarnation, 7u);
+  EXPECT_EQ(other[0].routing_id, "c0");
   // ... nor come back after BYE; a process with an incarnation may.
   table.Leave(0);
   EXPECT_EQ(table.Admit(0, 0, "c1", 1, 1).kind, Kind::kRefused);

@@ -15,6 +15,7 @@
 #include "meridian/transport.h"
 #include "runtime/process.h"
 #include "testing/scripted_worker.h"
+#include "testing/site_control.h"
 
 namespace meridian::testing {
 namespace {
@@ -113,6 +114,7 @@ Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job,
     server_options.site = site.name();
     server_options.bind = "tcp://127.0.0.1:*";
     server_options.mirror_bind = "tcp://127.0.0.1:*";
+    server_options.control_token = kTestControlToken;
     MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<SiteServer> server,
                               SiteServer::Create(std::move(server_options)));
     run.servers.push_back(std::move(server));
@@ -132,6 +134,7 @@ Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job,
   for (size_t s = 0; s < sites && status.ok(); ++s) {
     pb::Header request;
     request.set_type(pb::SET_PEERS);
+    request.set_control_token(kTestControlToken);
     for (int p : RoleOf(job, static_cast<int>(s)).Peers()) {
       Result<std::string> endpoint =
           Route(job, wanem.get(), static_cast<int>(s), p,
@@ -172,6 +175,7 @@ Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job,
     // Nothing will train: stop every server so its thread ends.
     pb::Header shutdown;
     shutdown.set_type(pb::SHUTDOWN);
+    shutdown.set_control_token(kTestControlToken);
     shutdown.mutable_shutdown()->set_reason("test set-up failed");
     for (const auto& server : run.servers) {
       Call(context, *server, shutdown, timeout).IgnoreError();

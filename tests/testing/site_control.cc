@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "meridian/message.h"
+#include "meridian/security.h"
 #include "meridian/transport.h"
 
 namespace meridian::testing {
@@ -40,6 +41,7 @@ Status RequestShutdown(zmq::context_t& context, const std::string& endpoint,
   RpcClient client(context, endpoint, TestClient());
   pb::Header request;
   request.set_type(pb::SHUTDOWN);
+  request.set_control_token(kTestControlToken);
   request.mutable_shutdown()->set_reason(reason);
   MERIDIAN_ASSIGN_OR_RETURN(Envelope reply, client.Call(request, {}, timeout));
   if (reply.header.type() != pb::STATUS_REPLY) {
@@ -77,14 +79,17 @@ Result<SiteProcess> SpawnSite(const std::string& binary,
                               const std::string& out_dir,
                               const std::string& log_path,
                               std::chrono::milliseconds timeout) {
+  const std::string token_file = out_dir + "/control-" + site + ".token";
+  MERIDIAN_RETURN_IF_ERROR(
+      WriteControlTokenFile(token_file, kTestControlToken));
   MERIDIAN_ASSIGN_OR_RETURN(
       ChildProcess process,
-      ChildProcess::Spawn(
-          site + "/server",
-          {binary, "site", "--config", job_path, "--site", site, "--bind",
-           "tcp://127.0.0.1:*", "--out", out_dir, "--ready-fd",
-           std::to_string(kReadyFd), "--metrics", "none"},
-          log_path));
+      ChildProcess::Spawn(site + "/server",
+                          {binary, "site", "--config", job_path, "--site", site,
+                           "--bind", "tcp://127.0.0.1:*", "--out", out_dir,
+                           "--ready-fd", std::to_string(kReadyFd), "--metrics",
+                           "none", "--control-token-file", token_file},
+                          log_path));
   // "ready <worker endpoint> [<mirror endpoint>] [metrics=...]"
   MERIDIAN_ASSIGN_OR_RETURN(std::string line, process.ReadReadyLine(timeout));
   std::istringstream words(line);

@@ -22,7 +22,12 @@ Result<pb::SiteStatus> QueryStatus(zmq::context_t& context,
                                    const std::string& endpoint,
                                    std::chrono::milliseconds timeout);
 
-// Asks the site server to finish the job (SHUTDOWN).
+// The control token of the site servers tests start (in process:
+// SiteServerOptions::control_token; SpawnSite passes it in a file).
+inline constexpr char kTestControlToken[] =
+    "meridianTestControlToken0123456789abcdef";
+
+// Asks the site server to finish the job (SHUTDOWN with kTestControlToken).
 Status RequestShutdown(zmq::context_t& context, const std::string& endpoint,
                        const std::string& reason,
                        std::chrono::milliseconds timeout);
