@@ -20,6 +20,13 @@
 // - The sync engine's ZAP handler thread (under CURVE, inside SyncEngine):
 //   answers libzmq's authentication requests from the job's key list;
 //   never touches Impl or the engine's channels.
+// - The worker socket's ZAP handler thread (worker_zap_, only when the
+//   site lists worker_curve_public_key): admits only the workers' key;
+//   never touches Impl. A ZAP handler serves one ZeroMQ context, so the
+//   worker socket lives in context_ and the sync engine in sync_context_,
+//   each with its own I/O thread and handler. Impl owns both contexts and
+//   the handler; members are declared so that each socket closes before its
+//   handler stops and each handler stops before its context ends.
 // - The checkpoint writer (SiteCheckpointer's CheckpointWriter): writes
 //   the snapshot the event loop hands it (a copy), never reads Impl.
 // - Any thread: SiteServer::Snapshot() (the store's shard locks), and the
@@ -189,6 +196,7 @@ class SiteServer::Impl {
     const std::string bind = options_.bind.empty()
                                  ? BindEndpointFor(site_config_.address())
                                  : options_.bind;
+    MERIDIAN_RETURN_IF_ERROR(SecureWorkerSocket());
     try {
       socket_.set(zmq::sockopt::linger, 0);
       // Fail loudly (EHOSTUNREACH) instead of dropping a reply to a worker
@@ -216,7 +224,7 @@ class SiteServer::Impl {
       sync.job = &job_;
       sync.site_index = site_index_;
       sync.store = &store_;
-      sync.context = &context_;
+      sync.context = &sync_context_;
       sync.mirror_bind = options_.mirror_bind;
       sync.secret_key_file = options_.secret_key_file;
       sync.clock = clock_;
@@ -242,6 +250,33 @@ class SiteServer::Impl {
                       bounds_.PerConnectionBytes(model_->layout()) / 1048576.0,
                       1)
                << " MiB (server.limits)";
+    return Status::Ok();
+  }
+
+  // With worker_curve_public_key (and security.curve): loads the site's
+  // key pair, starts the worker socket's ZAP handler in context_ admitting
+  // only the workers' key (user id "<site>/workers"), and makes socket_ a
+  // CURVE server. Call before socket_ binds, so that no worker connection
+  // is ever admitted without the handler. Otherwise does nothing.
+  Status SecureWorkerSocket() {
+    if (!WorkerCurveEnabled(job_, site_index_)) return Status::Ok();
+    const std::string owner =
+        "worker socket of site '" + site_config_.name() + "'";
+    MERIDIAN_ASSIGN_OR_RETURN(
+        SiteCurveKeys keys,
+        LoadSiteCurveKeys(job_, site_index_, {}, options_.secret_key_file));
+    MERIDIAN_ASSIGN_OR_RETURN(
+        worker_zap_,
+        ZapHandler::Start(context_,
+                          {{site_config_.worker_curve_public_key(),
+                            site_config_.name() + "/workers"}},
+                          owner));
+    MERIDIAN_RETURN_IF_ERROR(
+        MakeCurveServer(socket_, keys.own).WithContext(owner));
+    MLOG(INFO) << "CURVE on the worker endpoint: admitting only the workers' "
+                  "key "
+               << site_config_.worker_curve_public_key()
+               << "; this site's public key " << keys.own.public_key;
     return Status::Ok();
   }
 
@@ -335,6 +370,10 @@ class SiteServer::Impl {
     while (workers_.LiveCount() < workers_.size() || AwaitingPeers()) {
       if (StopRequested()) {
         FinishJob("stopped before all workers joined");
+        return Status::Ok();
+      }
+      if (workers_.AllLeft()) {
+        FinishJob("every worker left before training began");
         return Status::Ok();
       }
       if (Now() > deadline && AwaitingPeers()) {
@@ -1705,10 +1744,13 @@ class SiteServer::Impl {
   // Workers (slot, connection) whose reply did not fit their queue.
   std::vector<std::pair<uint32_t, std::string>> not_reading_;
   uint64_t internal_errors_ = 0;  // requests that failed inside a handler
-  zmq::context_t context_;
+  zmq::context_t context_;  // the worker socket's (and its ZAP handler's)
+  // Null unless the worker endpoint is CURVE; outlives socket_.
+  std::unique_ptr<ZapHandler> worker_zap_;
   zmq::socket_t socket_;
   std::string endpoint_;
   uint64_t sequence_ = 0;
+  zmq::context_t sync_context_;  // the sync engine's; outlives sync_
   std::unique_ptr<SyncEngine> sync_;  // null for a site that syncs with nobody
 
   // ---- job state and counters (event loop, unless atomic) ------------------

@@ -666,6 +666,34 @@ TEST_F(SiteServerTest, AWorkerThatStopsReadingIsDroppedAndTheOthersServed) {
   EXPECT_TRUE(dropped) << "the deaf worker was never declared dead";
 }
 
+TEST_F(SiteServerTest, ASiteWhoseWorkersAllLeftBeforeTrainingFinishes) {
+  StartServer(2);
+  // Both workers join and leave while WELCOME still waits for the other:
+  // nobody is left to wait for.
+  std::vector<zmq::socket_t> sockets;
+  for (uint32_t index = 0; index < 2; ++index) {
+    zmq::socket_t& socket =
+        sockets.emplace_back(context_, zmq::socket_type::dealer);
+    socket.set(zmq::sockopt::linger, 0);
+    socket.connect(endpoint_);
+    pb::Header hello = Hello(index);
+    hello.set_protocol_version(kProtocolVersion);
+    *hello.mutable_sender() = WorkerEndpoint(index);
+    hello.set_sequence(1);
+    hello.mutable_hello()->set_incarnation(100 + index);
+    ASSERT_TRUE(SendMessage(socket, hello).ok());
+    pb::Header bye = MakeHeader(pb::BYE, WorkerEndpoint(index), 2);
+    bye.mutable_bye();
+    ASSERT_TRUE(SendMessage(socket, bye).ok());
+  }
+  // The second HELLO completes the site, so worker 1 may get its WELCOME
+  // before its BYE is read; either way the site finishes, well before its
+  // join timeout.
+  thread_.join();
+  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_EQ(server_->summary().commits(), 0u);
+}
+
 // Every policy refuses the same bad commits before it sees them: one based
 // on a model version the site never had, one from a worker the site does
 // not know, one whose slices do not match the model's shape. The model is
