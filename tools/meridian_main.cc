@@ -261,13 +261,15 @@ int Keygen(const std::string& site, const std::string& out_dir) {
 }
 
 int WorkerRole(const std::string& path, const std::string& site, uint32_t index,
-               const std::string& connect, const std::string& metrics) {
+               const std::string& connect, const std::string& metrics,
+               const std::string& secret_key) {
   WorkerOptions options;
   if (!LoadJob(path, &options.job)) return kExitBadInput;
   options.site = site;
   options.index = index;
   options.connect = FlagOrEnvironment(connect, "MERIDIAN_CONNECT");
   options.metrics_address = metrics;
+  options.secret_key_file = secret_key;
   options.stop_requested = InstallStopSignalHandlers();
   Result<std::unique_ptr<Worker>> worker = Worker::Create(std::move(options));
   if (!worker.ok()) {
@@ -658,6 +660,11 @@ void AddKeygenAndWorkerCommands(CLI::App* app, Flags* flags,
                      "serve this worker's metrics on HOST:PORT (default: "
                      "none; the site server exports every worker's "
                      "counts)");
+  worker->add_option("--secret-key", flags->secret_key,
+                     "the workers' CURVE secret key file, mode 0600, when "
+                     "the serving site lists worker_curve_public_key "
+                     "(default: $MERIDIAN_SECRET_KEY, else "
+                     "<security.key_dir>/workers/<site>.key)");
 }
 
 CLI::App* AddWanemCommand(CLI::App* app, WanemFlags* wanem) {
@@ -779,7 +786,7 @@ int Dispatch(const Commands& commands, const Flags& flags) {
   if (*commands.keygen) return Keygen(flags.site, flags.out_dir);
   if (*commands.worker) {
     return WorkerRole(flags.config, flags.site, flags.index, flags.endpoint,
-                      flags.metrics);
+                      flags.metrics, flags.secret_key);
   }
   if (*commands.top) {
     return Top(flags.config, flags.top_run, flags.top_interval, flags.top_once);

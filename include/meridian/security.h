@@ -13,9 +13,16 @@
 // Which sockets use it: a site server's mirror socket (ROUTER) is a CURVE
 // server with the site's secret key, and its ZAP handler admits the public
 // keys of the sites it syncs with; each channel to a peer (DEALER) is a
-// CURVE client with the site's key pair and the peer's public key. Workers
-// and their own site server talk in plaintext (one LAN), and so do workers
-// of a site with server_site (the BSP-over-WAN baseline; see README).
+// CURVE client with the site's key pair and the peer's public key. A
+// site's worker endpoint (ROUTER) is plaintext unless the site lists
+// worker_curve_public_key: then it is a CURVE server with the site's own
+// key pair, in a ZeroMQ context of its own with its own ZAP handler that
+// admits only that key, and each of its workers (DEALER) is a CURVE client
+// with the worker key pair (one per site, shared by its workers:
+// <key_dir>/workers/<site>.key) and the site's public key. Without it,
+// workers and their site server talk in plaintext (one LAN), and so do
+// workers of a site with server_site (the BSP-over-WAN baseline; see
+// README) unless the serving site lists a worker key.
 //
 // Order matters: libzmq asks a ZAP handler only when one is bound in the
 // socket's context when a client connects, and a CURVE server without one
@@ -102,6 +109,39 @@ Result<std::string> ReadPublicKeyFile(const std::string& path);
 // FailedPrecondition (saying how to provide one) when none applies.
 Result<std::string> SecretKeyPath(const pb::JobConfig& job,
                                   std::string_view site, std::string_view flag);
+
+// Where security.key_dir keeps the workers' key files:
+// <key_dir>/workers/<site>.key, the key pair of the workers of <site>'s
+// server.
+inline constexpr const char* kWorkerKeySubdir = "workers";
+
+// Whether the worker endpoint of site `site_index` is a CURVE server:
+// security.curve is on and the site lists worker_curve_public_key.
+bool WorkerCurveEnabled(const pb::JobConfig& job, int site_index);
+
+// The worker secret key file for the server of site `site` (the site whose
+// server the worker connects to: its own, or its server_site): `flag` when
+// non-empty, else $MERIDIAN_SECRET_KEY when set, else
+// <security.key_dir>/workers/<site>.key. FailedPrecondition (saying how to
+// provide one) when none applies.
+Result<std::string> WorkerSecretKeyPath(const pb::JobConfig& job,
+                                        std::string_view site,
+                                        std::string_view flag);
+
+// What a worker needs to reach a CURVE worker endpoint.
+struct WorkerCurveKeys {
+  CurveKeyPair own;               // the worker key pair
+  std::string server_public_key;  // the serving site's curve_public_key
+};
+
+// Loads the worker key of the server of site `serving_site`
+// (WorkerSecretKeyPath) and checks that it belongs to the site's
+// worker_curve_public_key. Precondition: WorkerCurveEnabled(job,
+// serving_site). Errors name the site, the file and how to fix it (a
+// file holding the site's own secret key says so).
+Result<WorkerCurveKeys> LoadWorkerCurveKeys(const pb::JobConfig& job,
+                                            int serving_site,
+                                            std::string_view secret_key_flag);
 
 // The keys one site needs for its CURVE links.
 struct SiteCurveKeys {

@@ -3,6 +3,7 @@
 #ifndef MERIDIAN_TRANSPORT_H_
 #define MERIDIAN_TRANSPORT_H_
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -151,6 +152,15 @@ class RpcClient {
   // id). Sequence numbers go on.
   void Reconnect();
 
+  // Makes every connection from now on a CURVE client (security.h
+  // MakeCurveClient) with the key pair `public_key`/`secret_key` that only
+  // talks to the server holding the secret half of `server_public_key`
+  // (all Z85). Drops the current connection. InvalidArgument when a key is
+  // not Z85, Unavailable when libzmq has no CURVE. Without it (the
+  // default) connections are plaintext.
+  Status SetCurve(std::string public_key, std::string secret_key,
+                  std::string server_public_key);
+
   // Replaces the cancellation flag (null: calls cannot be cancelled).
   void set_cancel(const std::atomic<bool>* cancel) { cancel_ = cancel; }
 
@@ -174,6 +184,8 @@ class RpcClient {
   const std::atomic<bool>* cancel_;
   const Clock* clock_;
   std::optional<zmq::socket_t> socket_;
+  // Set by SetCurve: own public, own secret, server public key (Z85).
+  std::optional<std::array<std::string, 3>> curve_;
   uint64_t sequence_ = 0;
   bool reply_outstanding_ = false;
   // When this client last sent anything (on clock_; zero: never), for

@@ -70,6 +70,12 @@ struct WorkerOptions {
   // Identifies this run of the worker to the site (HELLO.incarnation);
   // 0: a random non-zero number.
   uint64_t incarnation = 0;
+  // When the site whose server the worker connects to lists
+  // worker_curve_public_key (and security.curve is on): the workers' CURVE
+  // secret key file (mode 0600); empty: $MERIDIAN_SECRET_KEY, else
+  // <security.key_dir>/workers/<serving site>.key (security.h
+  // WorkerSecretKeyPath). Ignored otherwise.
+  std::string secret_key_file;
 };
 
 class Worker {

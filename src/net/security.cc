@@ -380,6 +380,82 @@ Result<std::string> SecretKeyPath(const pb::JobConfig& job,
       "false }");
 }
 
+bool WorkerCurveEnabled(const pb::JobConfig& job, int site_index) {
+  return job.security().curve() &&
+         job.site(site_index).has_worker_curve_public_key();
+}
+
+Result<std::string> WorkerSecretKeyPath(const pb::JobConfig& job,
+                                        std::string_view site,
+                                        std::string_view flag) {
+  if (!flag.empty()) return std::string(flag);
+  if (const char* env = std::getenv(kSecretKeyEnv);
+      env != nullptr && env[0] != '\0') {
+    return std::string(env);
+  }
+  const std::string dir =
+      job.security().key_dir().empty()
+          ? std::string()
+          : job.security().key_dir() + "/" + kWorkerKeySubdir;
+  if (!dir.empty()) return dir + "/" + std::string(site) + ".key";
+  return FailedPreconditionError(
+      "the workers of site '" + std::string(site) +
+      "' need their CURVE secret key file (worker_curve_public_key is "
+      "set): pass --secret-key FILE, set " +
+      kSecretKeyEnv +
+      "=FILE, or set security { key_dir: \"DIR\" } in the job file (the "
+      "file is then DIR/" +
+      kWorkerKeySubdir + "/" + std::string(site) +
+      ".key); `meridian keygen --site " + std::string(site) + " --out DIR/" +
+      kWorkerKeySubdir + "` writes one");
+}
+
+Result<WorkerCurveKeys> LoadWorkerCurveKeys(const pb::JobConfig& job,
+                                            int serving_site,
+                                            std::string_view secret_key_flag) {
+  if (!CurveAvailable()) {
+    return UnavailableError(
+        "site '" + job.site(serving_site).name() +
+        "' lists worker_curve_public_key but this libzmq has no CURVE "
+        "support (built without libsodium)");
+  }
+  const pb::SiteConfig& site = job.site(serving_site);
+  if (!IsZ85Key(site.worker_curve_public_key()) ||
+      !IsZ85Key(site.curve_public_key())) {
+    return FailedPreconditionError(
+        "site '" + site.name() +
+        "' needs both curve_public_key and worker_curve_public_key (Z85) "
+        "for CURVE on its worker endpoint");
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(
+      const std::string path,
+      WorkerSecretKeyPath(job, site.name(), secret_key_flag));
+  Result<std::string> secret = ReadSecretKeyFile(path);
+  if (!secret.ok()) {
+    return secret.status().WithContext("workers of site '" + site.name() + "'");
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string derived,
+                            CurvePublicKeyOf(*secret));
+  if (derived != site.worker_curve_public_key()) {
+    const std::string whose =
+        derived == site.curve_public_key()
+            ? " (that is the site server's own key, not the workers')"
+            : "";
+    return FailedPreconditionError(
+        "the secret key in '" + path + "' belongs to public key " + derived +
+        whose + ", but the job file lists " + site.worker_curve_public_key() +
+        " for the workers of site '" + site.name() +
+        "' (site.worker_curve_public_key): use the workers' key file "
+        "(DIR/" +
+        kWorkerKeySubdir + "/" + site.name() + ".key) or update the job file");
+  }
+  WorkerCurveKeys keys;
+  keys.own.public_key = derived;
+  keys.own.secret_key = std::move(*secret);
+  keys.server_public_key = site.curve_public_key();
+  return keys;
+}
+
 Result<SiteCurveKeys> LoadSiteCurveKeys(const pb::JobConfig& job,
                                         int site_index,
                                         const std::vector<int>& peers,
@@ -570,8 +646,7 @@ void ZapHandler::Answer(std::vector<zmq::message_t>& request) {
         refused_.fetch_add(1);
         MLOG(WARNING) << owner_ << ": refused a CURVE connection from "
                       << address << ": key " << key
-                      << " is not listed in the job (no site this one "
-                         "syncs with has that curve_public_key)";
+                      << " is not listed in the job for it";
       }
     } else if (mechanism == "NULL") {
       status = "200";

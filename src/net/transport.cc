@@ -8,6 +8,7 @@
 #include <zmq_addon.hpp>
 
 #include "meridian/log.h"
+#include "meridian/security.h"
 
 namespace meridian {
 namespace {
@@ -206,9 +207,41 @@ RpcClient::RpcClient(zmq::context_t& context, const std::string& endpoint,
       cancel_(cancel),
       clock_(clock) {}
 
+Status RpcClient::SetCurve(std::string public_key, std::string secret_key,
+                           std::string server_public_key) {
+  if (!CurveAvailable()) {
+    return UnavailableError(
+        "this libzmq has no CURVE support (built without libsodium)");
+  }
+  for (const std::string* key :
+       {&public_key, &secret_key, &server_public_key}) {
+    if (!IsZ85Key(*key)) {
+      return InvalidArgumentError("a CURVE key of the client of '" + endpoint_ +
+                                  "' is not a Z85 key");
+    }
+  }
+  curve_.emplace(std::array<std::string, 3>{std::move(public_key),
+                                            std::move(secret_key),
+                                            std::move(server_public_key)});
+  Reconnect();
+  return Status::Ok();
+}
+
 void RpcClient::Connect() {
   socket_.emplace(context_, zmq::socket_type::dealer);
   socket_->set(zmq::sockopt::linger, 0);
+  if (curve_) {
+    const CurveKeyPair own{(*curve_)[0], (*curve_)[1]};
+    if (Status status = MakeCurveClient(*socket_, own, (*curve_)[2]);
+        !status.ok()) {
+      // Fail closed: never connect in plaintext instead. SetCurve checked
+      // the keys, so this is libzmq refusing them.
+      socket_.reset();
+      MLOG(ERROR) << "client of '" << endpoint_ << "': " << status;
+      errno = EINVAL;
+      throw zmq::error_t();
+    }
+  }
   socket_->connect(endpoint_);
 }
 

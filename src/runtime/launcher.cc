@@ -198,7 +198,9 @@ class JobRun final : private SupervisorHooks {
   // CURVE between site servers (security.h). A job that lists the sites'
   // public keys runs as is: each site reads <security.key_dir>/<site>.key.
   // A job without keys gets ephemeral key pairs in OUT/keys/, and every
-  // role runs the derived job file OUT/job.pbtxt that lists them.
+  // role runs the derived job file OUT/job.pbtxt that lists them. A site
+  // with worker_curve_public_key needs security.key_dir: its workers read
+  // <key_dir>/workers/<site>.key (no ephemeral worker keys are made).
   Status PrepareSecurity() {
     std::vector<int> syncing;
     for (int s = 0; s < job_.site_size(); ++s) {
@@ -211,26 +213,54 @@ class JobRun final : private SupervisorHooks {
     for (int s = 0; s < job_.site_size(); ++s) {
       if (ServingSite(job_, s) != s) remote_workers.push_back(s);
     }
-    if (syncing.empty() && remote_workers.empty()) return Status::Ok();
+    std::vector<int> worker_curve;  // sites whose worker endpoint is CURVE
+    for (int s = 0; s < job_.site_size(); ++s) {
+      if (HasServer(job_.site(s)) && WorkerCurveEnabled(job_, s)) {
+        worker_curve.push_back(s);
+      }
+    }
+    if (syncing.empty() && remote_workers.empty() && worker_curve.empty()) {
+      return Status::Ok();
+    }
     if (!job_.security().curve()) {
       MLOG(WARNING) << "cross-site links are plaintext: security { curve: "
                        "false }";
       return Status::Ok();
     }
     for (int s : remote_workers) {
+      if (WorkerCurveEnabled(job_, ServingSite(job_, s))) continue;
       MLOG(WARNING) << "workers of site '" << job_.site(s).name()
                     << "' reach site '" << job_.site(s).server_site()
                     << "''s server in plaintext (server_site, the "
-                       "BSP-over-WAN baseline, is not encrypted)";
+                       "BSP-over-WAN baseline, is not encrypted; the "
+                       "serving site may list worker_curve_public_key)";
     }
-    if (syncing.empty()) return Status::Ok();
+    if (!worker_curve.empty()) {
+      const std::string& name = job_.site(worker_curve.front()).name();
+      if (job_.security().key_dir().empty()) {
+        return FailedPreconditionError(
+            "site '" + name +
+            "' lists worker_curve_public_key but the job has no security { "
+            "key_dir }: `meridian run` reads each site's secret key from "
+            "<key_dir>/<site>.key and its workers' from <key_dir>/" +
+            kWorkerKeySubdir + "/<site>.key (`meridian keygen --site " + name +
+            " --out <key_dir>/" + kWorkerKeySubdir +
+            "` writes one); it makes no ephemeral worker keys");
+      }
+      MLOG(INFO) << "CURVE on the worker endpoints of " << worker_curve.size()
+                 << " site(s); workers read their keys "
+                 << "from " << job_.security().key_dir() << "/"
+                 << kWorkerKeySubdir;
+    }
+    if (syncing.empty() && worker_curve.empty()) return Status::Ok();
     // One machine, one key file per site: a key file meant for a single
-    // role must not reach every site.
+    // role must not reach every site (nor a site's workers).
     if (std::getenv(kSecretKeyEnv) != nullptr) {
       MLOG(WARNING) << "ignoring $" << kSecretKeyEnv
                     << ": each site reads its own key file";
       ::unsetenv(kSecretKeyEnv);
     }
+    if (syncing.empty()) return Status::Ok();
     const bool listed = std::any_of(syncing.begin(), syncing.end(), [&](int s) {
       return job_.site(s).has_curve_public_key();
     });
@@ -434,6 +464,14 @@ class JobRun final : private SupervisorHooks {
       self.set_role(pb::ROLE_LAUNCHER);
       progress.client =
           std::make_unique<RpcClient>(context_, server_endpoints_[s], self);
+      if (WorkerCurveEnabled(job_, s)) {
+        // Status requests and SET_PEERS reach a CURVE worker endpoint only
+        // with the workers' key (<key_dir>/workers/<site>.key).
+        MERIDIAN_ASSIGN_OR_RETURN(const WorkerCurveKeys keys,
+                                  LoadWorkerCurveKeys(job_, s, ""));
+        MERIDIAN_RETURN_IF_ERROR(progress.client->SetCurve(
+            keys.own.public_key, keys.own.secret_key, keys.server_public_key));
+      }
       progress.last_answer_s = Now();
       progress_.push_back(std::move(progress));
     } else if (endpoint != server_endpoints_[s] ||

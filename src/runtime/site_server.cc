@@ -266,11 +266,10 @@ class SiteServer::Impl {
         SiteCurveKeys keys,
         LoadSiteCurveKeys(job_, site_index_, {}, options_.secret_key_file));
     MERIDIAN_ASSIGN_OR_RETURN(
-        worker_zap_,
-        ZapHandler::Start(context_,
-                          {{site_config_.worker_curve_public_key(),
-                            site_config_.name() + "/workers"}},
-                          owner));
+        worker_zap_, ZapHandler::Start(context_,
+                                       {{site_config_.worker_curve_public_key(),
+                                         site_config_.name() + "/workers"}},
+                                       owner));
     MERIDIAN_RETURN_IF_ERROR(
         MakeCurveServer(socket_, keys.own).WithContext(owner));
     MLOG(INFO) << "CURVE on the worker endpoint: admitting only the workers' "
@@ -1744,13 +1743,13 @@ class SiteServer::Impl {
   // Workers (slot, connection) whose reply did not fit their queue.
   std::vector<std::pair<uint32_t, std::string>> not_reading_;
   uint64_t internal_errors_ = 0;  // requests that failed inside a handler
-  zmq::context_t context_;  // the worker socket's (and its ZAP handler's)
+  zmq::context_t context_;        // the worker socket's (and its ZAP handler's)
   // Null unless the worker endpoint is CURVE; outlives socket_.
   std::unique_ptr<ZapHandler> worker_zap_;
   zmq::socket_t socket_;
   std::string endpoint_;
   uint64_t sequence_ = 0;
-  zmq::context_t sync_context_;  // the sync engine's; outlives sync_
+  zmq::context_t sync_context_;       // the sync engine's; outlives sync_
   std::unique_ptr<SyncEngine> sync_;  // null for a site that syncs with nobody
 
   // ---- job state and counters (event loop, unless atomic) ------------------

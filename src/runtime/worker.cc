@@ -21,6 +21,7 @@
 #include "meridian/model.h"
 #include "meridian/optimizer.h"
 #include "meridian/policy.h"
+#include "meridian/security.h"
 #include "meridian/transport.h"
 #include "runtime/format.h"
 
@@ -581,6 +582,12 @@ class Worker::Impl {
   uint64_t metrics_last_steps_ = 0;
 
  public:
+  // Makes the connection to the server a CURVE client with `keys`.
+  Status SecureClient(const WorkerCurveKeys& keys) {
+    return client_.SetCurve(keys.own.public_key, keys.own.secret_key,
+                            keys.server_public_key);
+  }
+
   void StartMetrics() {
     metrics_server_ =
         StartMetricsServerOrWarn(&metrics_registry_, options_.metrics_address,
@@ -647,6 +654,15 @@ Result<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   }
   SetLogRole(options.site + "/w" + std::to_string(options.index));
   const pb::JobConfig& job = options.job;
+  // The key is checked before the data is loaded: a wrong key fails fast.
+  std::optional<WorkerCurveKeys> curve;
+  const int serving = ServingSite(job, site_index);
+  if (WorkerCurveEnabled(job, serving)) {
+    MERIDIAN_ASSIGN_OR_RETURN(
+        curve, LoadWorkerCurveKeys(job, serving, options.secret_key_file));
+    MLOG(INFO) << "CURVE to site '" << job.site(serving).name()
+               << "''s server with worker key " << curve->own.public_key;
+  }
   MERIDIAN_ASSIGN_OR_RETURN(RawData raw, LoadRawData(job.data(), true, false));
   MERIDIAN_ASSIGN_OR_RETURN(
       std::vector<uint32_t> indices,
@@ -664,6 +680,7 @@ Result<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
       MakeModel(job.model(), static_cast<int>(raw.train_images.dim()), 10));
   auto impl = std::make_unique<Impl>(std::move(options), site_index,
                                      std::move(data), std::move(model));
+  if (curve) MERIDIAN_RETURN_IF_ERROR(impl->SecureClient(*curve));
   impl->StartMetrics();
   return std::unique_ptr<Worker>(new Worker(std::move(impl)));
 }
