@@ -180,7 +180,9 @@ WorkerTable::Checked WorkerTable::CheckRequest(const pb::Header& header,
     checked.refusal = {pb::ERROR_UNKNOWN_SENDER,
                        "worker " + slot.Name() +
                            " was declared dead (silent for more than " +
-                           timeout + " s): join again with HELLO"};
+                           timeout +
+                           " s, or not reading its replies): join again "
+                           "with HELLO"};
     return checked;
   }
   if (slot.state == SlotState::kLeft) {
