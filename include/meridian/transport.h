@@ -3,7 +3,6 @@
 #ifndef MERIDIAN_TRANSPORT_H_
 #define MERIDIAN_TRANSPORT_H_
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -184,8 +183,13 @@ class RpcClient {
   const std::atomic<bool>* cancel_;
   const Clock* clock_;
   std::optional<zmq::socket_t> socket_;
-  // Set by SetCurve: own public, own secret, server public key (Z85).
-  std::optional<std::array<std::string, 3>> curve_;
+  // Set by SetCurve (Z85 keys).
+  struct CurveSettings {
+    std::string public_key;
+    std::string secret_key;
+    std::string server_public_key;
+  };
+  std::optional<CurveSettings> curve_;
   uint64_t sequence_ = 0;
   bool reply_outstanding_ = false;
   // When this client last sent anything (on clock_; zero: never), for

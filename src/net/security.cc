@@ -380,6 +380,20 @@ Result<std::string> SecretKeyPath(const pb::JobConfig& job,
       "false }");
 }
 
+namespace {
+
+// The key pair whose secret half is in `path` (a secret key file); errors
+// say whose key it is (`who`: "site 'us'").
+Result<CurveKeyPair> ReadKeyPair(const std::string& path,
+                                 const std::string& who) {
+  Result<std::string> secret = ReadSecretKeyFile(path);
+  if (!secret.ok()) return secret.status().WithContext(who);
+  MERIDIAN_ASSIGN_OR_RETURN(std::string public_key, CurvePublicKeyOf(*secret));
+  return CurveKeyPair{std::move(public_key), std::move(*secret)};
+}
+
+}  // namespace
+
 bool WorkerCurveEnabled(const pb::JobConfig& job, int site_index) {
   return job.security().curve() &&
          job.site(site_index).has_worker_curve_public_key();
@@ -430,12 +444,10 @@ Result<WorkerCurveKeys> LoadWorkerCurveKeys(const pb::JobConfig& job,
   MERIDIAN_ASSIGN_OR_RETURN(
       const std::string path,
       WorkerSecretKeyPath(job, site.name(), secret_key_flag));
-  Result<std::string> secret = ReadSecretKeyFile(path);
-  if (!secret.ok()) {
-    return secret.status().WithContext("workers of site '" + site.name() + "'");
-  }
-  MERIDIAN_ASSIGN_OR_RETURN(const std::string derived,
-                            CurvePublicKeyOf(*secret));
+  MERIDIAN_ASSIGN_OR_RETURN(
+      CurveKeyPair own,
+      ReadKeyPair(path, "workers of site '" + site.name() + "'"));
+  const std::string& derived = own.public_key;
   if (derived != site.worker_curve_public_key()) {
     const std::string whose =
         derived == site.curve_public_key()
@@ -450,8 +462,7 @@ Result<WorkerCurveKeys> LoadWorkerCurveKeys(const pb::JobConfig& job,
         kWorkerKeySubdir + "/" + site.name() + ".key) or update the job file");
   }
   WorkerCurveKeys keys;
-  keys.own.public_key = derived;
-  keys.own.secret_key = std::move(*secret);
+  keys.own = std::move(own);
   keys.server_public_key = site.curve_public_key();
   return keys;
 }
@@ -480,12 +491,9 @@ Result<SiteCurveKeys> LoadSiteCurveKeys(const pb::JobConfig& job,
   SiteCurveKeys keys;
   MERIDIAN_ASSIGN_OR_RETURN(const std::string path,
                             SecretKeyPath(job, site.name(), secret_key_flag));
-  Result<std::string> secret = ReadSecretKeyFile(path);
-  if (!secret.ok()) {
-    return secret.status().WithContext("site '" + site.name() + "'");
-  }
-  MERIDIAN_ASSIGN_OR_RETURN(const std::string derived,
-                            CurvePublicKeyOf(*secret));
+  MERIDIAN_ASSIGN_OR_RETURN(keys.own,
+                            ReadKeyPair(path, "site '" + site.name() + "'"));
+  const std::string& derived = keys.own.public_key;
   if (derived != site.curve_public_key()) {
     return FailedPreconditionError(
         "the secret key in '" + path + "' belongs to public key " + derived +
@@ -494,8 +502,6 @@ Result<SiteCurveKeys> LoadSiteCurveKeys(const pb::JobConfig& job,
         "' (site.curve_public_key): use the site's own key file or update "
         "the job file");
   }
-  keys.own.public_key = derived;
-  keys.own.secret_key = std::move(*secret);
   for (int peer : peers) {
     const pb::SiteConfig& other = job.site(peer);
     if (other.curve_public_key().empty()) return missing_key(other.name());

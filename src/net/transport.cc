@@ -220,9 +220,8 @@ Status RpcClient::SetCurve(std::string public_key, std::string secret_key,
                                   "' is not a Z85 key");
     }
   }
-  curve_.emplace(std::array<std::string, 3>{std::move(public_key),
-                                            std::move(secret_key),
-                                            std::move(server_public_key)});
+  curve_ = CurveSettings{std::move(public_key), std::move(secret_key),
+                         std::move(server_public_key)};
   Reconnect();
   return Status::Ok();
 }
@@ -231,8 +230,9 @@ void RpcClient::Connect() {
   socket_.emplace(context_, zmq::socket_type::dealer);
   socket_->set(zmq::sockopt::linger, 0);
   if (curve_) {
-    const CurveKeyPair own{(*curve_)[0], (*curve_)[1]};
-    if (Status status = MakeCurveClient(*socket_, own, (*curve_)[2]);
+    const CurveKeyPair own{curve_->public_key, curve_->secret_key};
+    if (Status status =
+            MakeCurveClient(*socket_, own, curve_->server_public_key);
         !status.ok()) {
       // Fail closed: never connect in plaintext instead. SetCurve checked
       // the keys, so this is libzmq refusing them.
