@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "meridian/wire.pb.h"
 #include "meridian/status.h"
+#include "meridian/wire.pb.h"
 
 namespace meridian {
 
@@ -31,6 +31,9 @@ class ModelLayout {
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   uint64_t num_elements() const { return num_elements_; }
+  // Elements of the largest tensor (0 for an empty layout): what one
+  // payload frame of a whole-tensor slice carries at most.
+  uint64_t LargestTensorSize() const;
   // nullptr when no tensor has that name.
   const TensorInfo* Find(std::string_view name) const;
 

@@ -1,5 +1,6 @@
 #include "meridian/layout.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace meridian {
@@ -34,6 +35,14 @@ Status ModelLayout::Add(std::string name, std::vector<uint64_t> shape) {
   num_elements_ += size;
   tensors_.push_back(std::move(info));
   return Status::Ok();
+}
+
+uint64_t ModelLayout::LargestTensorSize() const {
+  uint64_t largest = 0;
+  for (const TensorInfo& tensor : tensors_) {
+    largest = std::max(largest, tensor.size);
+  }
+  return largest;
 }
 
 const TensorInfo* ModelLayout::Find(std::string_view name) const {

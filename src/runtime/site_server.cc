@@ -651,7 +651,6 @@ class SiteServer::Impl {
     } catch (const std::exception& error) {
       what = error.what();
     }
-    ++internal_errors_;
     Refuse(message.routing_id, message.header,
            {pb::ERROR_INTERNAL, "site server '" + site_config_.name() +
                                     "' failed handling it (" + what +
@@ -1742,8 +1741,7 @@ class SiteServer::Impl {
   const EndpointBounds bounds_;  // what one worker connection may cost
   // Workers (slot, connection) whose reply did not fit their queue.
   std::vector<std::pair<uint32_t, std::string>> not_reading_;
-  uint64_t internal_errors_ = 0;  // requests that failed inside a handler
-  zmq::context_t context_;        // the worker socket's (and its ZAP handler's)
+  zmq::context_t context_;  // the worker socket's (and its ZAP handler's)
   // Null unless the worker endpoint is CURVE; outlives socket_.
   std::unique_ptr<ZapHandler> worker_zap_;
   zmq::socket_t socket_;
@@ -1795,11 +1793,8 @@ EndpointBounds EndpointBounds::FromConfig(const pb::EndpointLimits& limits,
                                           const ModelLayout& layout) {
   constexpr uint32_t kDefaultSendQueue = 4;
   constexpr uint32_t kDefaultReceiveQueue = 8;
-  uint64_t largest_tensor_bytes = 0;
-  for (const TensorInfo& tensor : layout.tensors()) {
-    largest_tensor_bytes =
-        std::max<uint64_t>(largest_tensor_bytes, tensor.size * sizeof(float));
-  }
+  const uint64_t largest_tensor_bytes =
+      layout.LargestTensorSize() * sizeof(float);
   EndpointBounds bounds;
   bounds.max_frame_bytes =
       limits.max_frame_bytes() > 0

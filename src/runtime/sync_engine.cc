@@ -611,10 +611,8 @@ class SyncEngine::Impl {
   // ZeroMQ allocates it.
   int64_t MaxMirrorFrameBytes() const {
     constexpr uint64_t kPipelineHeaderSlack = 64 << 10;
-    uint64_t largest = 0;
-    for (const TensorInfo& tensor : store_->layout().tensors()) {
-      largest = std::max<uint64_t>(largest, tensor.size * sizeof(float));
-    }
+    const uint64_t largest =
+        store_->layout().LargestTensorSize() * sizeof(float);
     return static_cast<int64_t>(std::max<uint64_t>(
         2 * largest + kPipelineHeaderSlack, kMaxHeaderBytes));
   }

@@ -25,6 +25,7 @@ TEST(ModelLayoutTest, EmptyLayout) {
   EXPECT_EQ(layout.num_elements(), 0u);
   EXPECT_EQ(layout.DebugString(), "");
   EXPECT_EQ(layout.Find("x"), nullptr);
+  EXPECT_EQ(layout.LargestTensorSize(), 0u);
 }
 
 TEST(ModelLayoutTest, AddLaysTensorsEndToEnd) {
@@ -39,6 +40,7 @@ TEST(ModelLayoutTest, AddLaysTensorsEndToEnd) {
   EXPECT_EQ(layout.tensors()[2].name, "fc2.w");
   EXPECT_EQ(layout.tensors()[2].shape, (std::vector<uint64_t>{128, 10}));
   EXPECT_EQ(layout.num_elements(), 101770u);
+  EXPECT_EQ(layout.LargestTensorSize(), 100352u);
 }
 
 TEST(ModelLayoutTest, RejectsBadTensorsAndStaysUnchanged) {
