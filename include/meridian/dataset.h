@@ -71,13 +71,41 @@ Dataset MakeDataset(const IdxImages& images, std::span<const uint8_t> labels,
 // for several partitions is dealt among them in sample order (shares differ
 // by at most one), samples of unlisted classes are left out. LABEL_SKEW:
 // each sample goes home (label % num_parts) with probability skew, else to a
-// uniformly random partition. PARTITION_KIND_UNSPECIFIED is IID.
+// uniformly random partition. DIRICHLET: every sample lands in exactly one
+// partition; for each class, shares p ~ Dirichlet(alpha) over the partitions
+// cut the class's seeded shuffle at the rounded cumulative shares; all
+// classes are drawn again (at most 1000 times, the draws continuing the
+// seeded stream) until every partition holds at least min_samples.
+// CLASSES_PER_PART: partition p holds the classes ClassesOfPartition names,
+// each dealt among its holders as with LABEL_SUBSET; every sample lands in
+// exactly one partition. PARTITION_KIND_UNSPECIFIED is IID.
 // InvalidArgument for num_parts outside [1, 2^20], num_classes < 1, a label
 // >= num_classes, a LABEL_SUBSET list count other than num_parts (when any
-// are given), an empty list or an unknown class, a skew outside [0, 1].
+// are given), an empty list or an unknown class, a skew outside [0, 1], an
+// alpha not finite and > 0, fewer samples than num_parts * min_samples,
+// min_samples still not reached after 1000 draws (the message names alpha),
+// a classes_per_part k outside [1, num_classes] or with num_parts * k <
+// num_classes (some class would have no partition).
 Result<std::vector<std::vector<uint32_t>>> PartitionIndices(
     std::span<const uint8_t> labels, int num_classes, int num_parts,
     const pb::PartitionConfig& config, uint64_t seed);
+
+// The classes partition `part` holds by construction, sorted: LABEL_SUBSET
+// its list (label % num_parts == part without lists), LABEL_SKEW its home
+// classes (the same), CLASSES_PER_PART (part * k + j) % num_classes for
+// j < k (k = classes_per_part, at most num_classes), so consecutive
+// partitions take consecutive blocks of classes, wrapping around, and each
+// class has floor or ceil of num_parts * k / num_classes holders. Empty for
+// IID, DIRICHLET and arguments out of range.
+std::vector<uint32_t> ClassesOfPartition(const pb::PartitionConfig& config,
+                                         int num_classes, int num_parts,
+                                         int part);
+
+// Partition `part` in words for reports: "IID", "DIRICHLET alpha=0.1
+// min_samples=10", "LABEL_SUBSET {0,1,2}", "LABEL_SKEW skew=0.8 home {1,4}",
+// "CLASSES_PER_PART k=2 {2,3}".
+std::string DescribePartition(const pb::PartitionConfig& config,
+                              int num_classes, int num_parts, int part);
 
 // The raw training and test sets of a job, read once per process.
 struct RawData {
@@ -106,6 +134,25 @@ Result<RawData> LoadRawData(const pb::DataConfig& config, bool load_train,
 Result<std::vector<uint32_t>> WorkerSampleIndices(
     const pb::JobConfig& config, std::span<const uint8_t> train_labels,
     int site_index, int worker_index);
+
+// Classes the site partition assumes for `train_labels`: the largest label
+// plus one, at least 10 (Fashion-MNIST's).
+int PartitionClassCount(std::span<const uint8_t> train_labels);
+
+// The training samples of one site, all its workers' together: its share of
+// the job's site partition (as WorkerSampleIndices computes it). Sorted.
+// OutOfRange for a site index outside the config; errors of
+// PartitionIndices pass through.
+Result<std::vector<uint32_t>> SiteSampleIndices(
+    const pb::JobConfig& config, std::span<const uint8_t> train_labels,
+    int site_index);
+
+// Training samples per class held by one site's workers (index = class,
+// PartitionClassCount(train_labels) entries), summing to the size of
+// SiteSampleIndices. Errors as SiteSampleIndices.
+Result<std::vector<uint64_t>> SiteLabelHistogram(
+    const pb::JobConfig& config, std::span<const uint8_t> train_labels,
+    int site_index);
 
 }  // namespace meridian
 

@@ -93,6 +93,7 @@ constexpr CountRange kBatchSize{1, 65536};
 constexpr CountRange kNumShards{1, 256};
 constexpr CountRange kBlockSize{1, 1 << 20};
 constexpr CountRange kClassLabel{0, kNumClasses - 1};
+constexpr CountRange kClassesPerPart{1, kNumClasses};
 // A fit of l(t) = 1/(a^2 t + b) + c has 3 parameters.
 constexpr CountRange kSamplesPerPeriod{3, 1000};
 constexpr RealRange kImprovement{0, false, 1, true};  // [0, 1)
@@ -299,6 +300,32 @@ void ValidatePartition(const pb::PartitionConfig& partition, int num_sites,
                        const IssueReporter& r) {
   r.Specified("kind", partition.kind());
   r.Real("skew", partition.skew(), kUnitInterval);
+  r.Real("alpha", partition.alpha(), kPositive);
+  r.Check(!partition.has_alpha() || partition.kind() == pb::DIRICHLET, "alpha",
+          "alpha is only used by kind: DIRICHLET");
+  r.Check(!partition.has_min_samples() || partition.kind() == pb::DIRICHLET,
+          "min_samples", "min_samples is only used by kind: DIRICHLET");
+  if (partition.kind() == pb::CLASSES_PER_PART) {
+    const uint32_t k = partition.classes_per_part();
+    if (!kClassesPerPart.Contains(k)) {
+      r.Report("classes_per_part",
+               "kind CLASSES_PER_PART needs classes_per_part " +
+                   kClassesPerPart.Describe() + " (classes per site), got " +
+                   std::to_string(k));
+    } else if (num_sites > 0) {  // no sites: reported at `site`
+      r.Check(uint64_t{k} * num_sites >= kNumClasses, "classes_per_part",
+              "classes_per_part " + std::to_string(k) + " over " +
+                  std::to_string(num_sites) + " sites holds " +
+                  std::to_string(uint64_t{k} * num_sites) +
+                  " classes, fewer than the " + std::to_string(kNumClasses) +
+                  ": every class needs a site (at least " +
+                  std::to_string((kNumClasses + num_sites - 1) / num_sites) +
+                  ")");
+    }
+  } else {
+    r.Check(!partition.has_classes_per_part(), "classes_per_part",
+            "classes_per_part is only used by kind: CLASSES_PER_PART");
+  }
   if (partition.classes_size() == 0) return;  // LABEL_SUBSET: label % P
   r.Check(partition.kind() == pb::LABEL_SUBSET, "classes",
           "class lists are only used by kind: LABEL_SUBSET");

@@ -664,7 +664,42 @@ std::string LinkSection(const std::vector<Run>& runs) {
   return section;
 }
 
-// summary.md: the comparison table, the plots, per-link traffic.
+// The section of each site's training data: its partition, samples and the
+// classes holding at least 1% of them; "" when no report has label
+// histograms (reports of earlier versions).
+std::string DataSection(const std::vector<Run>& runs) {
+  bool histograms = false;
+  for (const Run& run : runs) {
+    for (const pb::SiteSummary& site : run.report.sites()) {
+      histograms = histograms || site.label_histogram_size() > 0;
+    }
+  }
+  if (!histograms) return "";
+  std::string section =
+      "\n## Training data per site\n\n"
+      "| run | site | partition | samples | classes held (>= 1% of the "
+      "site's samples) |\n|---|---|---|---|---|\n";
+  for (const Run& run : runs) {
+    for (const pb::SiteSummary& site : run.report.sites()) {
+      uint64_t total = 0;
+      for (uint32_t count : site.label_histogram()) total += count;
+      std::string held;
+      for (int c = 0; c < site.label_histogram_size(); ++c) {
+        const uint64_t count = site.label_histogram(c);
+        if (count == 0 || count * 100 < total) continue;
+        if (!held.empty()) held += ", ";
+        held += std::to_string(c);
+      }
+      section += "| " + run.label + " | " + site.name() + " | " +
+                 site.partition() + " | " + std::to_string(total) + " | " +
+                 held + " |\n";
+    }
+  }
+  return section;
+}
+
+// summary.md: the comparison table, the plots, per-link traffic, the
+// training data per site.
 Result<std::string> Summary(const std::vector<std::string>& run_dirs,
                             const std::vector<Run>& runs,
                             const Figures& figures) {
@@ -678,6 +713,7 @@ Result<std::string> Summary(const std::vector<std::string>& run_dirs,
   }
   for (const std::string& note : figures.notes) summary += "\n" + note + "\n";
   summary += LinkSection(runs);
+  summary += DataSection(runs);
   summary +=
       "\nData and script beside the images: `*.dat`, `plots.gp` "
       "(re-render with `gnuplot plots.gp` in this directory). WAN "

@@ -293,6 +293,27 @@ class SiteServer::Impl {
   }
   const pb::SiteSummary& summary() const { return summary_; }
 
+  // The summary's label_histogram (the served sites' shares of the
+  // training set, per class) and partition (this site's, in words).
+  Status DescribeTrainingData(std::span<const uint8_t> train_labels) {
+    const int num_classes = PartitionClassCount(train_labels);
+    std::vector<uint64_t> histogram(num_classes, 0);
+    for (int s = 0; s < job_.site_size(); ++s) {
+      if (s != site_index_ && ServingSite(job_, s) != site_index_) continue;
+      MERIDIAN_ASSIGN_OR_RETURN(const std::vector<uint64_t> share,
+                                SiteLabelHistogram(job_, train_labels, s));
+      for (int c = 0; c < num_classes; ++c) histogram[c] += share[c];
+    }
+    summary_.clear_label_histogram();
+    for (uint64_t count : histogram) {
+      summary_.add_label_histogram(static_cast<uint32_t>(count));
+    }
+    summary_.set_partition(DescribePartition(job_.data().site_partition(),
+                                             num_classes, job_.site_size(),
+                                             site_index_));
+    return Status::Ok();
+  }
+
   Status Run() {
     if (resumed_finished_) {
       // Resumed a job this site had finished: report it again.
@@ -1856,6 +1877,7 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
   auto impl = std::make_unique<Impl>(
       std::move(options), site_index, std::move(model), std::move(eval_model),
       std::move(test_set), std::move(loss_set), std::move(policy));
+  MERIDIAN_RETURN_IF_ERROR(impl->DescribeTrainingData(raw.train_labels));
   MERIDIAN_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<SiteServer>(new SiteServer(std::move(impl)));
 }

@@ -68,6 +68,16 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+Status CheckSiteIndex(const pb::JobConfig& config, int site_index) {
+  const int num_sites = config.site_size();
+  if (site_index < 0 || site_index >= num_sites) {
+    return OutOfRangeError("site index " + std::to_string(site_index) +
+                           " is outside [0, " + std::to_string(num_sites) +
+                           ")");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 PixelStats ComputePixelStats(const IdxImages& images) {
@@ -174,15 +184,41 @@ Result<RawData> LoadRawData(const pb::DataConfig& config, bool load_train,
   return raw;
 }
 
+int PartitionClassCount(std::span<const uint8_t> train_labels) {
+  int num_classes = kDefaultNumClasses;
+  for (uint8_t label : train_labels) {
+    num_classes = std::max(num_classes, int{label} + 1);
+  }
+  return num_classes;
+}
+
+Result<std::vector<uint32_t>> SiteSampleIndices(
+    const pb::JobConfig& config, std::span<const uint8_t> train_labels,
+    int site_index) {
+  MERIDIAN_RETURN_IF_ERROR(CheckSiteIndex(config, site_index));
+  MERIDIAN_ASSIGN_OR_RETURN(
+      std::vector<std::vector<uint32_t>> sites,
+      PartitionIndices(train_labels, PartitionClassCount(train_labels),
+                       config.site_size(), config.data().site_partition(),
+                       config.seed()));
+  return std::move(sites[site_index]);
+}
+
+Result<std::vector<uint64_t>> SiteLabelHistogram(
+    const pb::JobConfig& config, std::span<const uint8_t> train_labels,
+    int site_index) {
+  MERIDIAN_ASSIGN_OR_RETURN(
+      const std::vector<uint32_t> share,
+      SiteSampleIndices(config, train_labels, site_index));
+  std::vector<uint64_t> histogram(PartitionClassCount(train_labels), 0);
+  for (uint32_t index : share) ++histogram[train_labels[index]];
+  return histogram;
+}
+
 Result<std::vector<uint32_t>> WorkerSampleIndices(
     const pb::JobConfig& config, std::span<const uint8_t> train_labels,
     int site_index, int worker_index) {
-  const int num_sites = config.site_size();
-  if (site_index < 0 || site_index >= num_sites) {
-    return OutOfRangeError("site index " + std::to_string(site_index) +
-                           " is outside [0, " + std::to_string(num_sites) +
-                           ")");
-  }
+  MERIDIAN_RETURN_IF_ERROR(CheckSiteIndex(config, site_index));
   const uint32_t num_workers = SiteWorkerCount(config.site(site_index));
   if (worker_index < 0 || static_cast<uint32_t>(worker_index) >= num_workers) {
     return OutOfRangeError("worker index " + std::to_string(worker_index) +
@@ -190,15 +226,9 @@ Result<std::vector<uint32_t>> WorkerSampleIndices(
                            ") for site '" + config.site(site_index).name() +
                            "'");
   }
-  int num_classes = kDefaultNumClasses;
-  for (uint8_t label : train_labels) {
-    num_classes = std::max(num_classes, int{label} + 1);
-  }
   MERIDIAN_ASSIGN_OR_RETURN(
-      std::vector<std::vector<uint32_t>> sites,
-      PartitionIndices(train_labels, num_classes, num_sites,
-                       config.data().site_partition(), config.seed()));
-  const std::vector<uint32_t>& share = sites[site_index];
+      const std::vector<uint32_t> share,
+      SiteSampleIndices(config, train_labels, site_index));
 
   // IID split of the site's share; labels do not matter for IID.
   std::vector<uint8_t> share_labels(share.size());
@@ -209,8 +239,9 @@ Result<std::vector<uint32_t>> WorkerSampleIndices(
       Mix(config.seed() ^ Mix(static_cast<uint64_t>(site_index) + 1));
   MERIDIAN_ASSIGN_OR_RETURN(
       std::vector<std::vector<uint32_t>> workers,
-      PartitionIndices(share_labels, num_classes, static_cast<int>(num_workers),
-                       pb::PartitionConfig(), worker_seed));
+      PartitionIndices(share_labels, PartitionClassCount(share_labels),
+                       static_cast<int>(num_workers), pb::PartitionConfig(),
+                       worker_seed));
   std::vector<uint32_t> indices;
   indices.reserve(workers[worker_index].size());
   // Positions in the share back to training-set indices; the share is

@@ -490,6 +490,11 @@ TEST(ValidateJobConfigTest, NumericBoundaries) {
   auto part = [](pb::JobConfig* c) {
     return c->mutable_data()->mutable_site_partition();
   };
+  auto dirichlet = [&](pb::JobConfig* c) {
+    part(c)->set_kind(pb::DIRICHLET);
+    part(c)->clear_classes();
+    return part(c);
+  };
   const Case cases[] = {
       {[&](auto* c) { group(c)->set_count(1024); }, ""},
       {[&](auto* c) { group(c)->set_count(1025); }, "site[0].workers[0].count"},
@@ -503,6 +508,14 @@ TEST(ValidateJobConfigTest, NumericBoundaries) {
       {[&](auto* c) { part(c)->set_skew(0); }, ""},
       {[&](auto* c) { part(c)->set_skew(1); }, ""},
       {[&](auto* c) { part(c)->set_skew(-0.1); }, "data.site_partition.skew"},
+      {[&](auto* c) { dirichlet(c)->set_alpha(1e-9); }, ""},
+      {[&](auto* c) { dirichlet(c)->set_alpha(1e6); }, ""},
+      {[&](auto* c) { dirichlet(c)->set_alpha(0); },
+       "data.site_partition.alpha"},
+      {[&](auto* c) { dirichlet(c)->set_alpha(-0.5); },
+       "data.site_partition.alpha"},
+      {[&](auto* c) { dirichlet(c)->set_min_samples(0); }, ""},
+      {[&](auto* c) { dirichlet(c)->set_min_samples(1000000); }, ""},
       {[&](auto* c) { part(c)->mutable_classes(0)->set_label(0, 9); }, ""},
       {[&](auto* c) { part(c)->mutable_classes(0)->set_label(0, 10); },
        "data.site_partition.classes[0].label[0]"},
@@ -606,6 +619,78 @@ TEST(ValidateJobConfigTest, NumericBoundaries) {
               c.field.empty() ? std::vector<std::string>{}
                               : std::vector<std::string>{c.field})
         << "case #" << index;
+    ++index;
+  }
+}
+
+// alpha and min_samples belong to DIRICHLET, classes_per_part to
+// CLASSES_PER_PART, which needs it in [1, 10] and with sites * k >= 10.
+TEST(ValidateJobConfigTest, PartitionKindsOwnTheirFields) {
+  pb::JobConfig four_sites = ValidConfig();
+  four_sites.mutable_data()->mutable_site_partition()->clear_classes();
+  for (const char* name : {"b", "c", "d"}) {
+    pb::SiteConfig* site = four_sites.add_site();
+    site->set_name(name);
+    site->add_workers()->set_count(1);
+  }
+  ASSERT_TRUE(ValidateJobConfig(four_sites).empty());
+  struct Case {
+    pb::PartitionKind kind;
+    std::function<void(pb::PartitionConfig*)> mutate;
+    std::string field;    // "" when valid
+    std::string message;  // part of the issue's message
+  };
+  const Case cases[] = {
+      {pb::DIRICHLET, [](auto*) {}, "", ""},
+      {pb::DIRICHLET, [](auto* p) { p->set_alpha(0.1); }, "", ""},
+      {pb::DIRICHLET, [](auto* p) { p->set_min_samples(0); }, "", ""},
+      {pb::DIRICHLET,
+       [](auto* p) { p->set_alpha(std::numeric_limits<double>::quiet_NaN()); },
+       "alpha", "must be finite and > 0, got nan"},
+      {pb::IID, [](auto* p) { p->set_alpha(0.5); }, "alpha",
+       "only used by kind: DIRICHLET"},
+      {pb::LABEL_SKEW, [](auto* p) { p->set_min_samples(5); }, "min_samples",
+       "only used by kind: DIRICHLET"},
+      {pb::DIRICHLET, [](auto* p) { p->set_classes_per_part(3); },
+       "classes_per_part", "only used by kind: CLASSES_PER_PART"},
+      {pb::CLASSES_PER_PART, [](auto* p) { p->set_classes_per_part(3); }, "",
+       ""},
+      {pb::CLASSES_PER_PART, [](auto* p) { p->set_classes_per_part(10); }, "",
+       ""},
+      {pb::CLASSES_PER_PART, [](auto*) {}, "classes_per_part",
+       "kind CLASSES_PER_PART needs classes_per_part in [1, 10] (classes per "
+       "site), got 0"},
+      {pb::CLASSES_PER_PART, [](auto* p) { p->set_classes_per_part(11); },
+       "classes_per_part", "in [1, 10]"},
+      {pb::CLASSES_PER_PART, [](auto* p) { p->set_classes_per_part(2); },
+       "classes_per_part",
+       "classes_per_part 2 over 4 sites holds 8 classes, fewer than the 10: "
+       "every class needs a site (at least 3)"},
+      {pb::CLASSES_PER_PART,
+       [](auto* p) {
+         p->set_classes_per_part(3);
+         p->set_alpha(1);
+       },
+       "alpha", "only used by kind: DIRICHLET"},
+  };
+  int index = 0;
+  for (const Case& c : cases) {
+    pb::JobConfig config = four_sites;
+    pb::PartitionConfig* partition =
+        config.mutable_data()->mutable_site_partition();
+    partition->set_kind(c.kind);
+    c.mutate(partition);
+    const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+    if (c.field.empty()) {
+      EXPECT_TRUE(issues.empty())
+          << "case #" << index << ": " << FormatConfigIssues("j", issues);
+    } else {
+      ASSERT_EQ(Fields(issues),
+                std::vector<std::string>{"data.site_partition." + c.field})
+          << "case #" << index;
+      EXPECT_TRUE(Contains(issues[0].message, c.message))
+          << "case #" << index << ": " << issues[0].message;
+    }
     ++index;
   }
 }
@@ -785,6 +870,10 @@ TEST(ValidateJobConfigTest, FaultSettings) {
 
 TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   pb::JobConfig config = ValidConfig();
+  // A DIRICHLET partition, whose alpha may be set (with another kind, a set
+  // alpha is also reported as unused).
+  config.mutable_data()->mutable_site_partition()->set_kind(pb::DIRICHLET);
+  config.mutable_data()->mutable_site_partition()->clear_classes();
   int visited = 0;
   ForEachDoubleField(
       &config, "",
@@ -806,14 +895,14 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
         reflection->SetDouble(message, field, saved);
         EXPECT_TRUE(ValidateJobConfig(config).empty()) << path;
       });
-  // step_time_s, skew, 4 optimizer/server pairs..., target, budget,
+  // step_time_s, skew, alpha, 4 optimizer/server pairs..., target, budget,
   // wan.sample_period_s, sync: threshold, adaptive_step, adaptive_max,
   // selective_barrier_fraction, compression.top_k_fraction; policy:
   // check_period_s, min_commit_interval_s, search_period_s,
   // loss_jump_ratio, search_min_improvement; fault: heartbeat_interval_s,
   // worker_timeout_s, server_timeout_s, worker_give_up_s, peer_timeout_s,
   // checkpoint_period_s, restart_backoff_s.
-  EXPECT_EQ(visited, 30);
+  EXPECT_EQ(visited, 31);
 }
 
 // ---------------------------------------------------------------------------

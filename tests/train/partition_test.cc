@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "meridian/dataset.h"
@@ -256,6 +257,249 @@ TEST(PartitionTest, InvalidInputs) {
       StatusCode::kInvalidArgument);
 }
 
+// counts[p][c]: samples of class c in partition p.
+std::vector<std::vector<size_t>> ClassCounts(const Partitions& parts,
+                                             const std::vector<uint8_t>& labels,
+                                             int num_classes = 10) {
+  std::vector<std::vector<size_t>> counts(parts.size(),
+                                          std::vector<size_t>(num_classes, 0));
+  for (size_t p = 0; p < parts.size(); ++p) {
+    for (uint32_t index : parts[p]) ++counts[p][labels[index]];
+  }
+  return counts;
+}
+
+pb::PartitionConfig Dirichlet(double alpha, uint32_t min_samples = 10) {
+  pb::PartitionConfig config = Kind(pb::DIRICHLET);
+  config.set_alpha(alpha);
+  config.set_min_samples(min_samples);
+  return config;
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(PartitionTest, DirichletPlacesEverySampleExactlyOnce) {
+  const std::vector<uint8_t> labels = Labels(5003);
+  for (double alpha : {0.05, 0.5, 100.0}) {
+    for (int parts_count : {1, 2, 7}) {
+      Result<Partitions> parts =
+          PartitionIndices(labels, 10, parts_count, Dirichlet(alpha), 11);
+      ASSERT_TRUE(parts.ok()) << parts.status();
+      ASSERT_EQ(parts->size(), static_cast<size_t>(parts_count));
+      EXPECT_EQ(CheckWellFormed(*parts, labels.size()), labels.size())
+          << "alpha " << alpha << ", " << parts_count << " partitions";
+      for (const auto& part : *parts) EXPECT_GE(part.size(), 10u);
+    }
+  }
+  // The defaults (alpha 0.5, min_samples 10) also work.
+  Result<Partitions> defaults =
+      PartitionIndices(labels, 10, 4, Kind(pb::DIRICHLET), 11);
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(CheckWellFormed(*defaults, labels.size()), labels.size());
+}
+
+TEST(PartitionTest, DirichletIsDeterministicInTheSeed) {
+  const std::vector<uint8_t> labels = Labels(3000);
+  Result<Partitions> a = PartitionIndices(labels, 10, 4, Dirichlet(0.3), 5);
+  Result<Partitions> b = PartitionIndices(labels, 10, 4, Dirichlet(0.3), 5);
+  Result<Partitions> c = PartitionIndices(labels, 10, 4, Dirichlet(0.3), 6);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(*a, *b);
+  EXPECT_NE(*a, *c);
+}
+
+// Pinned sizes: the draws are hand-written on std::mt19937_64, so every
+// platform gets these; a change here changes every DIRICHLET job's data.
+TEST(PartitionTest, DirichletSizesArePinned) {
+  const std::vector<uint8_t> labels = Labels(2000);
+  Result<Partitions> parts =
+      PartitionIndices(labels, 10, 4, Dirichlet(0.5), 42);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  std::vector<size_t> sizes;
+  for (const auto& part : *parts) sizes.push_back(part.size());
+  EXPECT_EQ(sizes, (std::vector<size_t>{417, 588, 424, 571}));
+}
+
+// alpha 100: every partition holds close to a tenth of each class's share.
+TEST(PartitionTest, DirichletLargeAlphaIsNearlyIid) {
+  const std::vector<uint8_t> labels = Labels(20000);
+  Result<Partitions> parts = PartitionIndices(labels, 10, 4, Dirichlet(100), 3);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  const auto counts = ClassCounts(*parts, labels);
+  for (size_t p = 0; p < counts.size(); ++p) {
+    const double size = static_cast<double>((*parts)[p].size());
+    EXPECT_NEAR(size, 5000, 500) << "partition " << p;
+    for (int c = 0; c < 10; ++c) {
+      EXPECT_NEAR(counts[p][c] / size, 0.1, 0.03)
+          << "partition " << p << " class " << c;
+    }
+  }
+}
+
+// alpha 0.1: a partition is dominated by few classes.
+TEST(PartitionTest, DirichletSmallAlphaIsSkewed) {
+  const std::vector<uint8_t> labels = Labels(20000);
+  Result<Partitions> parts =
+      PartitionIndices(labels, 10, 10, Dirichlet(0.1), 3);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  const auto counts = ClassCounts(*parts, labels);
+  double max_share_sum = 0;
+  for (size_t p = 0; p < counts.size(); ++p) {
+    const size_t largest =
+        *std::max_element(counts[p].begin(), counts[p].end());
+    max_share_sum += static_cast<double>(largest) / (*parts)[p].size();
+  }
+  // Measured with this seed: 0.584 (IID would give about 0.1).
+  EXPECT_GT(max_share_sum / counts.size(), 0.5);
+}
+
+TEST(PartitionTest, DirichletDrawsAgainUntilMinSamples) {
+  const std::vector<uint8_t> labels = Labels(1000);
+  // Without a minimum, this seed's first draw leaves a partition empty...
+  Result<Partitions> first =
+      PartitionIndices(labels, 10, 10, Dirichlet(0.1, 0), 12);
+  ASSERT_TRUE(first.ok()) << first.status();
+  size_t smallest = labels.size();
+  for (const auto& part : *first) smallest = std::min(smallest, part.size());
+  EXPECT_EQ(smallest, 0u);
+  // ...with one, the partitions are drawn again until none is.
+  Result<Partitions> parts =
+      PartitionIndices(labels, 10, 10, Dirichlet(0.1, 30), 12);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  EXPECT_EQ(CheckWellFormed(*parts, labels.size()), labels.size());
+  for (const auto& part : *parts) EXPECT_GE(part.size(), 30u);
+}
+
+TEST(PartitionTest, DirichletRejectsBadSettings) {
+  const std::vector<uint8_t> labels = Labels(1000);
+  for (double alpha : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(),
+                       std::numeric_limits<double>::infinity()}) {
+    Result<Partitions> parts =
+        PartitionIndices(labels, 10, 3, Dirichlet(alpha), 1);
+    ASSERT_EQ(parts.status().code(), StatusCode::kInvalidArgument) << alpha;
+    EXPECT_TRUE(Contains(parts.status().message(), "alpha")) << parts.status();
+  }
+  // Fewer samples than partitions times the minimum.
+  Result<Partitions> few =
+      PartitionIndices(labels, 10, 11, Dirichlet(1, 91), 1);
+  ASSERT_EQ(few.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(few.status().message(), "1001 samples")) << few.status();
+  EXPECT_TRUE(Contains(few.status().message(), "there are 1000"))
+      << few.status();
+  // alpha so small that each class goes to one partition: 20 partitions
+  // cannot all get samples of 10 classes, however often it is drawn.
+  Result<Partitions> hopeless =
+      PartitionIndices(labels, 10, 20, Dirichlet(0.001, 1), 1);
+  ASSERT_EQ(hopeless.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(hopeless.status().message(), "alpha 0.001"))
+      << hopeless.status();
+}
+
+pb::PartitionConfig ClassesPerPart(uint32_t k) {
+  pb::PartitionConfig config = Kind(pb::CLASSES_PER_PART);
+  config.set_classes_per_part(k);
+  return config;
+}
+
+TEST(PartitionTest, ClassesPerPartHoldsExactlyKClassesEach) {
+  const std::vector<uint8_t> labels = Labels(3000);
+  struct Case {
+    int parts;
+    uint32_t k;
+  };
+  for (const Case& c : {Case{5, 2}, Case{3, 4}, Case{4, 3}, Case{10, 1},
+                        Case{2, 10}, Case{7, 3}, Case{1, 10}}) {
+    Result<Partitions> parts =
+        PartitionIndices(labels, 10, c.parts, ClassesPerPart(c.k), 1);
+    ASSERT_TRUE(parts.ok()) << parts.status();
+    EXPECT_EQ(CheckWellFormed(*parts, labels.size()), labels.size());
+    const auto counts = ClassCounts(*parts, labels);
+    std::vector<int> holders(10, 0);
+    for (int p = 0; p < c.parts; ++p) {
+      std::vector<uint32_t> held;
+      for (uint32_t cls = 0; cls < 10; ++cls) {
+        if (counts[p][cls] > 0) held.push_back(cls);
+      }
+      EXPECT_EQ(held.size(), c.k) << c.parts << " parts, k " << c.k;
+      EXPECT_EQ(held, ClassesOfPartition(ClassesPerPart(c.k), 10, c.parts, p));
+      for (uint32_t cls : held) ++holders[cls];
+    }
+    // Every class held, by floor or ceil of parts * k / 10 partitions, and
+    // its samples split evenly among them.
+    const int lo = c.parts * static_cast<int>(c.k) / 10;
+    const int hi = (c.parts * static_cast<int>(c.k) + 9) / 10;
+    for (int cls = 0; cls < 10; ++cls) {
+      EXPECT_GE(holders[cls], std::max(lo, 1)) << "class " << cls;
+      EXPECT_LE(holders[cls], hi) << "class " << cls;
+      size_t smallest = labels.size(), largest = 0;
+      for (int p = 0; p < c.parts; ++p) {
+        if (counts[p][cls] == 0) continue;
+        smallest = std::min(smallest, counts[p][cls]);
+        largest = std::max(largest, counts[p][cls]);
+      }
+      EXPECT_LE(largest - smallest, 1u) << "class " << cls;
+    }
+  }
+}
+
+TEST(PartitionTest, ClassesPerPartBlocksWrapAround) {
+  EXPECT_EQ(ClassesOfPartition(ClassesPerPart(4), 10, 3, 0),
+            (std::vector<uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(ClassesOfPartition(ClassesPerPart(4), 10, 3, 2),
+            (std::vector<uint32_t>{0, 1, 8, 9}));
+  EXPECT_EQ(ClassesOfPartition(ClassesPerPart(2), 10, 5, 4),
+            (std::vector<uint32_t>{8, 9}));
+}
+
+// The classes are fixed by the config; the seed does not move them (nor,
+// as with LABEL_SUBSET, the samples).
+TEST(PartitionTest, ClassesPerPartIsDeterministicAndIndependentOfTheSeed) {
+  const std::vector<uint8_t> labels = Labels(900);
+  Result<Partitions> a = PartitionIndices(labels, 10, 4, ClassesPerPart(3), 1);
+  Result<Partitions> b = PartitionIndices(labels, 10, 4, ClassesPerPart(3), 1);
+  Result<Partitions> c = PartitionIndices(labels, 10, 4, ClassesPerPart(3), 2);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(*a, *c);
+}
+
+TEST(PartitionTest, ClassesPerPartRejectsBadK) {
+  const std::vector<uint8_t> labels = Labels(100);
+  for (uint32_t k : {0u, 11u}) {
+    Result<Partitions> parts =
+        PartitionIndices(labels, 10, 5, ClassesPerPart(k), 1);
+    ASSERT_EQ(parts.status().code(), StatusCode::kInvalidArgument) << k;
+    EXPECT_TRUE(Contains(parts.status().message(), "in [1, 10]"))
+        << parts.status();
+  }
+  // 3 partitions of 3 classes leave a class without a partition.
+  Result<Partitions> short_of_one =
+      PartitionIndices(labels, 10, 3, ClassesPerPart(3), 1);
+  ASSERT_EQ(short_of_one.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(short_of_one.status().message(),
+                       "classes_per_part 3 over 3 partitions holds 9 classes"))
+      << short_of_one.status();
+}
+
+TEST(PartitionTest, DescribePartition) {
+  pb::PartitionConfig subset = Kind(pb::LABEL_SUBSET);
+  subset.add_classes()->add_label(4);
+  pb::ClassList* second = subset.add_classes();
+  for (uint32_t c : {2u, 0u, 1u}) second->add_label(c);
+  EXPECT_EQ(DescribePartition(subset, 10, 2, 1), "LABEL_SUBSET {0,1,2}");
+  EXPECT_EQ(DescribePartition(Kind(pb::LABEL_SUBSET), 10, 4, 1),
+            "LABEL_SUBSET {1,5,9}");
+  EXPECT_EQ(DescribePartition(Kind(pb::LABEL_SKEW), 10, 3, 1),
+            "LABEL_SKEW skew=0.8 home {1,4,7}");
+  EXPECT_EQ(DescribePartition(Dirichlet(0.1), 10, 3, 0),
+            "DIRICHLET alpha=0.1 min_samples=10");
+  EXPECT_EQ(DescribePartition(ClassesPerPart(2), 10, 5, 1),
+            "CLASSES_PER_PART k=2 {2,3}");
+  EXPECT_EQ(DescribePartition(pb::PartitionConfig(), 10, 3, 0), "IID");
+}
+
 pb::JobConfig ThreeSiteJob() {
   pb::JobConfig job;
   job.set_seed(3);
@@ -271,9 +515,13 @@ pb::JobConfig ThreeSiteJob() {
 
 TEST(WorkerSampleIndicesTest, WorkersCoverEachSampleAtMostOnce) {
   const std::vector<uint8_t> labels = Labels(1001);
-  for (pb::PartitionKind kind : {pb::IID, pb::LABEL_SUBSET, pb::LABEL_SKEW}) {
+  for (pb::PartitionKind kind : {pb::IID, pb::LABEL_SUBSET, pb::LABEL_SKEW,
+                                 pb::DIRICHLET, pb::CLASSES_PER_PART}) {
     pb::JobConfig job = ThreeSiteJob();
     job.mutable_data()->mutable_site_partition()->set_kind(kind);
+    if (kind == pb::CLASSES_PER_PART) {
+      job.mutable_data()->mutable_site_partition()->set_classes_per_part(4);
+    }
     Result<Partitions> sites = PartitionIndices(
         labels, 10, 3, job.data().site_partition(), job.seed());
     ASSERT_TRUE(sites.ok()) << sites.status();
@@ -363,6 +611,48 @@ TEST(WorkerSampleIndicesTest, OutOfRangeIndices) {
   EXPECT_EQ(WorkerSampleIndices(job, labels, 2, -1).status().code(),
             StatusCode::kOutOfRange);
   EXPECT_TRUE(WorkerSampleIndices(job, labels, 1, 2).ok());
+}
+
+TEST(SiteLabelHistogramTest, CountsTheSiteShareByClass) {
+  const std::vector<uint8_t> labels = Labels(2000);
+  pb::JobConfig job = ThreeSiteJob();
+  *job.mutable_data()->mutable_site_partition() = Dirichlet(0.2);
+  const int workers[] = {2, 3, 1};
+  std::vector<uint64_t> all(10, 0);
+  for (int s = 0; s < 3; ++s) {
+    Result<std::vector<uint64_t>> histogram =
+        SiteLabelHistogram(job, labels, s);
+    ASSERT_TRUE(histogram.ok()) << histogram.status();
+    ASSERT_EQ(histogram->size(), 10u);
+    Result<std::vector<uint32_t>> share = SiteSampleIndices(job, labels, s);
+    ASSERT_TRUE(share.ok()) << share.status();
+    uint64_t total = 0;
+    for (uint64_t count : *histogram) total += count;
+    EXPECT_EQ(total, share->size());
+    // The same counts as the site's workers' samples together.
+    std::vector<uint64_t> from_workers(10, 0);
+    for (int w = 0; w < workers[s]; ++w) {
+      Result<std::vector<uint32_t>> mine =
+          WorkerSampleIndices(job, labels, s, w);
+      ASSERT_TRUE(mine.ok()) << mine.status();
+      for (uint32_t index : *mine) ++from_workers[labels[index]];
+    }
+    EXPECT_EQ(*histogram, from_workers) << "site " << s;
+    for (int c = 0; c < 10; ++c) all[c] += (*histogram)[c];
+  }
+  // DIRICHLET places every sample: the sites' histograms add up to the
+  // training set's.
+  std::vector<uint64_t> expected(10, 0);
+  for (uint8_t label : labels) ++expected[label];
+  EXPECT_EQ(all, expected);
+  EXPECT_EQ(SiteLabelHistogram(job, labels, 3).status().code(),
+            StatusCode::kOutOfRange);
+  // Labels beyond 10 classes widen the histogram.
+  std::vector<uint8_t> wide = labels;
+  wide[0] = 11;
+  Result<std::vector<uint64_t>> widened = SiteLabelHistogram(job, wide, 0);
+  ASSERT_TRUE(widened.ok()) << widened.status();
+  EXPECT_EQ(widened->size(), 12u);
 }
 
 }  // namespace
