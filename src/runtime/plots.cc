@@ -698,8 +698,37 @@ std::string DataSection(const std::vector<Run>& runs) {
   return section;
 }
 
+// How old each peer's changes were when a site applied them (medians and
+// p90 to the histogram bucket); "" when no report has them.
+std::string AgeSection(const std::vector<Run>& runs) {
+  std::string rows;
+  for (const Run& run : runs) {
+    for (const pb::SiteSummary& site : run.report.sites()) {
+      for (const pb::RemoteUpdateAge& age : site.sync().remote_update_age()) {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf),
+                      "%.0f | %.3f | %.3f | %.3f | %.3f | %.1f | %.0f",
+                      static_cast<double>(age.updates()), age.median_s(),
+                      age.p90_s(), age.max_s(), age.median_transit_s(),
+                      age.mean_clocks_behind(), age.max_clocks_behind());
+        rows += "| " + run.label + " | " + site.name() + " | " + age.peer() +
+                " | " + buf + " |\n";
+      }
+    }
+  }
+  if (rows.empty()) return "";
+  return "\n## Age of remote changes when applied\n\n"
+         "From the moment the sender began collecting an update's changes "
+         "to the moment this site applied it (seconds); clocks behind: this "
+         "site's clock minus the update's.\n\n"
+         "| run | site | from | updates | median s | p90 s | max s | median "
+         "transit s | mean clocks behind | max clocks behind |\n"
+         "|---|---|---|---|---|---|---|---|---|---|\n" +
+         rows;
+}
+
 // summary.md: the comparison table, the plots, per-link traffic, the
-// training data per site.
+// training data per site, the age of remote changes.
 Result<std::string> Summary(const std::vector<std::string>& run_dirs,
                             const std::vector<Run>& runs,
                             const Figures& figures) {
@@ -714,6 +743,7 @@ Result<std::string> Summary(const std::vector<std::string>& run_dirs,
   for (const std::string& note : figures.notes) summary += "\n" + note + "\n";
   summary += LinkSection(runs);
   summary += DataSection(runs);
+  summary += AgeSection(runs);
   summary +=
       "\nData and script beside the images: `*.dat`, `plots.gp` "
       "(re-render with `gnuplot plots.gp` in this directory). WAN "

@@ -17,6 +17,7 @@
 #include "meridian/wan_presets.h"
 #include "meridian/wan_units.h"
 #include "runtime/mirror_delivery.h"
+#include "runtime/update_age.h"
 #include "runtime/update_codec.h"
 
 namespace meridian {
@@ -94,6 +95,11 @@ struct Peer {
   bool period_congested = false;
 
   uint64_t bytes_received = 0;  // of its mirror messages (metrics)
+  // When this site took its last update for it out of `acc` (Unix s): the
+  // next update carries the changes made since.
+  double window_start_unix_s = 0;
+  // How old its changes were when applied here.
+  RemoteUpdateAge age;
   uint64_t messages_received = 0;
   // When this site last asked it to introduce itself (it spoke without a
   // MIRROR_HELLO this run of the site knows of).
@@ -251,6 +257,8 @@ class SyncEngine::Impl {
     // Peers not heard from within peer_timeout_s from now are unreachable.
     training_ = true;
     liveness_floor_s_ = Now();
+    const double now = options_.wall_clock->UnixSeconds();
+    for (auto& peer : peers_) peer->window_start_unix_s = now;
     return Status::Ok();
   }
 
@@ -423,6 +431,11 @@ class SyncEngine::Impl {
     summary.set_duplicates_dropped(duplicates);
     summary.set_gaps(gaps);
     summary.set_unreachable_s(unreachable);
+    for (const auto& peer : peers_) {
+      if (peer->age.updates() > 0) {
+        peer->age.Fill(peer->name, summary.add_remote_update_age());
+      }
+    }
     return summary;
   }
 
@@ -960,6 +973,13 @@ class SyncEngine::Impl {
     body->set_origin_site(origin);
     body->set_entries(update.entries);
     body->set_average(average);
+    if (type == pb::MIRROR_UPDATE) {
+      const double now = options_.wall_clock->UnixSeconds();
+      body->set_sent_unix_us(static_cast<int64_t>(now * 1e6));
+      body->set_window_start_unix_us(
+          static_cast<int64_t>(peer.window_start_unix_s * 1e6));
+      peer.window_start_unix_s = now;
+    }
     Send(peer, std::move(header), update.frames);
     if (type == pb::MIRROR_UPDATE) {
       ++updates_sent_;
@@ -1395,6 +1415,12 @@ class SyncEngine::Impl {
     const DecodedUpdate& received = codec_->decoded();
     store_->ApplyExternalSparse(received.indices, received.values,
                                 RelayTargets(peer.site));
+    if (body.sent_unix_us() > 0) {  // 0: a sender that does not stamp
+      peer.age.Record(static_cast<double>(body.window_start_unix_us()) * 1e-6,
+                      static_cast<double>(body.sent_unix_us()) * 1e-6,
+                      header.clock(), options_.wall_clock->UnixSeconds(),
+                      local_clock_);
+    }
     ++updates_received_;
     entries_received_ += received.indices.size();
     blocked_.Release(site, header.clock());

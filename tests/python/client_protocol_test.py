@@ -566,6 +566,30 @@ class DataTest(unittest.TestCase):
                     got.append((s, w, len(indices), fnv1a(indices)))
             self.assertEqual(got, golden, mc.job_pb2.PartitionKind.Name(kind))
 
+    def test_classes_per_part_deals_the_cpp_class_lists(self):
+        # ClassesOfPartition: partition p holds (p*k + j) mod C, j < k; the
+        # lists are dealt as LABEL_SUBSET deals them (golden-checked above).
+        labels = np.array([(i * 7 + i // 13) % 10 for i in range(1000)],
+                          dtype=np.uint8)
+        config = mc.job_pb2.PartitionConfig(
+            kind=mc.job_pb2.CLASSES_PER_PART, classes_per_part=4)
+        got = mdata.partition_indices(labels, 10, 3, config, 17)
+        subset = mc.job_pb2.PartitionConfig(kind=mc.job_pb2.LABEL_SUBSET)
+        for classes in ((0, 1, 2, 3), (4, 5, 6, 7), (0, 1, 8, 9)):
+            subset.classes.add(label=classes)
+        want = mdata.partition_indices(labels, 10, 3, subset, 17)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        with self.assertRaisesRegex(ValueError, "classes_per_part"):
+            mdata.partition_indices(labels, 10, 3, mc.job_pb2.PartitionConfig(
+                kind=mc.job_pb2.CLASSES_PER_PART, classes_per_part=3), 17)
+
+    def test_dirichlet_is_refused_not_silently_iid(self):
+        labels = np.zeros(100, dtype=np.uint8)
+        config = mc.job_pb2.PartitionConfig(kind=mc.job_pb2.DIRICHLET)
+        with self.assertRaisesRegex(ValueError, "not supported"):
+            mdata.partition_indices(labels, 10, 3, config, 1)
+
     def test_features_are_the_cpp_ones(self):
         pixels = np.array([[(i * 31 + p * 7) % 256 for p in range(12)]
                            for i in range(50)], dtype=np.uint8)

@@ -297,6 +297,21 @@ TEST_F(IntegrationTest, ThreeSitesThroughWanemConvergeAndCountEveryByte) {
     EXPECT_TRUE(site.sync().flushed()) << site.name();
     EXPECT_EQ(site.sync().rejected(), 0) << site.name();
     EXPECT_GT(site.sync().entries_sent(), 0) << site.name();
+    // Every applied update's age is recorded, per peer; each crossed a
+    // 5 ms link, and none is older than the run.
+    ASSERT_EQ(site.sync().remote_update_age_size(), 2) << site.name();
+    double aged = 0;
+    for (const pb::RemoteUpdateAge& age : site.sync().remote_update_age()) {
+      const std::string key = site.name() + "<-" + age.peer();
+      EXPECT_NE(age.peer(), site.name());
+      aged += static_cast<double>(age.updates());
+      EXPECT_GE(age.median_transit_s(), 0.004) << key;
+      EXPECT_GE(age.median_s(), age.median_transit_s() * 0.85) << key;
+      EXPECT_LE(age.median_s(), age.p90_s()) << key;
+      EXPECT_LE(age.p90_s(), age.max_s()) << key;
+      EXPECT_LT(age.max_s(), report.wall_s()) << key;
+    }
+    EXPECT_EQ(aged, site.sync().updates_received()) << site.name();
   }
 
   // Three links, two directions each, every one carrying traffic.
