@@ -13,8 +13,8 @@ void DurationHistogram::Add(double seconds) {
   max_ = std::max(max_, seconds);
   int bucket = 0;
   if (seconds > kLowestS) {
-    bucket = static_cast<int>(std::floor(std::log10(seconds / kLowestS) *
-                                         kBucketsPerDecade));
+    bucket = static_cast<int>(
+        std::floor(std::log10(seconds / kLowestS) * kBucketsPerDecade));
   }
   ++buckets_[std::clamp(bucket, 0, kBuckets - 1)];
 }

@@ -32,10 +32,10 @@ TEST(DurationHistogramTest, QuantilesWithinABucket) {
 
 TEST(DurationHistogramTest, OutOfRangeAndNonsenseAreCounted) {
   DurationHistogram histogram;
-  histogram.Add(-3);           // a sender clock ahead of ours
-  histogram.Add(0.0 / 0.0);    // NaN from a corrupt stamp
-  histogram.Add(1e-9);         // below the first bucket
-  histogram.Add(1e6);          // beyond the last
+  histogram.Add(-3);         // a sender clock ahead of ours
+  histogram.Add(0.0 / 0.0);  // NaN from a corrupt stamp
+  histogram.Add(1e-9);       // below the first bucket
+  histogram.Add(1e6);        // beyond the last
   EXPECT_EQ(histogram.count(), 4u);
   EXPECT_EQ(histogram.Quantile(0.25), 0);  // the first three read as 0 s
   EXPECT_DOUBLE_EQ(histogram.max(), 1e6);
