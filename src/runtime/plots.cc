@@ -699,20 +699,38 @@ std::string DataSection(const std::vector<Run>& runs) {
 }
 
 // How old each peer's changes were when a site applied them (medians and
-// p90 to the histogram bucket); "" when no report has them.
+// p90 to the histogram bucket), and how much change that peer held back for
+// the site (its ||acc|| / ||w||); "" when no report has them.
 std::string AgeSection(const std::vector<Run>& runs) {
   std::string rows;
   for (const Run& run : runs) {
+    // (sender, receiver) -> the sender's unsent change for the receiver.
+    std::map<std::pair<std::string, std::string>, const pb::UnsentChange*>
+        unsent;
+    for (const pb::SiteSummary& site : run.report.sites()) {
+      for (const pb::UnsentChange& change : site.sync().unsent_change()) {
+        unsent[{site.name(), change.peer()}] = &change;
+      }
+    }
     for (const pb::SiteSummary& site : run.report.sites()) {
       for (const pb::RemoteUpdateAge& age : site.sync().remote_update_age()) {
-        char buf[160];
+        char buf[200];
         std::snprintf(buf, sizeof(buf),
                       "%.0f | %.3f | %.3f | %.3f | %.3f | %.1f | %.0f",
                       static_cast<double>(age.updates()), age.median_s(),
                       age.p90_s(), age.max_s(), age.median_transit_s(),
                       age.mean_clocks_behind(), age.max_clocks_behind());
+        std::string held = "-";
+        if (auto it = unsent.find({age.peer(), site.name()});
+            it != unsent.end()) {
+          char held_buf[64];
+          std::snprintf(held_buf, sizeof(held_buf), "%.4f / %.4f",
+                        it->second->mean_relative_norm(),
+                        it->second->max_relative_norm());
+          held = held_buf;
+        }
         rows += "| " + run.label + " | " + site.name() + " | " + age.peer() +
-                " | " + buf + " |\n";
+                " | " + buf + " | " + held + " |\n";
       }
     }
   }
@@ -720,10 +738,12 @@ std::string AgeSection(const std::vector<Run>& runs) {
   return "\n## Age of remote changes when applied\n\n"
          "From the moment the sender began collecting an update's changes "
          "to the moment this site applied it (seconds); clocks behind: this "
-         "site's clock minus the update's.\n\n"
+         "site's clock minus the update's; held back: the sender's unsent "
+         "change for this site, ||acc|| / ||w||, mean / max of samples "
+         "taken about once a second.\n\n"
          "| run | site | from | updates | median s | p90 s | max s | median "
-         "transit s | mean clocks behind | max clocks behind |\n"
-         "|---|---|---|---|---|---|---|---|---|---|\n" +
+         "transit s | mean clocks behind | max clocks behind | held back |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|\n" +
          rows;
 }
 

@@ -1,6 +1,7 @@
 #include "runtime/sync_engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <optional>
@@ -100,6 +101,10 @@ struct Peer {
   double window_start_unix_s = 0;
   // How old its changes were when applied here.
   RemoteUpdateAge age;
+  // ||acc|| / ||w|| of its accumulator, sampled (SampleUnsent).
+  uint64_t unsent_samples = 0;
+  double unsent_sum = 0;
+  double unsent_max = 0;
   uint64_t messages_received = 0;
   // When this site last asked it to introduce itself (it spoke without a
   // MIRROR_HELLO this run of the site knows of).
@@ -281,6 +286,7 @@ class SyncEngine::Impl {
 
   void OnLocalClock(int64_t clock) {
     local_clock_ = clock;
+    SampleUnsent();
     if (sync_.kind() == pb::MODEL_AVERAGING) {
       if (clock % sync_.averaging_period() == 0) SendModelForAveraging(clock);
     } else {
@@ -288,6 +294,32 @@ class SyncEngine::Impl {
     }
     AnnounceClocks();
     MaybeAverage();
+  }
+
+  // About once a second: how large each peer's unsent change is against
+  // the model (one pass over the model per peer).
+  void SampleUnsent() {
+    constexpr double kPeriodS = 1.0;
+    const double now = Now();
+    if (now - last_unsent_sample_s_ < kPeriodS) return;
+    last_unsent_sample_s_ = now;
+    for (auto& peer : peers_) {
+      if (sync_.kind() == pb::MODEL_AVERAGING) break;  // no accumulators
+      double acc_squares = 0, w_squares = 0;
+      store_->VisitAccumulator(
+          peer->acc, [&](const KeyRange&, std::span<const float> w,
+                         std::span<float> acc) {
+            for (size_t i = 0; i < w.size(); ++i) {
+              acc_squares += static_cast<double>(acc[i]) * acc[i];
+              w_squares += static_cast<double>(w[i]) * w[i];
+            }
+          });
+      const double ratio =
+          w_squares > 0 ? std::sqrt(acc_squares / w_squares) : 0.0;
+      ++peer->unsent_samples;
+      peer->unsent_sum += ratio;
+      peer->unsent_max = std::max(peer->unsent_max, ratio);
+    }
   }
 
   bool ReadsAllowed(int64_t local_clock,
@@ -434,6 +466,14 @@ class SyncEngine::Impl {
     for (const auto& peer : peers_) {
       if (peer->age.updates() > 0) {
         peer->age.Fill(peer->name, summary.add_remote_update_age());
+      }
+      if (peer->unsent_samples > 0) {
+        pb::UnsentChange* unsent = summary.add_unsent_change();
+        unsent->set_peer(peer->name);
+        unsent->set_samples(peer->unsent_samples);
+        unsent->set_mean_relative_norm(peer->unsent_sum /
+                                       static_cast<double>(peer->unsent_samples));
+        unsent->set_max_relative_norm(peer->unsent_max);
       }
     }
     return summary;
@@ -1496,6 +1536,7 @@ class SyncEngine::Impl {
   size_t averaging_acc_ = 0;          // MODEL_AVERAGING's encoding scratch
 
   int64_t local_clock_ = 0;
+  double last_unsent_sample_s_ = -1e9;
   double last_theta_ = 0;
   bool training_ = false;  // Connect() was called
   bool finishing_ = false;

@@ -49,7 +49,8 @@ TEST_P(ShippedConfigTest, Validates) {
 
 INSTANTIATE_TEST_SUITE_P(Deploy, ShippedConfigTest,
                          ::testing::Values("single-site.pbtxt",
-                                           "three-regions.pbtxt"));
+                                           "three-regions.pbtxt",
+                                           "three-regions-skew.pbtxt"));
 
 // Writes a report.json into a fresh run directory.
 std::string WriteRun(bool reached, double time_to_target_s, double accuracy,

@@ -312,6 +312,16 @@ TEST_F(IntegrationTest, ThreeSitesThroughWanemConvergeAndCountEveryByte) {
       EXPECT_LT(age.max_s(), report.wall_s()) << key;
     }
     EXPECT_EQ(aged, site.sync().updates_received()) << site.name();
+    // What it held back for each peer, sampled from its first clock on:
+    // some change (θ > 0 keeps a residue), a small part of the model.
+    ASSERT_EQ(site.sync().unsent_change_size(), 2) << site.name();
+    for (const pb::UnsentChange& held : site.sync().unsent_change()) {
+      const std::string key = site.name() + "->" + held.peer();
+      EXPECT_GE(held.samples(), 1u) << key;
+      EXPECT_GT(held.mean_relative_norm(), 0) << key;
+      EXPECT_LE(held.mean_relative_norm(), held.max_relative_norm()) << key;
+      EXPECT_LT(held.max_relative_norm(), 0.5) << key;
+    }
   }
 
   // Three links, two directions each, every one carrying traffic.
