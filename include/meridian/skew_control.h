@@ -1,0 +1,109 @@
+// SkewScout's communication control (Hsieh et al., ICML'20, "The Non-IID
+// Data Quagmire of Decentralized Machine Learning"): a site's model
+// travels to a peer, which scores it and its own model on a held-out
+// sample of its own training data; the gap between the two is the
+// accuracy the peer's data would lose to skew if the sites kept drifting
+// apart. The controller keeps that estimated loss near a target by moving
+// the active algorithm's communication knob — Gaia's θ, FedAvg's averaging
+// period, the density of top-k — towards more communication when the loss
+// is high and back towards less when it stays low, within bounds. The
+// authors' code has no such loop (../shared/reference/skewscout.md §2); its
+// shape (multiplicative steps, a dead band, patience before loosening) is
+// ours, after the code's bandwidth controller. Pure logic on values: the
+// site server feeds it results and applies the knob. Not thread-safe.
+#ifndef MERIDIAN_SKEW_CONTROL_H_
+#define MERIDIAN_SKEW_CONTROL_H_
+
+#include <cstdint>
+#include <deque>
+#include <string>
+
+#include "meridian/status.h"
+
+namespace meridian {
+
+struct SkewControlOptions {
+  // The skew-induced accuracy loss to stay within (a fraction: 0.01 is
+  // one point).
+  double target_loss = 0.01;
+  // No change while the smoothed loss is within target × (1 ± dead_band).
+  double dead_band = 0.25;
+  // Weight of a new estimate in the smoothed loss (1: no smoothing). One
+  // estimate scores a few hundred samples, so it is noisy.
+  double smoothing = 0.5;
+  // A high loss moves the knob by this factor towards more communication;
+  // a loss that stayed low for `patience` estimates in a row moves it by
+  // loosen_factor towards less. Tighten fast, loosen slowly.
+  double tighten_factor = 2.0;
+  double loosen_factor = 1.25;
+  uint32_t patience = 2;
+  // Bounds of the knob (both > 0).
+  double min_knob = 0.005;
+  double max_knob = 0.5;
+  // true for θ and the averaging period (a larger knob sends less); false
+  // for a density (a larger knob sends more).
+  bool larger_is_looser = true;
+};
+
+enum class SkewAction { kHold, kTighten, kLoosen };
+const char* SkewActionName(SkewAction action);
+
+// One estimate and what the controller did with it.
+struct SkewDecision {
+  double t_s = 0;     // job time of the estimate
+  int64_t clock = 0;  // the travelled model's clock
+  std::string peer;   // where it travelled (and was scored)
+  uint32_t samples = 0;
+  double own_accuracy = 0;        // the peer's model on its own sample
+  double travelled_accuracy = 0;  // this site's model on that sample
+  double estimate = 0;            // own - travelled
+  double smoothed = 0;            // the controller's running estimate
+  double knob_before = 0;
+  double knob_after = 0;
+  SkewAction action = SkewAction::kHold;
+};
+
+class SkewController {
+ public:
+  // Decisions kept (the oldest are dropped first).
+  static constexpr size_t kMaxDecisions = 1000;
+
+  // InvalidArgument naming the option for: target_loss <= 0, dead_band
+  // outside [0, 1), smoothing outside (0, 1], a factor <= 1, patience 0,
+  // bounds not 0 < min <= max, an initial knob outside the bounds, or any
+  // value not finite.
+  static Result<SkewController> Create(const SkewControlOptions& options,
+                                       double initial_knob);
+
+  // A travel result: the peer scored its own model `own_accuracy` and the
+  // travelled one `travelled_accuracy` on `samples` of its training data
+  // (accuracies in [0, 1]; a result with no samples or a value outside is
+  // recorded as a hold and not used). Returns the decision.
+  const SkewDecision& Observe(double t_s, int64_t clock,
+                              const std::string& peer, uint32_t samples,
+                              double own_accuracy, double travelled_accuracy);
+
+  double knob() const { return knob_; }
+  double smoothed_loss() const { return smoothed_; }
+  bool has_estimate() const { return estimates_ > 0; }
+  const std::deque<SkewDecision>& decisions() const { return decisions_; }
+  uint64_t tightened() const { return tightened_; }
+  uint64_t loosened() const { return loosened_; }
+
+ private:
+  SkewController(const SkewControlOptions& options, double initial_knob);
+  double Moved(double factor_towards_more_communication) const;
+
+  SkewControlOptions options_;
+  double knob_;
+  double smoothed_ = 0;
+  uint64_t estimates_ = 0;
+  uint32_t low_in_a_row_ = 0;
+  uint64_t tightened_ = 0;
+  uint64_t loosened_ = 0;
+  std::deque<SkewDecision> decisions_;
+};
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_SKEW_CONTROL_H_

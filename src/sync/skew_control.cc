@@ -1,0 +1,137 @@
+#include "meridian/skew_control.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace meridian {
+namespace {
+
+Status Invalid(const std::string& option, double value,
+               const std::string& allowed) {
+  return InvalidArgumentError("skew control: " + option + " is " +
+                              std::to_string(value) + "; allowed: " + allowed);
+}
+
+}  // namespace
+
+const char* SkewActionName(SkewAction action) {
+  switch (action) {
+    case SkewAction::kTighten:
+      return "tighten";
+    case SkewAction::kLoosen:
+      return "loosen";
+    case SkewAction::kHold:
+    default:
+      return "hold";
+  }
+}
+
+Result<SkewController> SkewController::Create(const SkewControlOptions& options,
+                                              double initial_knob) {
+  const SkewControlOptions& o = options;
+  for (auto [name, value] :
+       {std::pair<const char*, double>{"target_loss", o.target_loss},
+        {"dead_band", o.dead_band},
+        {"smoothing", o.smoothing},
+        {"tighten_factor", o.tighten_factor},
+        {"loosen_factor", o.loosen_factor},
+        {"min_knob", o.min_knob},
+        {"max_knob", o.max_knob},
+        {"initial knob", initial_knob}}) {
+    if (!std::isfinite(value)) return Invalid(name, value, "a finite number");
+  }
+  if (!(o.target_loss > 0)) return Invalid("target_loss", o.target_loss, "> 0");
+  if (!(o.dead_band >= 0 && o.dead_band < 1)) {
+    return Invalid("dead_band", o.dead_band, "[0, 1)");
+  }
+  if (!(o.smoothing > 0 && o.smoothing <= 1)) {
+    return Invalid("smoothing", o.smoothing, "(0, 1]");
+  }
+  if (!(o.tighten_factor > 1)) {
+    return Invalid("tighten_factor", o.tighten_factor, "> 1");
+  }
+  if (!(o.loosen_factor > 1)) {
+    return Invalid("loosen_factor", o.loosen_factor, "> 1");
+  }
+  if (o.patience == 0) return Invalid("patience", 0, ">= 1");
+  if (!(o.min_knob > 0 && o.min_knob <= o.max_knob)) {
+    return Invalid("min_knob", o.min_knob, "(0, max_knob]");
+  }
+  if (!(initial_knob >= o.min_knob && initial_knob <= o.max_knob)) {
+    // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on one
+    // long chain of string additions.
+    std::string bounds = "[";
+    bounds += std::to_string(o.min_knob);
+    bounds += ", ";
+    bounds += std::to_string(o.max_knob);
+    bounds += "]";
+    return Invalid("initial knob", initial_knob, bounds);
+  }
+  return SkewController(options, initial_knob);
+}
+
+SkewController::SkewController(const SkewControlOptions& options,
+                               double initial_knob)
+    : options_(options), knob_(initial_knob) {}
+
+double SkewController::Moved(double factor) const {
+  // factor > 1: towards more communication.
+  const double moved =
+      options_.larger_is_looser ? knob_ / factor : knob_ * factor;
+  return std::clamp(moved, options_.min_knob, options_.max_knob);
+}
+
+const SkewDecision& SkewController::Observe(double t_s, int64_t clock,
+                                            const std::string& peer,
+                                            uint32_t samples,
+                                            double own_accuracy,
+                                            double travelled_accuracy) {
+  SkewDecision decision;
+  decision.t_s = t_s;
+  decision.clock = clock;
+  decision.peer = peer;
+  decision.samples = samples;
+  decision.own_accuracy = own_accuracy;
+  decision.travelled_accuracy = travelled_accuracy;
+  decision.knob_before = knob_;
+  const bool usable = samples > 0 && own_accuracy >= 0 && own_accuracy <= 1 &&
+                      travelled_accuracy >= 0 && travelled_accuracy <= 1;
+  if (usable) {
+    decision.estimate = own_accuracy - travelled_accuracy;
+    smoothed_ = estimates_ == 0 ? decision.estimate
+                                : options_.smoothing * decision.estimate +
+                                      (1 - options_.smoothing) * smoothed_;
+    ++estimates_;
+    const double high = options_.target_loss * (1 + options_.dead_band);
+    const double low = options_.target_loss * (1 - options_.dead_band);
+    if (smoothed_ > high) {
+      low_in_a_row_ = 0;
+      const double moved = Moved(options_.tighten_factor);
+      if (moved != knob_) {
+        knob_ = moved;
+        decision.action = SkewAction::kTighten;
+        ++tightened_;
+      }
+    } else if (smoothed_ < low) {
+      if (++low_in_a_row_ >= options_.patience) {
+        low_in_a_row_ = 0;
+        const double moved = Moved(1 / options_.loosen_factor);
+        if (moved != knob_) {
+          knob_ = moved;
+          decision.action = SkewAction::kLoosen;
+          ++loosened_;
+        }
+      }
+    } else {
+      low_in_a_row_ = 0;
+    }
+  }
+  decision.smoothed = smoothed_;
+  decision.knob_after = knob_;
+  decisions_.push_back(std::move(decision));
+  if (decisions_.size() > kMaxDecisions) decisions_.pop_front();
+  return decisions_.back();
+}
+
+}  // namespace meridian

@@ -1,0 +1,170 @@
+// SkewScout's communication control on a scripted sequence of estimates
+// (virtual time: the controller sees only the numbers it is given).
+
+#include "meridian/skew_control.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+namespace meridian {
+namespace {
+
+SkewControlOptions ThetaOptions() {
+  SkewControlOptions options;
+  options.target_loss = 0.01;
+  options.dead_band = 0.25;
+  options.smoothing = 1.0;  // each estimate counts alone unless a test says
+  options.tighten_factor = 2.0;
+  options.loosen_factor = 1.25;
+  options.patience = 2;
+  options.min_knob = 0.005;
+  options.max_knob = 0.5;
+  options.larger_is_looser = true;
+  return options;
+}
+
+SkewController Make(const SkewControlOptions& options, double knob) {
+  Result<SkewController> controller = SkewController::Create(options, knob);
+  EXPECT_TRUE(controller.ok()) << controller.status();
+  return std::move(*controller);
+}
+
+TEST(SkewControllerTest, TightensOnAHighEstimateDownToItsBound) {
+  SkewController controller = Make(ThetaOptions(), 0.08);
+  // The peer's own model scores 0.85, this site's travelled one 0.80: a
+  // five-point loss against a one-point target.
+  const SkewDecision& first =
+      controller.Observe(10, 100, "eu", 500, 0.85, 0.80);
+  EXPECT_EQ(first.action, SkewAction::kTighten);
+  EXPECT_NEAR(first.estimate, 0.05, 1e-12);
+  EXPECT_DOUBLE_EQ(first.knob_before, 0.08);
+  EXPECT_DOUBLE_EQ(first.knob_after, 0.04);
+  EXPECT_DOUBLE_EQ(controller.knob(), 0.04);
+  for (int i = 0; i < 10; ++i)
+    controller.Observe(20 + i, 200, "eu", 500, 0.85, 0.80);
+  EXPECT_DOUBLE_EQ(controller.knob(), 0.005);  // the bound, never below
+  // At the bound a high estimate holds (nothing left to tighten).
+  EXPECT_EQ(controller.decisions().back().action, SkewAction::kHold);
+  EXPECT_EQ(controller.tightened(), 4u);  // 0.04 .. 0.01, then clamped once
+}
+
+TEST(SkewControllerTest, LoosensOnlyAfterPatienceAndUpToItsBound) {
+  SkewController controller = Make(ThetaOptions(), 0.1);
+  // No loss: the first low estimate waits, the second loosens.
+  EXPECT_EQ(controller.Observe(1, 10, "ap", 400, 0.9, 0.9).action,
+            SkewAction::kHold);
+  EXPECT_DOUBLE_EQ(controller.knob(), 0.1);
+  EXPECT_EQ(controller.Observe(2, 20, "ap", 400, 0.9, 0.9).action,
+            SkewAction::kLoosen);
+  EXPECT_DOUBLE_EQ(controller.knob(), 0.125);
+  for (int i = 0; i < 40; ++i)
+    controller.Observe(3 + i, 30, "ap", 400, 0.9, 0.9);
+  EXPECT_DOUBLE_EQ(controller.knob(), 0.5);
+  // 0.1 -> 0.125 -> ... -> 0.477 in ×1.25 steps, then clamped to 0.5.
+  EXPECT_EQ(controller.loosened(), 8u);
+}
+
+TEST(SkewControllerTest, HoldsInsideTheDeadBandAndAHighEstimateResetsPatience) {
+  SkewController controller = Make(ThetaOptions(), 0.1);
+  // Within target × (1 ± 0.25): hold.
+  EXPECT_EQ(controller.Observe(1, 1, "eu", 500, 0.9, 0.89).action,
+            SkewAction::kHold);
+  EXPECT_EQ(controller.Observe(2, 2, "eu", 500, 0.9, 0.888).action,
+            SkewAction::kHold);
+  // Low, then in the band, then low: the band in between resets patience.
+  controller.Observe(3, 3, "eu", 500, 0.9, 0.9);
+  controller.Observe(4, 4, "eu", 500, 0.9, 0.89);
+  EXPECT_EQ(controller.Observe(5, 5, "eu", 500, 0.9, 0.9).action,
+            SkewAction::kHold);
+  EXPECT_DOUBLE_EQ(controller.knob(), 0.1);
+}
+
+TEST(SkewControllerTest, SmoothingKeepsOneNoisyEstimateFromMovingTheKnob) {
+  SkewControlOptions options = ThetaOptions();
+  options.smoothing = 0.25;
+  SkewController controller = Make(options, 0.1);
+  controller.Observe(1, 1, "eu", 300, 0.9, 0.9);  // smoothed 0
+  // One estimate of 3 points: smoothed 0.0075, inside the band.
+  const SkewDecision& spike = controller.Observe(2, 2, "eu", 300, 0.9, 0.87);
+  EXPECT_NEAR(spike.smoothed, 0.0075, 1e-12);
+  EXPECT_EQ(spike.action, SkewAction::kHold);
+  // A loss that persists moves it.
+  controller.Observe(3, 3, "eu", 300, 0.9, 0.87);
+  EXPECT_EQ(controller.Observe(4, 4, "eu", 300, 0.9, 0.87).action,
+            SkewAction::kTighten);
+}
+
+TEST(SkewControllerTest, ADensityKnobTightensUpwards) {
+  SkewControlOptions options = ThetaOptions();
+  options.larger_is_looser = false;  // top-k density
+  options.min_knob = 0.001;
+  options.max_knob = 0.25;
+  SkewController controller = Make(options, 0.01);
+  controller.Observe(1, 1, "eu", 500, 0.9, 0.8);
+  EXPECT_DOUBLE_EQ(controller.knob(), 0.02);
+  controller.Observe(2, 2, "eu", 500, 0.9, 0.9);
+  controller.Observe(3, 3, "eu", 500, 0.9, 0.9);
+  EXPECT_DOUBLE_EQ(controller.knob(), 0.016);
+}
+
+TEST(SkewControllerTest, UnusableResultsAreRecordedButIgnored) {
+  SkewController controller = Make(ThetaOptions(), 0.1);
+  for (auto [samples, own, travelled] :
+       {std::tuple<uint32_t, double, double>{0, 0.9, 0.5},
+        {500, 1.5, 0.5},
+        {500, 0.9, -0.1},
+        {500, std::nan(""), 0.5}}) {
+    const SkewDecision& d =
+        controller.Observe(1, 1, "eu", samples, own, travelled);
+    EXPECT_EQ(d.action, SkewAction::kHold);
+  }
+  EXPECT_FALSE(controller.has_estimate());
+  EXPECT_DOUBLE_EQ(controller.knob(), 0.1);
+  EXPECT_EQ(controller.decisions().size(), 4u);
+}
+
+TEST(SkewControllerTest, DecisionsAreBounded) {
+  SkewController controller = Make(ThetaOptions(), 0.1);
+  for (size_t i = 0; i < SkewController::kMaxDecisions + 500; ++i) {
+    controller.Observe(static_cast<double>(i), static_cast<int64_t>(i), "eu",
+                       100, 0.9, 0.9);
+  }
+  EXPECT_EQ(controller.decisions().size(), SkewController::kMaxDecisions);
+  EXPECT_EQ(controller.decisions().front().clock, 500);
+}
+
+TEST(SkewControllerTest, BadOptionsAreRefusedByName) {
+  struct Case {
+    void (*edit)(SkewControlOptions&);
+    double knob;
+    const char* names;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  const Case cases[] = {
+      {[](SkewControlOptions& o) { o.target_loss = 0; }, 0.1, "target_loss"},
+      {[](SkewControlOptions& o) { o.dead_band = 1; }, 0.1, "dead_band"},
+      {[](SkewControlOptions& o) { o.smoothing = 0; }, 0.1, "smoothing"},
+      {[](SkewControlOptions& o) { o.tighten_factor = 1; }, 0.1,
+       "tighten_factor"},
+      {[](SkewControlOptions& o) { o.loosen_factor = 0.5; }, 0.1,
+       "loosen_factor"},
+      {[](SkewControlOptions& o) { o.patience = 0; }, 0.1, "patience"},
+      {[](SkewControlOptions& o) { o.min_knob = 0; }, 0.1, "min_knob"},
+      {[](SkewControlOptions& o) { o.min_knob = 0.6; }, 0.1, "min_knob"},
+      {[](SkewControlOptions&) {}, 0.7, "initial knob"},
+      {[](SkewControlOptions&) {}, inf, "initial knob"},
+  };
+  for (const Case& c : cases) {
+    SkewControlOptions options = ThetaOptions();
+    c.edit(options);
+    Result<SkewController> controller = SkewController::Create(options, c.knob);
+    ASSERT_FALSE(controller.ok()) << c.names;
+    EXPECT_NE(controller.status().message().find(c.names), std::string::npos)
+        << controller.status();
+  }
+}
+
+}  // namespace
+}  // namespace meridian
