@@ -18,6 +18,7 @@
 #include <deque>
 #include <string>
 
+#include "meridian/job.pb.h"
 #include "meridian/status.h"
 
 namespace meridian {
@@ -44,6 +45,10 @@ struct SkewControlOptions {
   // for a density (a larger knob sends more).
   bool larger_is_looser = true;
 };
+
+// The options of a job's `sync.skewscout` (validated by the config): a
+// threshold knob (larger is looser) in [min_theta, max_theta].
+SkewControlOptions SkewControlOptionsFrom(const pb::SkewScoutConfig& config);
 
 enum class SkewAction { kHold, kTighten, kLoosen };
 const char* SkewActionName(SkewAction action);

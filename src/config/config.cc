@@ -82,9 +82,12 @@ struct CountRange {
 constexpr RealRange kPositive{0, true, kInf, true};      // > 0
 constexpr RealRange kNonNegative{0, false, kInf, true};  // >= 0
 constexpr RealRange kUnitInterval{0, false, 1, false};   // [0, 1]
-constexpr RealRange kMomentum{0, false, 1, true};        // [0, 1)
 constexpr RealRange kDecayFactor{0, true, 1, false};     // (0, 1]
 constexpr RealRange kFraction{0, true, 1, false};        // (0, 1]
+constexpr RealRange kOpenUnit{0, true, 1, true};         // (0, 1)
+constexpr RealRange kHalfOpenUnit{0, false, 1, true};    // [0, 1)
+constexpr RealRange kMomentum = kHalfOpenUnit;
+constexpr RealRange kAboveOne{1, true, kInf, true};  // > 1
 
 constexpr CountRange kAtLeastOne{1, kUnbounded};
 constexpr CountRange kWorkersPerGroup{1, 1024};
@@ -537,6 +540,43 @@ void CheckTopologySite(const pb::JobConfig& config, const std::string& name,
   }
 }
 
+// SkewScout's options (skew_control.h states the same ranges); it moves
+// Gaia's threshold, so it needs GAIA, and a threshold inside its bounds.
+void ValidateSkewScout(const pb::SyncConfig& sync, const IssueReporter& r) {
+  const pb::SkewScoutConfig& scout = sync.skewscout();
+  constexpr CountRange kHoldout{1, 100000};
+  r.Count("travel_period", scout.travel_period(), kAtLeastOne);
+  r.Count("holdout_samples", scout.holdout_samples(), kHoldout);
+  r.Real("target_loss", scout.target_loss(), kOpenUnit);
+  r.Real("dead_band", scout.dead_band(), kHalfOpenUnit);
+  r.Real("smoothing", scout.smoothing(), kFraction);
+  r.Real("tighten_factor", scout.tighten_factor(), kAboveOne);
+  r.Real("loosen_factor", scout.loosen_factor(), kAboveOne);
+  r.Count("patience", scout.patience(), kAtLeastOne);
+  r.Real("min_theta", scout.min_theta(), kPositive);
+  r.Real("max_theta", scout.max_theta(), kPositive);
+  if (std::isfinite(scout.min_theta()) && std::isfinite(scout.max_theta())) {
+    r.Check(scout.min_theta() <= scout.max_theta(), "max_theta",
+            "must be at least min_theta (" + FormatReal(scout.min_theta()) +
+                "), got " + FormatReal(scout.max_theta()));
+  }
+  if (!scout.enabled()) return;
+  r.Check(sync.kind() == pb::GAIA, "enabled",
+          "SkewScout moves Gaia's threshold: it needs sync.kind GAIA (the "
+          "averaging period of MODEL_AVERAGING and a top-k density are not "
+          "controlled yet)");
+  if (std::isfinite(sync.threshold()) && std::isfinite(scout.min_theta()) &&
+      std::isfinite(scout.max_theta())) {
+    r.Check(sync.threshold() >= scout.min_theta() &&
+                sync.threshold() <= scout.max_theta(),
+            "enabled",
+            "the controller starts at sync.threshold (" +
+                FormatReal(sync.threshold()) + "), which must lie in [" +
+                FormatReal(scout.min_theta()) + ", " +
+                FormatReal(scout.max_theta()) + "]");
+  }
+}
+
 void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
   const pb::SyncConfig& sync = config.sync();
   r.Specified("kind", sync.kind());
@@ -563,6 +603,7 @@ void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
     }
   }
   r.Count("averaging_period", sync.averaging_period(), kAtLeastOne);
+  ValidateSkewScout(sync, r.Nested("skewscout"));
   ValidateCompression(sync.compression(), r.Nested("compression"));
   r.Specified("topology", sync.topology());
   if (sync.topology() == pb::STAR) {

@@ -57,6 +57,10 @@ std::optional<TypeRule> RuleFor(pb::MessageType type) {
       return TypeRule{H::kHeartbeat, true, false};
     case pb::MIRROR_ACK:
       return TypeRule{H::kMirrorAck, false, false};
+    case pb::MIRROR_TRAVEL:
+      return TypeRule{H::kMirrorTravel, false, true};
+    case pb::MIRROR_TRAVEL_RESULT:
+      return TypeRule{H::kMirrorTravelResult, false, false};
     case pb::MESSAGE_TYPE_UNSPECIFIED:
       break;
   }

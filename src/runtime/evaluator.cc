@@ -41,8 +41,31 @@ std::vector<std::pair<double, Duration>> Evaluator::TakeLossResults() {
   return results;
 }
 
-// Test-set evaluations every eval_period_s, and loss evaluations as soon as
-// they are asked for. The work happens with mu_ released.
+bool Evaluator::RequestTravelScore(TravelScore request,
+                                   std::vector<float> model) {
+  if (options_.holdout_set.size() == 0 ||
+      model.size() != options_.store->num_elements()) {
+    return false;
+  }
+  {
+    MutexLock lock(&mu_);
+    if (travel_.has_value() || stop_) return false;
+    travel_.emplace(std::move(request), std::move(model));
+  }
+  cv_.notify_all();
+  return true;
+}
+
+std::vector<TravelScore> Evaluator::TakeTravelScores() {
+  std::vector<TravelScore> scores;
+  MutexLock lock(&mu_);
+  scores.swap(travel_scores_);
+  return scores;
+}
+
+// Test-set evaluations every eval_period_s, loss evaluations and travelled
+// models as soon as they are asked for. The work happens with mu_
+// released.
 void Evaluator::Loop() {
   const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
       FromSeconds(options_.eval_period_s));
@@ -59,6 +82,22 @@ void Evaluator::Loop() {
           options_.model->Evaluate(params, options_.loss_set);
       mu_.lock();
       loss_results_.emplace_back(result.loss, taken_at);
+      continue;
+    }
+    if (travel_.has_value()) {
+      // travel_ stays set while it is scored, so a new request is refused.
+      TravelScore score = travel_->first;
+      const std::vector<float> travelled = std::move(travel_->second);
+      mu_.unlock();
+      options_.store->Snapshot(params);
+      score.samples = static_cast<uint32_t>(options_.holdout_set.size());
+      score.own_accuracy =
+          options_.model->Evaluate(params, options_.holdout_set).accuracy;
+      score.travelled_accuracy =
+          options_.model->Evaluate(travelled, options_.holdout_set).accuracy;
+      mu_.lock();
+      travel_scores_.push_back(std::move(score));
+      travel_.reset();
       continue;
     }
     if (std::chrono::steady_clock::now() >= next_test) {
@@ -95,6 +134,7 @@ void Evaluator::Record(const EvalResult& result, uint64_t version,
   point.set_loss(result.loss);
   point.set_model_version(version);
   point.set_commits(commits);
+  if (options_.theta) point.set_theta(options_.theta());
   const double target = options_.target_accuracy;
   bool reached_now = false;
   {

@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -43,6 +44,9 @@ struct EvaluatorOptions {
   // Fixed training minibatches of the policy's loss evaluations; empty:
   // loss requests are ignored.
   Dataset loss_set;
+  // SkewScout's held-out sample of the site's own training data, on which
+  // travelled models are scored; empty: travel requests are refused.
+  Dataset holdout_set;
   double eval_period_s = 1;
   double target_accuracy = 0;          // 0: none
   const Clock* clock = SystemClock();  // time stamps of loss evaluations
@@ -50,6 +54,19 @@ struct EvaluatorOptions {
   // training now (frozen once the job ended), and commits applied so far.
   std::function<double()> training_s;
   std::function<uint64_t()> commits;
+  // The sync's threshold now, for the timeline (may be empty).
+  std::function<double()> theta;
+};
+
+// A peer's travelled model to score (SkewScout) and, once scored, how it
+// and this site's own model did on the held-out sample.
+struct TravelScore {
+  std::string peer;
+  uint64_t travel_id = 0;
+  int64_t clock = 0;
+  uint32_t samples = 0;
+  double own_accuracy = 0;
+  double travelled_accuracy = 0;
 };
 
 class Evaluator {
@@ -70,6 +87,14 @@ class Evaluator {
   uint64_t test_set_size() const { return options_.test_set.size(); }
   // Finished loss evaluations: (loss, when the snapshot was taken).
   std::vector<std::pair<double, Duration>> TakeLossResults();
+
+  // Scores `model` (a peer's, travelled) and a snapshot of this site's on
+  // the held-out sample, on the evaluator thread; neither touches the
+  // store. One at a time: false (and nothing kept) while one is pending or
+  // without a held-out sample. Any thread.
+  bool RequestTravelScore(TravelScore request, std::vector<float> model);
+  // Finished scores, in order.
+  std::vector<TravelScore> TakeTravelScores();
 
   // Evaluates the model once more on the calling thread and records it
   // (the final evaluation). Only while the thread is not running.
@@ -104,6 +129,10 @@ class Evaluator {
   bool stop_ GUARDED_BY(mu_) = false;
   bool loss_requested_ GUARDED_BY(mu_) = false;
   std::vector<std::pair<double, Duration>> loss_results_ GUARDED_BY(mu_);
+  // At most one travelled model waits (its size: one model).
+  std::optional<std::pair<TravelScore, std::vector<float>>> travel_
+      GUARDED_BY(mu_);
+  std::vector<TravelScore> travel_scores_ GUARDED_BY(mu_);
   std::vector<pb::EvalPoint> timeline_ GUARDED_BY(mu_);
   double time_to_target_s_ GUARDED_BY(mu_) = -1;
   std::atomic<bool> target_reached_{false};

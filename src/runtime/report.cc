@@ -321,14 +321,15 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
 Status WriteTimelineCsv(const std::vector<pb::SiteSummary>& sites,
                         const std::string& path) {
   std::ostringstream out;
-  out << "site,t_s,accuracy,loss,model_version,commits\n";
+  out << "site,t_s,accuracy,loss,model_version,commits,theta\n";
   char row[256];
   for (const pb::SiteSummary& site : sites) {
     for (const pb::EvalPoint& point : site.timeline()) {
-      std::snprintf(row, sizeof(row), ",%.3f,%.6f,%.6f,%llu,%llu\n",
+      std::snprintf(row, sizeof(row), ",%.3f,%.6f,%.6f,%llu,%llu,%.6g\n",
                     point.t_s(), point.accuracy(), point.loss(),
                     static_cast<unsigned long long>(point.model_version()),
-                    static_cast<unsigned long long>(point.commits()));
+                    static_cast<unsigned long long>(point.commits()),
+                    point.theta());
       out << site.name() << row;
     }
   }

@@ -85,10 +85,12 @@ uint32_t ContributingWorkers(const pb::JobConfig& job, int site_index) {
   return static_cast<uint32_t>(ServedWorkers(job, site_index).size());
 }
 
-// The training samples of the policy's loss evaluations: `count` of the
-// `total` (all when fewer), the same at every site (seeded), sorted.
-std::vector<uint32_t> LossSampleIndices(size_t total, uint64_t count,
-                                        uint64_t seed) {
+// `count` of the positions [0, total) (all when fewer), the same for the
+// same seed, sorted: the training samples of the policy's loss evaluations
+// (one seed at every site), and SkewScout's held-out sample of a site's
+// share (a seed per site).
+std::vector<uint32_t> SeededSample(size_t total, uint64_t count,
+                                   uint64_t seed) {
   std::vector<uint32_t> all(total);
   std::iota(all.begin(), all.end(), 0u);
   std::mt19937_64 rng(seed ^ 0x6c6f7373ull);  // "loss"
@@ -138,7 +140,7 @@ class SiteServer::Impl {
  public:
   Impl(SiteServerOptions options, int site_index, std::unique_ptr<Model> model,
        std::unique_ptr<Model> eval_model, Dataset test_set, Dataset loss_set,
-       std::unique_ptr<IntraSitePolicy> policy)
+       Dataset holdout_set, std::unique_ptr<IntraSitePolicy> policy)
       : options_(std::move(options)),
         job_(options_.job),
         site_index_(site_index),
@@ -172,6 +174,8 @@ class SiteServer::Impl {
     eval.clock = clock_;
     eval.training_s = [this] { return EvalTime(); };
     eval.commits = [this] { return commits_.load(); };
+    eval.theta = [this] { return theta_.load(std::memory_order_relaxed); };
+    eval.holdout_set = std::move(holdout_set);
     evaluator_ = std::make_unique<Evaluator>(std::move(eval));
     summary_.set_name(site_config_.name());
   }
@@ -229,6 +233,15 @@ class SiteServer::Impl {
       sync.secret_key_file = options_.secret_key_file;
       sync.clock = clock_;
       sync.wall_clock = wall_clock_;
+      sync.score_travelled = [this](const std::string& peer, uint64_t travel_id,
+                                    int64_t clock, std::vector<float> model) {
+        TravelScore request;
+        request.peer = peer;
+        request.travel_id = travel_id;
+        request.clock = clock;
+        return evaluator_->RequestTravelScore(std::move(request),
+                                              std::move(model));
+      };
       MERIDIAN_ASSIGN_OR_RETURN(sync_, SyncEngine::Create(std::move(sync)));
     }
     MERIDIAN_RETURN_IF_ERROR(OpenCheckpoints());
@@ -1490,12 +1503,20 @@ class SiteServer::Impl {
     return dt > 0 ? static_cast<double>(commits_ - c0) / dt : 0;
   }
 
-  // Event thread: hands finished loss evaluations to the policy.
+  // Event thread: hands finished loss evaluations to the policy, and the
+  // scores of travelled models (SkewScout) back to their sites.
   void DeliverLossEvaluations() {
     for (const auto& [loss, taken_at] : evaluator_->TakeLossResults()) {
       ++loss_evaluations_;
       policy_->OnLossEvaluation(loss, taken_at);
     }
+    if (!sync_) return;
+    for (const TravelScore& score : evaluator_->TakeTravelScores()) {
+      sync_->OnTravelScored(score.peer, score.travel_id, score.clock,
+                            score.samples, score.own_accuracy,
+                            score.travelled_accuracy);
+    }
+    theta_.store(sync_->theta(), std::memory_order_relaxed);
   }
 
   // ---- durability (checkpoints, site_checkpoint.h) -------------------------
@@ -1781,6 +1802,8 @@ class SiteServer::Impl {
   std::atomic<double> start_s_{0};
   std::atomic<double> training_s_{0};
   std::atomic<uint64_t> commits_{0};
+  // The sync's threshold, for the evaluator's timeline (event loop writes).
+  std::atomic<double> theta_{0};
   uint64_t rejected_ = 0;
   uint64_t pulls_ = 0;
   uint64_t loss_evaluations_ = 0;
@@ -1861,22 +1884,37 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
   Dataset loss_set;
   const pb::PolicyKind kind = job.policy().kind();
   if (kind == pb::ADSP || kind == pb::ADACOMM) {
-    const std::vector<uint32_t> sample = LossSampleIndices(
-        raw.train_labels.size(),
-        static_cast<uint64_t>(job.policy().loss_eval_batches()) *
-            job.optimizer().batch_size(),
-        job.seed());
+    const std::vector<uint32_t> sample =
+        SeededSample(raw.train_labels.size(),
+                     static_cast<uint64_t>(job.policy().loss_eval_batches()) *
+                         job.optimizer().batch_size(),
+                     job.seed());
     loss_set = MakeDataset(raw.train_images, raw.train_labels, sample,
                            job.data().normalization(), raw.stats);
+  }
+  Dataset holdout_set;
+  if (job.sync().skewscout().enabled()) {
+    MERIDIAN_ASSIGN_OR_RETURN(
+        const std::vector<uint32_t> share,
+        SiteSampleIndices(job, raw.train_labels, site_index));
+    const std::vector<uint32_t> positions =
+        SeededSample(share.size(), job.sync().skewscout().holdout_samples(),
+                     job.seed() ^ static_cast<uint64_t>(site_index + 1));
+    std::vector<uint32_t> sample;
+    sample.reserve(positions.size());
+    for (uint32_t position : positions) sample.push_back(share[position]);
+    holdout_set = MakeDataset(raw.train_images, raw.train_labels, sample,
+                              job.data().normalization(), raw.stats);
   }
   const int input_dim = static_cast<int>(raw.test_images.dim());
   MERIDIAN_ASSIGN_OR_RETURN(auto model, MakeModel(job.model(), input_dim, 10));
   MERIDIAN_ASSIGN_OR_RETURN(auto eval_model,
                             MakeModel(job.model(), input_dim, 10));
   MERIDIAN_ASSIGN_OR_RETURN(auto policy, MakePolicy(job.policy()));
-  auto impl = std::make_unique<Impl>(
-      std::move(options), site_index, std::move(model), std::move(eval_model),
-      std::move(test_set), std::move(loss_set), std::move(policy));
+  auto impl = std::make_unique<Impl>(std::move(options), site_index,
+                                     std::move(model), std::move(eval_model),
+                                     std::move(test_set), std::move(loss_set),
+                                     std::move(holdout_set), std::move(policy));
   MERIDIAN_RETURN_IF_ERROR(impl->DescribeTrainingData(raw.train_labels));
   MERIDIAN_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<SiteServer>(new SiteServer(std::move(impl)));

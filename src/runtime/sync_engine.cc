@@ -13,6 +13,7 @@
 #include "meridian/log.h"
 #include "meridian/message.h"
 #include "meridian/security.h"
+#include "meridian/skew_control.h"
 #include "meridian/sync.h"
 #include "meridian/transport.h"
 #include "meridian/wan_presets.h"
@@ -101,6 +102,10 @@ struct Peer {
   double window_start_unix_s = 0;
   // How old its changes were when applied here.
   RemoteUpdateAge age;
+  // SkewScout: the id of the travel to it that has not been answered (0:
+  // none); a new travel waits until it is, or until the next period.
+  uint64_t travel_outstanding = 0;
+  int64_t travel_sent_clock = 0;
   // ||acc|| / ||w|| of its accumulator, sampled (SampleUnsent).
   uint64_t unsent_samples = 0;
   double unsent_sum = 0;
@@ -159,6 +164,13 @@ class SyncEngine::Impl {
         peer->acc = store_->AddAccumulator();
       }
       peers_.push_back(std::move(peer));
+    }
+
+    if (sync_.skewscout().enabled()) {
+      Result<SkewController> controller = SkewController::Create(
+          SkewControlOptionsFrom(sync_.skewscout()), sync_.threshold());
+      if (!controller.ok()) return controller.status();
+      skew_.emplace(std::move(*controller));
     }
 
     const std::string bind =
@@ -264,6 +276,7 @@ class SyncEngine::Impl {
     liveness_floor_s_ = Now();
     const double now = options_.wall_clock->UnixSeconds();
     for (auto& peer : peers_) peer->window_start_unix_s = now;
+    connected_s_ = Now();
     return Status::Ok();
   }
 
@@ -292,8 +305,26 @@ class SyncEngine::Impl {
     } else {
       SendLocalChanges(Theta(clock));
     }
+    if (skew_ && clock % sync_.skewscout().travel_period() == 0) Travel(clock);
     AnnounceClocks();
     MaybeAverage();
+  }
+
+  void OnTravelScored(const std::string& site, uint64_t travel_id,
+                      int64_t clock, uint32_t samples, double own_accuracy,
+                      double travelled_accuracy) {
+    Peer* peer = PeerNamed(site);
+    if (peer == nullptr || !Sendable(*peer)) return;
+    pb::Header header = MakeHeader(pb::MIRROR_TRAVEL_RESULT, self_, 0);
+    header.set_clock(clock);
+    pb::MirrorTravelResult* result = header.mutable_mirror_travel_result();
+    result->set_travel_id(travel_id);
+    result->set_clock(clock);
+    result->set_samples(samples);
+    result->set_own_accuracy(own_accuracy);
+    result->set_travelled_accuracy(travelled_accuracy);
+    ++travels_scored_;
+    Send(*peer, std::move(header), {});
   }
 
   // About once a second: how large each peer's unsent change is against
@@ -476,6 +507,7 @@ class SyncEngine::Impl {
         unsent->set_max_relative_norm(peer->unsent_max);
       }
     }
+    FillSkewScout(&summary);
     return summary;
   }
 
@@ -887,6 +919,8 @@ class SyncEngine::Impl {
     if (sync_.kind() == pb::DENSE) return 0;
     double theta =
         schedule_.At(static_cast<uint64_t>(std::max<int64_t>(clock, 1)));
+    // SkewScout's controller sets the threshold (a flush clock stays 0).
+    if (skew_ && theta > 0) theta = skew_->knob();
     if (theta > 0) {
       double adjustment = 0;
       for (const auto& peer : peers_) {
@@ -1296,6 +1330,8 @@ class SyncEngine::Impl {
       case pb::MIRROR_CLOCK:
       case pb::MIRROR_UPDATE:
       case pb::MIRROR_INDICES:
+      case pb::MIRROR_TRAVEL:
+      case pb::MIRROR_TRAVEL_RESULT:
         break;
       default:
         return Refuse(
@@ -1321,8 +1357,149 @@ class SyncEngine::Impl {
                     {pb::ERROR_UNEXPECTED,
                      "site '" + site + "' already sent its final flush"});
     }
-    if (header.type() == pb::MIRROR_CLOCK) return HandleClock(message, peer);
-    HandleUpdate(message, peer);
+    switch (header.type()) {
+      case pb::MIRROR_CLOCK:
+        return HandleClock(message, peer);
+      case pb::MIRROR_TRAVEL:
+        return HandleTravel(message, peer);
+      case pb::MIRROR_TRAVEL_RESULT:
+        return HandleTravelResult(message, peer);
+      default:
+        return HandleUpdate(message, peer);
+    }
+  }
+
+  // ---- SkewScout: model travelling --------------------------------------
+  // Sends the model to the next peer in turn that can take it and has
+  // answered the last travel (or not for two periods: that one is given
+  // up). Lossless; on the numbered channel, so it is counted, logged and
+  // delivered once like any update, and never applied by the receiver.
+  void Travel(int64_t clock) {
+    const int64_t period = sync_.skewscout().travel_period();
+    for (size_t tried = 0; tried < peers_.size(); ++tried) {
+      Peer& peer = *peers_[next_travel_peer_++ % peers_.size()];
+      if (!Sendable(peer) || peer.out.full() || !peer.in.hello()) continue;
+      if (peer.travel_outstanding != 0 &&
+          clock - peer.travel_sent_clock < 2 * period) {
+        continue;
+      }
+      if (peer.travel_outstanding != 0) ++travels_unanswered_;
+      std::vector<float> model(store_->num_elements());
+      store_->Snapshot(model);
+      const EncodedSlices encoded =
+          codec_->EncodeModel(*store_, peer.acc, model);
+      pb::Header header = MakeHeader(pb::MIRROR_TRAVEL, self_, 0);
+      header.set_clock(clock);
+      for (const pb::TensorSlice& slice : encoded.slices) {
+        *header.add_slices() = slice;
+      }
+      const uint64_t id = (incarnation_ << 32) + ++travels_sent_;
+      header.mutable_mirror_travel()->set_travel_id(id);
+      header.mutable_mirror_travel()->set_clock(clock);
+      travel_bytes_ +=
+          static_cast<double>(header.ByteSizeLong() + encoded.bytes);
+      peer.travel_outstanding = id;
+      peer.travel_sent_clock = clock;
+      Send(peer, std::move(header), encoded.frames);
+      return;
+    }
+  }
+
+  // A peer's model to score: checked like an update that must carry every
+  // element, decoded into a model-sized copy that only the evaluator sees.
+  void HandleTravel(Envelope& message, Peer& peer) {
+    const pb::Header& header = message.header;
+    if (!options_.score_travelled || !sync_.skewscout().enabled()) {
+      return Refuse(
+          message.routing_id, header,
+          {pb::ERROR_UNEXPECTED, "site '" + name_ +
+                                     "' does not score travelled models "
+                                     "(sync.skewscout is off)"});
+    }
+    if (Verdict verdict = CheckSlicesAgainstLayout(header, store_->layout(),
+                                                   /*whole_model=*/true)) {
+      return Refuse(message.routing_id, header, *verdict);
+    }
+    if (Verdict verdict = CheckCodec(header, pb::CODEC_PIPELINE)) {
+      return Refuse(message.routing_id, header, *verdict);
+    }
+    if (Status decoded = DecodeUpdate(header, message.payload); !decoded.ok()) {
+      return Refuse(message.routing_id, header,
+                    {pb::ERROR_MALFORMED, decoded.message()});
+    }
+    const DecodedUpdate& received = codec_->decoded();
+    const uint64_t n = store_->num_elements();
+    bool whole = received.indices.size() == n;
+    for (uint64_t i = 0; whole && i < n; ++i) whole = received.indices[i] == i;
+    if (!whole) {
+      return Refuse(message.routing_id, header,
+                    {pb::ERROR_MALFORMED,
+                     "a travelled model must carry every element once (got " +
+                         std::to_string(received.indices.size()) + " of " +
+                         std::to_string(n) + ")"});
+    }
+    std::vector<float> model(received.values.begin(), received.values.end());
+    if (options_.score_travelled(peer.name, header.mirror_travel().travel_id(),
+                                 header.mirror_travel().clock(),
+                                 std::move(model))) {
+      ++travels_accepted_;
+    } else {
+      ++travels_dropped_;
+    }
+  }
+
+  void HandleTravelResult(const Envelope& message, Peer& peer) {
+    const pb::MirrorTravelResult& result =
+        message.header.mirror_travel_result();
+    if (!skew_) {
+      return Refuse(message.routing_id, message.header,
+                    {pb::ERROR_UNEXPECTED, "site '" + name_ +
+                                               "' sent no model to travel "
+                                               "(sync.skewscout is off)"});
+    }
+    if (result.travel_id() != peer.travel_outstanding ||
+        result.travel_id() == 0) {
+      return;  // an answer given up on, or to an earlier incarnation
+    }
+    peer.travel_outstanding = 0;
+    ++results_received_;
+    const SkewDecision& decision = skew_->Observe(
+        Now() - connected_s_, result.clock(), peer.name, result.samples(),
+        result.own_accuracy(), result.travelled_accuracy());
+    MLOG(INFO) << "skewscout: '" << peer.name << "' scored this site's model "
+               << "of clock " << decision.clock << " "
+               << decision.travelled_accuracy << " against its own "
+               << decision.own_accuracy << " on " << decision.samples
+               << " samples: estimated loss " << decision.estimate
+               << " (smoothed " << decision.smoothed << "), "
+               << SkewActionName(decision.action) << ", theta "
+               << decision.knob_before << " -> " << decision.knob_after;
+  }
+
+  void FillSkewScout(pb::SyncSummary* summary) const {
+    if (!skew_ && travels_scored_ == 0 && travels_accepted_ == 0) return;
+    pb::SkewScoutSummary* out = summary->mutable_skewscout();
+    out->set_travels_sent(travels_sent_);
+    out->set_travel_bytes(travel_bytes_);
+    out->set_results_received(results_received_);
+    out->set_travels_scored(travels_scored_);
+    out->set_travels_dropped(travels_dropped_);
+    if (!skew_) return;
+    out->set_final_theta(skew_->knob());
+    for (const SkewDecision& d : skew_->decisions()) {
+      pb::SkewDecisionRecord* record = out->add_decisions();
+      record->set_t_s(d.t_s);
+      record->set_clock(d.clock);
+      record->set_peer(d.peer);
+      record->set_samples(d.samples);
+      record->set_own_accuracy(d.own_accuracy);
+      record->set_travelled_accuracy(d.travelled_accuracy);
+      record->set_estimate(d.estimate);
+      record->set_smoothed(d.smoothed);
+      record->set_theta_before(d.knob_before);
+      record->set_theta_after(d.knob_after);
+      record->set_action(SkewActionName(d.action));
+    }
   }
 
   // Whether `peer` introduced itself on the connection `message` came
@@ -1537,6 +1714,18 @@ class SyncEngine::Impl {
 
   int64_t local_clock_ = 0;
   double last_unsent_sample_s_ = -1e9;
+  // SkewScout (sync.skewscout.enabled): the controller of theta, and the
+  // travels this site sent and scored.
+  std::optional<SkewController> skew_;
+  size_t next_travel_peer_ = 0;
+  uint64_t travels_sent_ = 0;
+  uint64_t travels_unanswered_ = 0;
+  double travel_bytes_ = 0;
+  uint64_t results_received_ = 0;
+  uint64_t travels_accepted_ = 0;
+  uint64_t travels_scored_ = 0;
+  uint64_t travels_dropped_ = 0;
+  double connected_s_ = 0;
   double last_theta_ = 0;
   bool training_ = false;  // Connect() was called
   bool finishing_ = false;
@@ -1593,6 +1782,13 @@ void SyncEngine::HandleReadable(std::span<const zmq::pollitem_t> items) {
   impl_->HandleReadable(items);
 }
 void SyncEngine::OnLocalClock(int64_t clock) { impl_->OnLocalClock(clock); }
+void SyncEngine::OnTravelScored(const std::string& peer, uint64_t travel_id,
+                                int64_t clock, uint32_t samples,
+                                double own_accuracy,
+                                double travelled_accuracy) {
+  impl_->OnTravelScored(peer, travel_id, clock, samples, own_accuracy,
+                        travelled_accuracy);
+}
 bool SyncEngine::ReadsAllowed(int64_t local_clock,
                               std::span<const KeyRange> ranges) const {
   return impl_->ReadsAllowed(local_clock, ranges);

@@ -46,6 +46,13 @@ struct SyncEngineOptions {
   std::string secret_key_file;
   Clock* clock = SystemClock();
   const WallClock* wall_clock = SystemWallClock();  // fault events' time
+  // SkewScout (sync.skewscout.enabled): a peer's travelled model to score
+  // on this site's held-out sample, off the event loop. Returns false when
+  // it cannot take one now (one is being scored): the travel is dropped
+  // and counted. The answer comes back through OnTravelScored.
+  std::function<bool(const std::string& peer, uint64_t travel_id, int64_t clock,
+                     std::vector<float> model)>
+      score_travelled;
 };
 
 // Driven by the site server's event-loop thread only: not thread-safe.
@@ -81,8 +88,16 @@ class SyncEngine {
   void HandleReadable(std::span<const zmq::pollitem_t> items);
 
   // The site's clock advanced to `clock` (called once per clock, in
-  // order): runs the filter, sends updates and the clock.
+  // order): runs the filter, sends updates and the clock, and (SkewScout)
+  // sends the model to travel every travel_period clocks.
   void OnLocalClock(int64_t clock);
+
+  // SkewScout: the scores of a model `peer` sent (score_travelled) —
+  // this site's own model and the travelled one on `samples` held-out
+  // samples — go back to it.
+  void OnTravelScored(const std::string& peer, uint64_t travel_id,
+                      int64_t clock, uint32_t samples, double own_accuracy,
+                      double travelled_accuracy);
 
   // Whether a worker may read `ranges` of the model now (empty: all of
   // it): the DS bound holds, no averaging round is open, and no parameter

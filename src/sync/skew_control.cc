@@ -15,6 +15,20 @@ Status Invalid(const std::string& option, double value,
 
 }  // namespace
 
+SkewControlOptions SkewControlOptionsFrom(const pb::SkewScoutConfig& config) {
+  SkewControlOptions options;
+  options.target_loss = config.target_loss();
+  options.dead_band = config.dead_band();
+  options.smoothing = config.smoothing();
+  options.tighten_factor = config.tighten_factor();
+  options.loosen_factor = config.loosen_factor();
+  options.patience = config.patience();
+  options.min_knob = config.min_theta();
+  options.max_knob = config.max_theta();
+  options.larger_is_looser = true;
+  return options;
+}
+
 const char* SkewActionName(SkewAction action) {
   switch (action) {
     case SkewAction::kTighten:

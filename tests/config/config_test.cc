@@ -901,8 +901,77 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   // check_period_s, min_commit_interval_s, search_period_s,
   // loss_jump_ratio, search_min_improvement; fault: heartbeat_interval_s,
   // worker_timeout_s, server_timeout_s, worker_give_up_s, peer_timeout_s,
-  // checkpoint_period_s, restart_backoff_s.
-  EXPECT_EQ(visited, 31);
+  // checkpoint_period_s, restart_backoff_s; sync.skewscout: target_loss,
+  // dead_band, smoothing, tighten_factor, loosen_factor, min_theta,
+  // max_theta.
+  EXPECT_EQ(visited, 38);
+}
+
+TEST(ValidateJobConfigTest, SkewScoutOptionsAndWhatItControls) {
+  struct Case {
+    std::function<void(pb::SyncConfig*)> mutate;
+    std::string field;    // "" when valid
+    std::string message;  // part of the issue's message
+  };
+  const Case cases[] = {
+      {[](auto* s) { s->mutable_skewscout()->set_enabled(true); }, "", ""},
+      {[](auto* s) {
+         s->set_kind(pb::DENSE);
+         s->mutable_skewscout()->set_enabled(true);
+       },
+       "enabled", "needs sync.kind GAIA"},
+      {[](auto* s) {
+         s->set_kind(pb::MODEL_AVERAGING);
+         s->mutable_skewscout()->set_enabled(true);
+       },
+       "enabled", "averaging period of MODEL_AVERAGING"},
+      {[](auto* s) {
+         s->set_threshold(0.9);
+         s->mutable_skewscout()->set_enabled(true);
+       },
+       "enabled", "starts at sync.threshold (0.9)"},
+      // Off: the threshold is not its business.
+      {[](auto* s) { s->set_threshold(0.9); }, "", ""},
+      {[](auto* s) { s->mutable_skewscout()->set_travel_period(0); },
+       "travel_period", ""},
+      {[](auto* s) { s->mutable_skewscout()->set_holdout_samples(0); },
+       "holdout_samples", ""},
+      {[](auto* s) { s->mutable_skewscout()->set_target_loss(1); },
+       "target_loss", ""},
+      {[](auto* s) { s->mutable_skewscout()->set_dead_band(1); }, "dead_band",
+       ""},
+      {[](auto* s) { s->mutable_skewscout()->set_smoothing(0); }, "smoothing",
+       ""},
+      {[](auto* s) { s->mutable_skewscout()->set_tighten_factor(1); },
+       "tighten_factor", ""},
+      {[](auto* s) { s->mutable_skewscout()->set_loosen_factor(0.5); },
+       "loosen_factor", ""},
+      {[](auto* s) { s->mutable_skewscout()->set_patience(0); }, "patience",
+       ""},
+      {[](auto* s) { s->mutable_skewscout()->set_min_theta(0); }, "min_theta",
+       ""},
+      {[](auto* s) { s->mutable_skewscout()->set_max_theta(0.001); },
+       "max_theta", "at least min_theta"},
+  };
+  int index = 0;
+  for (const Case& c : cases) {
+    pb::JobConfig config = ValidConfig();
+    config.mutable_sync()->set_kind(pb::GAIA);
+    config.mutable_sync()->set_threshold(0.05);
+    c.mutate(config.mutable_sync());
+    const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+    if (c.field.empty()) {
+      EXPECT_TRUE(issues.empty())
+          << "case #" << index << ": " << FormatConfigIssues("j", issues);
+    } else {
+      ASSERT_EQ(Fields(issues),
+                std::vector<std::string>{"sync.skewscout." + c.field})
+          << "case #" << index << ": " << FormatConfigIssues("j", issues);
+      EXPECT_TRUE(Contains(issues[0].message, c.message))
+          << "case #" << index << ": " << issues[0].message;
+    }
+    ++index;
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -2194,11 +2194,18 @@ void Fuzzer::ActMutation() {
     }
     case 16: {  // message types a site server does not serve
       name = "wrong-type";
-      const pb::MessageType types[] = {
-          pb::WELCOME,      pb::MODEL,          pb::ERROR,
-          pb::STATUS_REPLY, pb::MIRROR_HELLO,   pb::MIRROR_UPDATE,
-          pb::MIRROR_CLOCK, pb::MIRROR_INDICES, pb::MIRROR_ACK};
-      const pb::MessageType type = types[Rand(9)];
+      const pb::MessageType types[] = {pb::WELCOME,
+                                       pb::MODEL,
+                                       pb::ERROR,
+                                       pb::STATUS_REPLY,
+                                       pb::MIRROR_HELLO,
+                                       pb::MIRROR_UPDATE,
+                                       pb::MIRROR_CLOCK,
+                                       pb::MIRROR_INDICES,
+                                       pb::MIRROR_ACK,
+                                       pb::MIRROR_TRAVEL,
+                                       pb::MIRROR_TRAVEL_RESULT};
+      const pb::MessageType type = types[Rand(11)];
       wire = Simple(type, Chance(0.5) ? WorkerEndpoint(s) : ClientEndpoint(),
                     seq());
       switch (type) {
@@ -2231,6 +2238,16 @@ void Fuzzer::ActMutation() {
           break;
         case pb::MIRROR_CLOCK:
           wire.header.mutable_mirror_clock()->set_clock(1);
+          break;
+        case pb::MIRROR_TRAVEL:
+          wire.header.mutable_mirror_travel()->set_travel_id(1);
+          AddLayoutSlices(layout_, &wire.header);
+          for (const TensorInfo& tensor : layout_.tensors()) {
+            wire.payload.emplace_back(tensor.size * 4, '\0');
+          }
+          break;
+        case pb::MIRROR_TRAVEL_RESULT:
+          wire.header.mutable_mirror_travel_result()->set_own_accuracy(2);
           break;
         default:
           wire.header.mutable_mirror_ack()->set_applied_sequence(1);

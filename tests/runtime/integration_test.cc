@@ -148,7 +148,7 @@ TEST_P(ConvergenceTest, FourWorkersConverge) {
   std::ifstream timeline(out + "/timeline.csv");
   std::string header;
   std::getline(timeline, header);
-  EXPECT_EQ(header, "site,t_s,accuracy,loss,model_version,commits");
+  EXPECT_EQ(header, "site,t_s,accuracy,loss,model_version,commits,theta");
   int rows = 0;
   for (std::string line; std::getline(timeline, line);) ++rows;
   EXPECT_EQ(rows, report.sites(0).timeline_size());

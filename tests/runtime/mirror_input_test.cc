@@ -214,6 +214,24 @@ TEST_F(MirrorInputTest, ShapeMismatchBetweenSitesIsRefused) {
   ExpectModelUntouched();
 }
 
+// SkewScout's messages from a peer of a job without it: a travelled model
+// is not scored (nor, whatever it holds, applied), an answer to a travel
+// this site never sent is refused.
+TEST_F(MirrorInputTest, TravelsAreRefusedWithoutSkewScout) {
+  Hello("b", layout_);
+  std::vector<zmq::message_t> frames;
+  pb::Header travel = Update("b", 1, 5.0f, &frames);
+  travel.set_type(pb::MIRROR_TRAVEL);
+  travel.mutable_mirror_travel()->set_travel_id(7);
+  ExpectRefused(travel, pb::ERROR_UNEXPECTED, "does not score travelled",
+                std::move(frames));
+  pb::Header result = From(pb::MIRROR_TRAVEL_RESULT, "b");
+  result.mutable_mirror_travel_result()->set_travel_id(7);
+  result.mutable_mirror_travel_result()->set_own_accuracy(0.9);
+  ExpectRefused(result, pb::ERROR_UNEXPECTED, "sent no model to travel");
+  ExpectModelUntouched();
+}
+
 // Clocks go up; they may jump (a site that was cut off catches up in one
 // step), never repeat or go back.
 TEST_F(MirrorInputTest, RepeatedAndBackwardsClocksAreRefused) {

@@ -112,6 +112,61 @@ TEST_P(SyncConservationTest, EverySiteEndsWithEveryUpdateOnce) {
   EXPECT_GT(sent, 0u);
 }
 
+// SkewScout: models travel between the sites every other clock and are
+// scored on the receivers' held-out samples; the travels are counted as
+// sent bytes, answered, and fed to each site's controller — and nothing of
+// a travelled model reaches a replica: every site still ends with exactly
+// the initial model plus every update once.
+TEST_F(SyncConservationTest, TravelledModelsAreScoredAndNeverApplied) {
+  pb::JobConfig job = Job(Topology{"Mesh3", 3, pb::FULL_MESH});
+  pb::SkewScoutConfig* scout = job.mutable_sync()->mutable_skewscout();
+  scout->set_enabled(true);
+  scout->set_travel_period(2);
+  scout->set_holdout_samples(40);
+  ASSERT_TRUE(ValidateJobConfig(job).empty())
+      << FormatConfigIssues("job", ValidateJobConfig(job));
+  Result<testing::LiveSitesRun> run =
+      testing::RunLiveSites(job, kCommits, /*seed_base=*/2000, kTimeout);
+  ASSERT_TRUE(run.ok()) << run.status();
+  const double model_bytes =
+      static_cast<double>(run->expected.size()) * sizeof(float);
+  uint64_t answered = 0, scored = 0;
+  for (size_t s = 0; s < run->servers.size(); ++s) {
+    const std::string& name = job.site(s).name();
+    const pb::SyncSummary& sync = run->servers[s]->summary().sync();
+    ASSERT_TRUE(sync.flushed()) << name;
+    std::string first;
+    EXPECT_EQ(testing::CountMismatches(run->servers[s]->Snapshot(),
+                                       run->expected, 1e-4, &first),
+              0u)
+        << name << ":\n"
+        << first;
+    const pb::SkewScoutSummary& travel = sync.skewscout();
+    EXPECT_GT(travel.travels_sent(), 0u) << name;
+    // Every travel carries the whole model (lossless, through zstd: trained
+    // floats compress little), and is part of what was sent.
+    EXPECT_GE(travel.travel_bytes(), 0.5 * travel.travels_sent() * model_bytes)
+        << name;
+    EXPECT_GE(sync.bytes_sent(), travel.travel_bytes()) << name;
+    EXPECT_EQ(travel.decisions_size(), travel.results_received()) << name;
+    for (const pb::SkewDecisionRecord& decision : travel.decisions()) {
+      EXPECT_EQ(decision.samples(), 40u) << name;
+      EXPECT_GE(decision.own_accuracy(), 0) << name;
+      EXPECT_LE(decision.own_accuracy(), 1) << name;
+      EXPECT_NEAR(decision.estimate(),
+                  decision.own_accuracy() - decision.travelled_accuracy(),
+                  1e-12)
+          << name;
+      EXPECT_GE(decision.theta_after(), 0.005) << name;
+      EXPECT_LE(decision.theta_after(), 0.5) << name;
+    }
+    answered += travel.results_received();
+    scored += travel.travels_scored();
+  }
+  EXPECT_GT(answered, 0u);
+  EXPECT_GE(scored, answered);
+}
+
 INSTANTIATE_TEST_SUITE_P(Topologies, SyncConservationTest,
                          ::testing::Values(Topology{"Mesh3", 3, pb::FULL_MESH},
                                            Topology{"Star3", 3, pb::STAR},

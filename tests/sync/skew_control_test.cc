@@ -135,6 +135,24 @@ TEST(SkewControllerTest, DecisionsAreBounded) {
   EXPECT_EQ(controller.decisions().front().clock, 500);
 }
 
+TEST(SkewControllerTest, AJobsOptionsControlTheThreshold) {
+  pb::SkewScoutConfig config;
+  config.set_target_loss(0.02);
+  config.set_min_theta(0.01);
+  config.set_max_theta(0.3);
+  config.set_patience(3);
+  const SkewControlOptions options = SkewControlOptionsFrom(config);
+  EXPECT_DOUBLE_EQ(options.target_loss, 0.02);
+  EXPECT_DOUBLE_EQ(options.min_knob, 0.01);
+  EXPECT_DOUBLE_EQ(options.max_knob, 0.3);
+  EXPECT_EQ(options.patience, 3u);
+  EXPECT_TRUE(options.larger_is_looser);
+  // The proto's defaults are valid options.
+  EXPECT_TRUE(SkewController::Create(
+                  SkewControlOptionsFrom(pb::SkewScoutConfig()), 0.05)
+                  .ok());
+}
+
 TEST(SkewControllerTest, BadOptionsAreRefusedByName) {
   struct Case {
     void (*edit)(SkewControlOptions&);
