@@ -1416,16 +1416,8 @@ class SyncEngine::Impl {
                                      "' does not score travelled models "
                                      "(sync.skewscout is off)"});
     }
-    if (Verdict verdict = CheckSlicesAgainstLayout(header, store_->layout(),
-                                                   /*whole_model=*/true)) {
+    if (Verdict verdict = CheckAndDecode(message, /*whole_model=*/true)) {
       return Refuse(message.routing_id, header, *verdict);
-    }
-    if (Verdict verdict = CheckCodec(header, pb::CODEC_PIPELINE)) {
-      return Refuse(message.routing_id, header, *verdict);
-    }
-    if (Status decoded = DecodeUpdate(header, message.payload); !decoded.ok()) {
-      return Refuse(message.routing_id, header,
-                    {pb::ERROR_MALFORMED, decoded.message()});
     }
     const DecodedUpdate& received = codec_->decoded();
     const uint64_t n = store_->num_elements();
@@ -1609,16 +1601,8 @@ class SyncEngine::Impl {
                " from '" + site + "', expected " + std::to_string(expected) +
                " (updates of a clock come before it)"});
     }
-    if (Verdict verdict = CheckSlicesAgainstLayout(header, store_->layout(),
-                                                   /*whole_model=*/false)) {
+    if (Verdict verdict = CheckAndDecode(message, /*whole_model=*/false)) {
       return Refuse(message.routing_id, header, *verdict);
-    }
-    if (Verdict verdict = CheckCodec(header, pb::CODEC_PIPELINE)) {
-      return Refuse(message.routing_id, header, *verdict);
-    }
-    if (Status decoded = DecodeUpdate(header, message.payload); !decoded.ok()) {
-      return Refuse(message.routing_id, header,
-                    {pb::ERROR_MALFORMED, decoded.message()});
     }
     if (header.type() == pb::MIRROR_INDICES) {
       blocked_.Block(site, header.clock(), codec_->decoded().indices);
@@ -1641,6 +1625,25 @@ class SyncEngine::Impl {
     ++updates_received_;
     entries_received_ += received.indices.size();
     blocked_.Release(site, header.clock());
+  }
+
+  // Checks the slices of an update-shaped message against the layout
+  // (covering the whole model when `whole_model`) and its codec, then
+  // decodes them into codec_->decoded(); what to refuse it with otherwise.
+  // Nothing is applied.
+  Verdict CheckAndDecode(const Envelope& message, bool whole_model) {
+    const pb::Header& header = message.header;
+    if (Verdict verdict =
+            CheckSlicesAgainstLayout(header, store_->layout(), whole_model)) {
+      return verdict;
+    }
+    if (Verdict verdict = CheckCodec(header, pb::CODEC_PIPELINE)) {
+      return verdict;
+    }
+    if (Status decoded = DecodeUpdate(header, message.payload); !decoded.ok()) {
+      return Rejection{pb::ERROR_MALFORMED, decoded.message()};
+    }
+    return std::nullopt;
   }
 
   // Decodes the slices of an update (header validated against the layout
