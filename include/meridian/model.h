@@ -61,6 +61,14 @@ class Model {
   virtual EvalResult Evaluate(std::span<const float> params,
                               const Dataset& data,
                               uint64_t max_samples = 0) = 0;
+
+  // Evaluate over all of `data`, also writing per sample whether it was
+  // classified correctly (1) or not (0) into `correct` (resized to the
+  // samples evaluated; empty when the data does not fit the model). For
+  // paired comparisons of two models on the same samples.
+  virtual EvalResult EvaluateSamples(std::span<const float> params,
+                                     const Dataset& data,
+                                     std::vector<uint8_t>* correct) = 0;
 };
 
 // Builds the model the config describes: SOFTMAX (no hidden layers) or MLP

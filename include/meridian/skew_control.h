@@ -44,6 +44,16 @@ struct SkewControlOptions {
   // true for θ and the averaging period (a larger knob sends less); false
   // for a density (a larger knob sends more).
   bool larger_is_looser = true;
+  // An estimate is noise until it is this many standard errors from the
+  // target: the band becomes max(dead band, z × the smoothed estimate's
+  // standard error) on either side. 0: the dead band alone.
+  double significance_z = 2.0;
+  // Clocks between travels: `min_period` while the loss is high, doubled
+  // after each estimate below the band up to `max_period` (a skew that
+  // stays low needs watching less often), back to `min_period` when the
+  // knob tightens. Both >= 1, min_period <= max_period.
+  uint32_t min_period = 200;
+  uint32_t max_period = 1600;
 };
 
 // The options of a job's `sync.skewscout` (validated by the config): a
@@ -53,6 +63,23 @@ SkewControlOptions SkewControlOptionsFrom(const pb::SkewScoutConfig& config);
 enum class SkewAction { kHold, kTighten, kLoosen };
 const char* SkewActionName(SkewAction action);
 
+// How a travelled model and the scoring site's own model did on the same
+// held-out samples (a paired comparison).
+struct TravelScores {
+  uint32_t samples = 0;
+  double own_accuracy = 0;        // the scoring site's model
+  double travelled_accuracy = 0;  // the travelled model
+  // Samples exactly one of the two classified correctly (0: unknown, or
+  // the models agree on every sample).
+  uint32_t discordant = 0;
+  // own - travelled: the accuracy the scoring site's data loses to skew.
+  double Estimate() const { return own_accuracy - travelled_accuracy; }
+  // Standard error of Estimate() over the sampling of the held-out set:
+  // sqrt((discordant/n - estimate²) / n), the paired-proportions variance
+  // (McNemar). 0 when samples is 0.
+  double StandardError() const;
+};
+
 // One estimate and what the controller did with it.
 struct SkewDecision {
   double t_s = 0;     // job time of the estimate
@@ -61,8 +88,12 @@ struct SkewDecision {
   uint32_t samples = 0;
   double own_accuracy = 0;        // the peer's model on its own sample
   double travelled_accuracy = 0;  // this site's model on that sample
+  uint32_t discordant = 0;
   double estimate = 0;            // own - travelled
   double smoothed = 0;            // the controller's running estimate
+  // Standard error of `smoothed` (from the estimate's; 0 when unknown).
+  double standard_error = 0;
+  uint32_t travel_period = 0;     // clocks to the next travel, after this
   double knob_before = 0;
   double knob_after = 0;
   SkewAction action = SkewAction::kHold;
@@ -75,20 +106,27 @@ class SkewController {
 
   // InvalidArgument naming the option for: target_loss <= 0, dead_band
   // outside [0, 1), smoothing outside (0, 1], a factor <= 1, patience 0,
-  // bounds not 0 < min <= max, an initial knob outside the bounds, or any
-  // value not finite.
+  // bounds not 0 < min <= max, significance_z < 0, periods not
+  // 1 <= min <= max, an initial knob outside the bounds, or any value not
+  // finite.
   static Result<SkewController> Create(const SkewControlOptions& options,
                                        double initial_knob);
 
-  // A travel result: the peer scored its own model `own_accuracy` and the
-  // travelled one `travelled_accuracy` on `samples` of its training data
-  // (accuracies in [0, 1]; a result with no samples or a value outside is
+  // A travel result: the peer scored its own model and the travelled one
+  // on `scores.samples` of its training data (accuracies in [0, 1],
+  // discordant <= samples; a result with no samples or a value outside is
   // recorded as a hold and not used). Returns the decision.
+  const SkewDecision& Observe(double t_s, int64_t clock,
+                              const std::string& peer,
+                              const TravelScores& scores);
+  // The same, for scores without a discordant count.
   const SkewDecision& Observe(double t_s, int64_t clock,
                               const std::string& peer, uint32_t samples,
                               double own_accuracy, double travelled_accuracy);
 
   double knob() const { return knob_; }
+  // Clocks from one travel to the next.
+  uint32_t travel_period() const { return period_; }
   double smoothed_loss() const { return smoothed_; }
   bool has_estimate() const { return estimates_ > 0; }
   const std::deque<SkewDecision>& decisions() const { return decisions_; }
@@ -101,7 +139,9 @@ class SkewController {
 
   SkewControlOptions options_;
   double knob_;
+  uint32_t period_;
   double smoothed_ = 0;
+  double smoothed_variance_ = 0;
   uint64_t estimates_ = 0;
   uint32_t low_in_a_row_ = 0;
   uint64_t tightened_ = 0;

@@ -555,6 +555,15 @@ void ValidateSkewScout(const pb::SyncConfig& sync, const IssueReporter& r) {
   r.Count("patience", scout.patience(), kAtLeastOne);
   r.Real("min_theta", scout.min_theta(), kPositive);
   r.Real("max_theta", scout.max_theta(), kPositive);
+  r.Real("significance_z", scout.significance_z(), kNonNegative);
+  r.Specified("travel_value_coding", scout.travel_value_coding());
+  if (scout.max_travel_period() != 0) {
+    r.Check(scout.max_travel_period() >= scout.travel_period(),
+            "max_travel_period",
+            "must be 0 (8 x travel_period) or at least travel_period (" +
+                std::to_string(scout.travel_period()) + "), got " +
+                std::to_string(scout.max_travel_period()));
+  }
   if (std::isfinite(scout.min_theta()) && std::isfinite(scout.max_theta())) {
     r.Check(scout.min_theta() <= scout.max_theta(), "max_theta",
             "must be at least min_theta (" + FormatReal(scout.min_theta()) +

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -1304,6 +1305,7 @@ void CheckpointWriter::Run() {
       ticket = pending_ticket_;
     }
     Status status;
+    const auto started = std::chrono::steady_clock::now();
     try {
       status = write_(dir_, *checkpoint);
     } catch (const std::exception& e) {
@@ -1314,10 +1316,14 @@ void CheckpointWriter::Run() {
     if (status.ok()) {
       durable_sequence_.store(checkpoint->sequence, std::memory_order_release);
     }
+    const double took_s = std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - started)
+                              .count();
     checkpoint.reset();  // at most two snapshots: free this one first
     {
       MutexLock lock(&mu_);
       done_ticket_ = ticket;
+      stats_.last_write_s = took_s;
       last_error_ = status;
       if (status.ok()) {
         ++stats_.written;

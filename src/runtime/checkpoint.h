@@ -407,6 +407,9 @@ class CheckpointWriter {
     uint64_t written = 0;   // checkpoints written
     uint64_t failed = 0;    // writes that failed
     uint64_t replaced = 0;  // pending checkpoints replaced, never written
+    // Wall seconds the most recent write took (steady clock; failed writes
+    // too): what another checkpoint costs the writer's thread and the disk.
+    double last_write_s = 0;
   };
   Stats stats() const EXCLUDES(mu_);
 

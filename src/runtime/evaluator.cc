@@ -70,6 +70,8 @@ void Evaluator::Loop() {
   const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
       FromSeconds(options_.eval_period_s));
   std::vector<float> params(options_.store->num_elements());
+  std::vector<uint8_t> own_correct;  // per held-out sample, reused
+  std::vector<uint8_t> travelled_correct;
   auto next_test = std::chrono::steady_clock::now();
   mu_.lock();
   while (!stop_) {
@@ -90,11 +92,27 @@ void Evaluator::Loop() {
       const std::vector<float> travelled = std::move(travel_->second);
       mu_.unlock();
       options_.store->Snapshot(params);
-      score.samples = static_cast<uint32_t>(options_.holdout_set.size());
-      score.own_accuracy =
-          options_.model->Evaluate(params, options_.holdout_set).accuracy;
-      score.travelled_accuracy =
-          options_.model->Evaluate(travelled, options_.holdout_set).accuracy;
+      // Both on the same samples: the gap's noise is only where they
+      // disagree.
+      TravelScores& scores = score.scores;
+      scores.own_accuracy = options_.model
+                                ->EvaluateSamples(params, options_.holdout_set,
+                                                  &own_correct)
+                                .accuracy;
+      scores.travelled_accuracy =
+          options_.model
+              ->EvaluateSamples(travelled, options_.holdout_set,
+                                &travelled_correct)
+              .accuracy;
+      scores.samples = static_cast<uint32_t>(own_correct.size());
+      scores.discordant = 0;
+      if (travelled_correct.size() == own_correct.size()) {
+        for (size_t i = 0; i < own_correct.size(); ++i) {
+          scores.discordant += own_correct[i] != travelled_correct[i];
+        }
+      } else {
+        scores.samples = 0;  // unusable: the controller ignores it
+      }
       mu_.lock();
       travel_scores_.push_back(std::move(score));
       travel_.reset();

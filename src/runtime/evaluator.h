@@ -33,6 +33,7 @@
 #include "meridian/mutex.h"
 #include "meridian/param_store.h"
 #include "meridian/report.pb.h"
+#include "meridian/skew_control.h"
 #include "meridian/thread_annotations.h"
 
 namespace meridian {
@@ -64,9 +65,7 @@ struct TravelScore {
   std::string peer;
   uint64_t travel_id = 0;
   int64_t clock = 0;
-  uint32_t samples = 0;
-  double own_accuracy = 0;
-  double travelled_accuracy = 0;
+  TravelScores scores;
 };
 
 class Evaluator {

@@ -8,10 +8,19 @@ namespace meridian {
 namespace {
 
 // A checkpoint asked for early (a peer's retention filling) waits at least
-// this long after the previous one (seconds).
-constexpr double kMinSpacingS = 1.0;
+// this long after the previous one (seconds), and at least
+// kEarlyCostMultiple times what the last write took, so early checkpoints
+// keep the writer busy at most 1/kEarlyCostMultiple of the time.
+constexpr double kMinEarlySpacingS = 0.1;
+constexpr double kEarlyCostMultiple = 5.0;
 
 }  // namespace
+
+double EarlyCheckpointSpacing(double last_write_s, double period_s) {
+  const double spacing =
+      std::max(kMinEarlySpacingS, kEarlyCostMultiple * last_write_s);
+  return period_s > 0 ? std::min(spacing, period_s) : spacing;
+}
 
 Result<std::unique_ptr<SiteCheckpointer>> SiteCheckpointer::Open(
     SiteCheckpointOptions options, bool resume) {
@@ -96,7 +105,11 @@ Status SiteCheckpointer::Log(const pb::LoggedMessage& message) {
 bool SiteCheckpointer::Due(double now, bool wanted) const {
   if (last_checkpoint_s_ < 0) return true;
   const double since = now - last_checkpoint_s_;
-  return since >= options_.period_s || (wanted && since >= kMinSpacingS);
+  if (since >= options_.period_s) return true;
+  // An early one only once the previous one is on disk: a snapshot taken
+  // while it is written would replace nothing and double the work.
+  return wanted && in_flight_.empty() &&
+         since >= EarlyCheckpointSpacing(last_write_s(), options_.period_s);
 }
 
 void SiteCheckpointer::Submit(pb::SiteCheckpoint meta,

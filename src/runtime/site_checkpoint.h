@@ -74,8 +74,10 @@ class SiteCheckpointer {
 
   // Whether to take a checkpoint at `now` (seconds on the loop's clock): a
   // period has passed since the last one, or `wanted` (a peer's messages
-  // since the last durable checkpoint fill half of what it keeps) and at
-  // least a second has.
+  // since the last durable checkpoint fill half of what it keeps), the
+  // previous checkpoint is durable and EarlyCheckpointSpacing has passed.
+  // Heavy sync (a dense update every clock) fills a peer's retention
+  // several times a second; a fixed spacing of a second stalled it.
   bool Due(double now, bool wanted) const;
 
   // Takes the checkpoint whose state the caller collected on the event
@@ -95,6 +97,8 @@ class SiteCheckpointer {
   Status Flush() { return writer_->Flush(); }
 
   uint64_t checkpoints_written() const { return writer_->stats().written; }
+  // Seconds the last checkpoint write took (0 before any).
+  double last_write_s() const { return writer_->stats().last_write_s; }
   // The last write's error (OK when it succeeded).
   Status last_error() const { return writer_->last_error(); }
 
@@ -122,6 +126,11 @@ class SiteCheckpointer {
   // fallback): segments below the older one may go.
   std::deque<uint64_t> durable_segments_;
 };
+
+// How long an early checkpoint (Due's `wanted`) waits after the previous
+// one, in seconds: at least 0.1 s and 5 × the last write's duration
+// `last_write_s`, at most `period_s` (when > 0).
+double EarlyCheckpointSpacing(double last_write_s, double period_s);
 
 // The store's arrays for a checkpoint: "model", "velocity" (when server
 // momentum ran) and "acc/<peer>" for each peer of `sync` (null: none).

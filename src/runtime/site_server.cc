@@ -1513,8 +1513,7 @@ class SiteServer::Impl {
     if (!sync_) return;
     for (const TravelScore& score : evaluator_->TakeTravelScores()) {
       sync_->OnTravelScored(score.peer, score.travel_id, score.clock,
-                            score.samples, score.own_accuracy,
-                            score.travelled_accuracy);
+                            score.scores);
     }
     theta_.store(sync_->theta(), std::memory_order_relaxed);
   }

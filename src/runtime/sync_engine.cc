@@ -305,14 +305,22 @@ class SyncEngine::Impl {
     } else {
       SendLocalChanges(Theta(clock));
     }
-    if (skew_ && clock % sync_.skewscout().travel_period() == 0) Travel(clock);
+    if (skew_) {
+      // The first travel after one period: before it the replicas have
+      // had no time to drift apart.
+      if (next_travel_clock_ < 0) {
+        next_travel_clock_ = clock + skew_->travel_period();
+      } else if (clock >= next_travel_clock_) {
+        next_travel_clock_ = clock + skew_->travel_period();
+        Travel(clock);
+      }
+    }
     AnnounceClocks();
     MaybeAverage();
   }
 
   void OnTravelScored(const std::string& site, uint64_t travel_id,
-                      int64_t clock, uint32_t samples, double own_accuracy,
-                      double travelled_accuracy) {
+                      int64_t clock, const TravelScores& scores) {
     Peer* peer = PeerNamed(site);
     if (peer == nullptr || !Sendable(*peer)) return;
     pb::Header header = MakeHeader(pb::MIRROR_TRAVEL_RESULT, self_, 0);
@@ -320,9 +328,10 @@ class SyncEngine::Impl {
     pb::MirrorTravelResult* result = header.mutable_mirror_travel_result();
     result->set_travel_id(travel_id);
     result->set_clock(clock);
-    result->set_samples(samples);
-    result->set_own_accuracy(own_accuracy);
-    result->set_travelled_accuracy(travelled_accuracy);
+    result->set_samples(scores.samples);
+    result->set_own_accuracy(scores.own_accuracy);
+    result->set_travelled_accuracy(scores.travelled_accuracy);
+    result->set_discordant(scores.discordant);
     ++travels_scored_;
     Send(*peer, std::move(header), {});
   }
@@ -1372,10 +1381,11 @@ class SyncEngine::Impl {
   // ---- SkewScout: model travelling --------------------------------------
   // Sends the model to the next peer in turn that can take it and has
   // answered the last travel (or not for two periods: that one is given
-  // up). Lossless; on the numbered channel, so it is counted, logged and
-  // delivered once like any update, and never applied by the receiver.
+  // up). Coded with skewscout.travel_value_coding; on the numbered
+  // channel, so it is counted, logged and delivered once like any update,
+  // and never applied by the receiver.
   void Travel(int64_t clock) {
-    const int64_t period = sync_.skewscout().travel_period();
+    const int64_t period = skew_->travel_period();
     for (size_t tried = 0; tried < peers_.size(); ++tried) {
       Peer& peer = *peers_[next_travel_peer_++ % peers_.size()];
       if (!Sendable(peer) || peer.out.full() || !peer.in.hello()) continue;
@@ -1386,8 +1396,7 @@ class SyncEngine::Impl {
       if (peer.travel_outstanding != 0) ++travels_unanswered_;
       std::vector<float> model(store_->num_elements());
       store_->Snapshot(model);
-      const EncodedSlices encoded =
-          codec_->EncodeModel(*store_, peer.acc, model);
+      const EncodedSlices encoded = codec_->EncodeTravel(*store_, model);
       pb::Header header = MakeHeader(pb::MIRROR_TRAVEL, self_, 0);
       header.set_clock(clock);
       for (const pb::TensorSlice& slice : encoded.slices) {
@@ -1455,17 +1464,23 @@ class SyncEngine::Impl {
     }
     peer.travel_outstanding = 0;
     ++results_received_;
-    const SkewDecision& decision = skew_->Observe(
-        Now() - connected_s_, result.clock(), peer.name, result.samples(),
-        result.own_accuracy(), result.travelled_accuracy());
+    TravelScores scores;
+    scores.samples = result.samples();
+    scores.own_accuracy = result.own_accuracy();
+    scores.travelled_accuracy = result.travelled_accuracy();
+    scores.discordant = result.discordant();
+    const SkewDecision& decision =
+        skew_->Observe(Now() - connected_s_, result.clock(), peer.name, scores);
     MLOG(INFO) << "skewscout: '" << peer.name << "' scored this site's model "
                << "of clock " << decision.clock << " "
                << decision.travelled_accuracy << " against its own "
                << decision.own_accuracy << " on " << decision.samples
                << " samples: estimated loss " << decision.estimate
-               << " (smoothed " << decision.smoothed << "), "
+               << " (smoothed " << decision.smoothed << " ± "
+               << decision.standard_error << "), "
                << SkewActionName(decision.action) << ", theta "
-               << decision.knob_before << " -> " << decision.knob_after;
+               << decision.knob_before << " -> " << decision.knob_after
+               << ", next travel in " << decision.travel_period << " clocks";
   }
 
   void FillSkewScout(pb::SyncSummary* summary) const {
@@ -1491,6 +1506,9 @@ class SyncEngine::Impl {
       record->set_theta_before(d.knob_before);
       record->set_theta_after(d.knob_after);
       record->set_action(SkewActionName(d.action));
+      record->set_discordant(d.discordant);
+      record->set_standard_error(d.standard_error);
+      record->set_travel_period(d.travel_period);
     }
   }
 
@@ -1721,6 +1739,9 @@ class SyncEngine::Impl {
   // travels this site sent and scored.
   std::optional<SkewController> skew_;
   size_t next_travel_peer_ = 0;
+  // The first clock at or after which the model travels again (-1: set
+  // one period after the first local clock).
+  int64_t next_travel_clock_ = -1;
   uint64_t travels_sent_ = 0;
   uint64_t travels_unanswered_ = 0;
   double travel_bytes_ = 0;
@@ -1786,11 +1807,8 @@ void SyncEngine::HandleReadable(std::span<const zmq::pollitem_t> items) {
 }
 void SyncEngine::OnLocalClock(int64_t clock) { impl_->OnLocalClock(clock); }
 void SyncEngine::OnTravelScored(const std::string& peer, uint64_t travel_id,
-                                int64_t clock, uint32_t samples,
-                                double own_accuracy,
-                                double travelled_accuracy) {
-  impl_->OnTravelScored(peer, travel_id, clock, samples, own_accuracy,
-                        travelled_accuracy);
+                                int64_t clock, const TravelScores& scores) {
+  impl_->OnTravelScored(peer, travel_id, clock, scores);
 }
 bool SyncEngine::ReadsAllowed(int64_t local_clock,
                               std::span<const KeyRange> ranges) const {

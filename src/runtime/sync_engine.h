@@ -30,6 +30,7 @@
 #include "meridian/param_store.h"
 #include "runtime/fault_events.h"
 #include "meridian/report.pb.h"
+#include "meridian/skew_control.h"
 #include "meridian/status.h"
 
 namespace meridian {
@@ -93,11 +94,10 @@ class SyncEngine {
   void OnLocalClock(int64_t clock);
 
   // SkewScout: the scores of a model `peer` sent (score_travelled) —
-  // this site's own model and the travelled one on `samples` held-out
+  // this site's own model and the travelled one on the same held-out
   // samples — go back to it.
   void OnTravelScored(const std::string& peer, uint64_t travel_id,
-                      int64_t clock, uint32_t samples, double own_accuracy,
-                      double travelled_accuracy);
+                      int64_t clock, const TravelScores& scores);
 
   // Whether a worker may read `ranges` of the model now (empty: all of
   // it): the DS bound holds, no averaging round is open, and no parameter

@@ -36,15 +36,21 @@ Result<UpdateCodec> UpdateCodec::Create(const pb::SyncConfig& sync) {
   indices.set_value_coding(pb::VALUE_FP16);  // zeros: only indices matter
   MERIDIAN_ASSIGN_OR_RETURN(UpdateEncoder index_encoder,
                             UpdateEncoder::Create(indices));
+  pb::CompressionConfig travel = LosslessConfig(main.zstd_level());
+  travel.set_index_coding(pb::INDEX_DENSE);
+  travel.set_value_coding(sync.skewscout().travel_value_coding());
+  MERIDIAN_ASSIGN_OR_RETURN(UpdateEncoder travel_encoder,
+                            UpdateEncoder::Create(travel));
   return UpdateCodec(std::move(configured), std::move(lossless),
-                     std::move(index_encoder));
+                     std::move(index_encoder), std::move(travel_encoder));
 }
 
 UpdateCodec::UpdateCodec(UpdateEncoder configured, UpdateEncoder lossless,
-                         UpdateEncoder indices)
+                         UpdateEncoder indices, UpdateEncoder travel)
     : configured_(std::move(configured)),
       lossless_(std::move(lossless)),
-      indices_(std::move(indices)) {}
+      indices_(std::move(indices)),
+      travel_(std::move(travel)) {}
 
 EncodedSlices UpdateCodec::Take(ParameterStore& store, size_t acc, double theta,
                                 pb::ThresholdMode mode, Fidelity fidelity) {
@@ -56,28 +62,41 @@ EncodedSlices UpdateCodec::Take(ParameterStore& store, size_t acc, double theta,
     TakeSignificant(a, w, theta, mode, range.begin, &entries_, &entry_values_);
   });
   return EncodeEntries(
-      store, acc, fidelity == Fidelity::kLossless ? lossless_ : configured_);
+      store.layout(),
+      fidelity == Fidelity::kLossless ? lossless_ : configured_, &store, acc);
 }
 
-EncodedSlices UpdateCodec::EncodeModel(ParameterStore& store, size_t acc,
-                                       std::span<const float> model) {
+void UpdateCodec::TakeWholeModel(std::span<const float> model) {
   entries_.clear();
   entry_values_.clear();
   for (uint64_t i = 0; i < model.size(); ++i) {
     entries_.push_back(i);
     entry_values_.push_back(model[i]);
   }
-  return EncodeEntries(store, acc, lossless_);
 }
 
-EncodedSlices UpdateCodec::EncodeEntries(ParameterStore& store, size_t acc,
-                                         UpdateEncoder& encoder) {
+EncodedSlices UpdateCodec::EncodeModel(ParameterStore& store, size_t acc,
+                                       std::span<const float> model) {
+  TakeWholeModel(model);
+  return EncodeEntries(store.layout(), lossless_, &store, acc);
+}
+
+EncodedSlices UpdateCodec::EncodeTravel(const ParameterStore& store,
+                                        std::span<const float> model) {
+  TakeWholeModel(model);
+  return EncodeEntries(store.layout(), travel_, /*residuals_to=*/nullptr, 0);
+}
+
+EncodedSlices UpdateCodec::EncodeEntries(const ModelLayout& layout,
+                                         UpdateEncoder& encoder,
+                                         ParameterStore* residuals_to,
+                                         size_t acc) {
   EncodedSlices encoded;
   encoded.entries = entries_.size();
   residual_indices_.clear();
   residual_values_.clear();
   size_t next = 0;
-  for (const TensorInfo& tensor : store.layout().tensors()) {
+  for (const TensorInfo& tensor : layout.tensors()) {
     const uint64_t end = tensor.offset + tensor.size;
     local_indices_.clear();
     local_values_.clear();
@@ -122,8 +141,8 @@ EncodedSlices UpdateCodec::EncodeEntries(ParameterStore& store, size_t acc,
         result->bytes.size());
     encoded.bytes += result->bytes.size();
   }
-  if (!residual_indices_.empty()) {
-    store.AddToAccumulator(acc, residual_indices_, residual_values_);
+  if (!residual_indices_.empty() && residuals_to != nullptr) {
+    residuals_to->AddToAccumulator(acc, residual_indices_, residual_values_);
   }
   return encoded;
 }

@@ -58,6 +58,11 @@ class UpdateCodec {
   // (none: lossless) would go to accumulator `acc`.
   EncodedSlices EncodeModel(ParameterStore& store, size_t acc,
                             std::span<const float> model);
+  // The whole of `model` for SkewScout to score elsewhere, its values coded
+  // with sync.skewscout.travel_value_coding; the coding's error is
+  // dropped (the copy is never applied).
+  EncodedSlices EncodeTravel(const ParameterStore& store,
+                             std::span<const float> model);
   // The same slices with every value zero, index-coded (MIRROR_INDICES).
   EncodedSlices IndicesOnly(const EncodedSlices& update);
 
@@ -72,15 +77,19 @@ class UpdateCodec {
 
  private:
   UpdateCodec(UpdateEncoder configured, UpdateEncoder lossless,
-              UpdateEncoder indices);
-  // Encodes (entries_, entry_values_) per tensor of the store's layout;
-  // residuals to accumulator `acc`.
-  EncodedSlices EncodeEntries(ParameterStore& store, size_t acc,
-                              UpdateEncoder& encoder);
+              UpdateEncoder indices, UpdateEncoder travel);
+  // Encodes (entries_, entry_values_) per tensor of `layout`; residuals to
+  // accumulator `acc` of `residuals_to` (null: dropped).
+  EncodedSlices EncodeEntries(const ModelLayout& layout,
+                              UpdateEncoder& encoder,
+                              ParameterStore* residuals_to, size_t acc);
+  // Puts every element of `model` in (entries_, entry_values_).
+  void TakeWholeModel(std::span<const float> model);
 
   UpdateEncoder configured_;
   UpdateEncoder lossless_;
   UpdateEncoder indices_;
+  UpdateEncoder travel_;
   UpdateDecoder decoder_;
   // Scratch, reused.
   std::vector<uint64_t> entries_;

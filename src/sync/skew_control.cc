@@ -26,7 +26,21 @@ SkewControlOptions SkewControlOptionsFrom(const pb::SkewScoutConfig& config) {
   options.min_knob = config.min_theta();
   options.max_knob = config.max_theta();
   options.larger_is_looser = true;
+  options.significance_z = config.significance_z();
+  options.min_period = config.travel_period();
+  options.max_period =
+      config.max_travel_period() > 0
+          ? config.max_travel_period()
+          : static_cast<uint32_t>(std::min<uint64_t>(
+                8 * uint64_t{config.travel_period()}, UINT32_MAX));
   return options;
+}
+
+double TravelScores::StandardError() const {
+  if (samples == 0) return 0;
+  const double n = samples;
+  const double estimate = Estimate();
+  return std::sqrt(std::max(0.0, discordant / n - estimate * estimate) / n);
 }
 
 const char* SkewActionName(SkewAction action) {
@@ -52,6 +66,7 @@ Result<SkewController> SkewController::Create(const SkewControlOptions& options,
         {"loosen_factor", o.loosen_factor},
         {"min_knob", o.min_knob},
         {"max_knob", o.max_knob},
+        {"significance_z", o.significance_z},
         {"initial knob", initial_knob}}) {
     if (!std::isfinite(value)) return Invalid(name, value, "a finite number");
   }
@@ -72,6 +87,12 @@ Result<SkewController> SkewController::Create(const SkewControlOptions& options,
   if (!(o.min_knob > 0 && o.min_knob <= o.max_knob)) {
     return Invalid("min_knob", o.min_knob, "(0, max_knob]");
   }
+  if (!(o.significance_z >= 0)) {
+    return Invalid("significance_z", o.significance_z, ">= 0");
+  }
+  if (o.min_period == 0 || o.min_period > o.max_period) {
+    return Invalid("min_period", o.min_period, "[1, max_period]");
+  }
   if (!(initial_knob >= o.min_knob && initial_knob <= o.max_knob)) {
     // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on one
     // long chain of string additions.
@@ -87,7 +108,7 @@ Result<SkewController> SkewController::Create(const SkewControlOptions& options,
 
 SkewController::SkewController(const SkewControlOptions& options,
                                double initial_knob)
-    : options_(options), knob_(initial_knob) {}
+    : options_(options), knob_(initial_knob), period_(options.min_period) {}
 
 double SkewController::Moved(double factor) const {
   // factor > 1: towards more communication.
@@ -101,26 +122,55 @@ const SkewDecision& SkewController::Observe(double t_s, int64_t clock,
                                             uint32_t samples,
                                             double own_accuracy,
                                             double travelled_accuracy) {
+  TravelScores scores;
+  scores.samples = samples;
+  scores.own_accuracy = own_accuracy;
+  scores.travelled_accuracy = travelled_accuracy;
+  return Observe(t_s, clock, peer, scores);
+}
+
+const SkewDecision& SkewController::Observe(double t_s, int64_t clock,
+                                            const std::string& peer,
+                                            const TravelScores& scores) {
   SkewDecision decision;
   decision.t_s = t_s;
   decision.clock = clock;
   decision.peer = peer;
-  decision.samples = samples;
-  decision.own_accuracy = own_accuracy;
-  decision.travelled_accuracy = travelled_accuracy;
+  decision.samples = scores.samples;
+  decision.own_accuracy = scores.own_accuracy;
+  decision.travelled_accuracy = scores.travelled_accuracy;
+  decision.discordant = scores.discordant;
   decision.knob_before = knob_;
-  const bool usable = samples > 0 && own_accuracy >= 0 && own_accuracy <= 1 &&
-                      travelled_accuracy >= 0 && travelled_accuracy <= 1;
+  const bool usable = scores.samples > 0 && scores.own_accuracy >= 0 &&
+                      scores.own_accuracy <= 1 &&
+                      scores.travelled_accuracy >= 0 &&
+                      scores.travelled_accuracy <= 1 &&
+                      scores.discordant <= scores.samples;
   if (usable) {
-    decision.estimate = own_accuracy - travelled_accuracy;
-    smoothed_ = estimates_ == 0 ? decision.estimate
-                                : options_.smoothing * decision.estimate +
-                                      (1 - options_.smoothing) * smoothed_;
+    decision.estimate = scores.Estimate();
+    const double variance =
+        scores.StandardError() * scores.StandardError();
+    const double a = options_.smoothing;
+    if (estimates_ == 0) {
+      smoothed_ = decision.estimate;
+      smoothed_variance_ = variance;
+    } else {
+      // Estimates are independent samples: the running mean's variance
+      // follows the same weights, squared.
+      smoothed_ = a * decision.estimate + (1 - a) * smoothed_;
+      smoothed_variance_ =
+          a * a * variance + (1 - a) * (1 - a) * smoothed_variance_;
+    }
     ++estimates_;
-    const double high = options_.target_loss * (1 + options_.dead_band);
-    const double low = options_.target_loss * (1 - options_.dead_band);
+    const double target = options_.target_loss;
+    const double noise = options_.significance_z * std::sqrt(smoothed_variance_);
+    const double high = std::max(target * (1 + options_.dead_band),
+                                 target + noise);
+    const double low = std::min(target * (1 - options_.dead_band),
+                                target - noise);
     if (smoothed_ > high) {
       low_in_a_row_ = 0;
+      period_ = options_.min_period;
       const double moved = Moved(options_.tighten_factor);
       if (moved != knob_) {
         knob_ = moved;
@@ -128,6 +178,7 @@ const SkewDecision& SkewController::Observe(double t_s, int64_t clock,
         ++tightened_;
       }
     } else if (smoothed_ < low) {
+      period_ = std::min(options_.max_period, 2 * period_);
       if (++low_in_a_row_ >= options_.patience) {
         low_in_a_row_ = 0;
         const double moved = Moved(1 / options_.loosen_factor);
@@ -142,7 +193,9 @@ const SkewDecision& SkewController::Observe(double t_s, int64_t clock,
     }
   }
   decision.smoothed = smoothed_;
+  decision.standard_error = std::sqrt(smoothed_variance_);
   decision.knob_after = knob_;
+  decision.travel_period = period_;
   decisions_.push_back(std::move(decision));
   if (decisions_.size() > kMaxDecisions) decisions_.pop_front();
   return decisions_.back();

@@ -458,6 +458,21 @@ class Mlp final : public Model {
 
   EvalResult Evaluate(std::span<const float> params, const Dataset& data,
                       uint64_t max_samples) override {
+    return EvaluateInto(params, data, max_samples, nullptr);
+  }
+
+  EvalResult EvaluateSamples(std::span<const float> params,
+                             const Dataset& data,
+                             std::vector<uint8_t>* correct) override {
+    return EvaluateInto(params, data, 0, correct);
+  }
+
+ private:
+  // Evaluate; per-sample correctness into `correct` when not null.
+  EvalResult EvaluateInto(std::span<const float> params, const Dataset& data,
+                          uint64_t max_samples,
+                          std::vector<uint8_t>* correct) {
+    if (correct != nullptr) correct->clear();
     EvalResult result;
     uint64_t total = std::min<uint64_t>(
         data.labels.size(), static_cast<uint64_t>(data.features.cols()));
@@ -470,8 +485,9 @@ class Mlp final : public Model {
     if (total == 0) return result;
     Reserve(eval_, std::min<Eigen::Index>(kEvalChunk,
                                           static_cast<Eigen::Index>(total)));
+    if (correct != nullptr) correct->reserve(total);
     double loss = 0;
-    uint64_t correct = 0;
+    uint64_t right = 0;
     for (uint64_t start = 0; start < total; start += kEvalChunk) {
       const Eigen::Index n = static_cast<Eigen::Index>(
           std::min<uint64_t>(kEvalChunk, total - start));
@@ -485,21 +501,22 @@ class Mlp final : public Model {
         const float max_logit = z.maxCoeff(&predicted);
         const int label = data.labels[start + j];
         if (label >= num_classes_) {
+          if (correct != nullptr) correct->clear();
           result.loss = std::numeric_limits<double>::quiet_NaN();
           return result;
         }
         const double sum = (z.array() - max_logit).exp().sum();
         loss += std::log(sum) + max_logit - z(label);
-        if (predicted == label) ++correct;
+        if (predicted == label) ++right;
+        if (correct != nullptr) correct->push_back(predicted == label);
       }
     }
     result.samples = total;
     result.loss = loss / static_cast<double>(total);
-    result.accuracy = static_cast<double>(correct) / static_cast<double>(total);
+    result.accuracy = static_cast<double>(right) / static_cast<double>(total);
     return result;
   }
 
- private:
   bool InputsValid(std::span<const float> params,
                    const ConstMatrixRef& features,
                    std::span<const uint8_t> labels) const {

@@ -903,8 +903,8 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   // worker_timeout_s, server_timeout_s, worker_give_up_s, peer_timeout_s,
   // checkpoint_period_s, restart_backoff_s; sync.skewscout: target_loss,
   // dead_band, smoothing, tighten_factor, loosen_factor, min_theta,
-  // max_theta.
-  EXPECT_EQ(visited, 38);
+  // max_theta, significance_z.
+  EXPECT_EQ(visited, 39);
 }
 
 TEST(ValidateJobConfigTest, SkewScoutOptionsAndWhatItControls) {
@@ -950,8 +950,25 @@ TEST(ValidateJobConfigTest, SkewScoutOptionsAndWhatItControls) {
        ""},
       {[](auto* s) { s->mutable_skewscout()->set_min_theta(0); }, "min_theta",
        ""},
-      {[](auto* s) { s->mutable_skewscout()->set_max_theta(0.001); },
+      {[](auto* s) { s->mutable_skewscout()->set_max_theta(0.0005); },
        "max_theta", "at least min_theta"},
+      {[](auto* s) { s->mutable_skewscout()->set_significance_z(-1); },
+       "significance_z", ""},
+      {[](auto* s) {
+         s->mutable_skewscout()->set_travel_value_coding(
+             pb::VALUE_CODING_UNSPECIFIED);
+       },
+       "travel_value_coding", ""},
+      {[](auto* s) {
+         s->mutable_skewscout()->set_travel_period(100);
+         s->mutable_skewscout()->set_max_travel_period(50);
+       },
+       "max_travel_period", "at least travel_period (100)"},
+      {[](auto* s) {
+         s->mutable_skewscout()->set_travel_period(100);
+         s->mutable_skewscout()->set_max_travel_period(100);
+       },
+       "", ""},
   };
   int index = 0;
   for (const Case& c : cases) {

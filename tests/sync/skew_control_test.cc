@@ -22,7 +22,20 @@ SkewControlOptions ThetaOptions() {
   options.min_knob = 0.005;
   options.max_knob = 0.5;
   options.larger_is_looser = true;
+  options.significance_z = 2.0;
+  options.min_period = 100;
+  options.max_period = 800;
   return options;
+}
+
+TravelScores Scores(uint32_t samples, double own, double travelled,
+                    uint32_t discordant) {
+  TravelScores scores;
+  scores.samples = samples;
+  scores.own_accuracy = own;
+  scores.travelled_accuracy = travelled;
+  scores.discordant = discordant;
+  return scores;
 }
 
 SkewController Make(const SkewControlOptions& options, double knob) {
@@ -135,6 +148,79 @@ TEST(SkewControllerTest, DecisionsAreBounded) {
   EXPECT_EQ(controller.decisions().front().clock, 500);
 }
 
+TEST(TravelScoresTest, StandardErrorIsThePairedProportionsOne) {
+  // 2000 samples, 80 where exactly one model is right, a 1-point gap:
+  // sqrt((0.04 - 0.0001) / 2000).
+  EXPECT_NEAR(Scores(2000, 0.86, 0.85, 80).StandardError(),
+              std::sqrt((0.04 - 0.0001) / 2000), 1e-15);
+  EXPECT_DOUBLE_EQ(Scores(2000, 0.86, 0.86, 0).StandardError(), 0);
+  EXPECT_DOUBLE_EQ(Scores(0, 0.86, 0.85, 0).StandardError(), 0);
+}
+
+TEST(SkewControllerTest, AGapWithinTheNoiseDoesNotMoveTheKnob) {
+  // A 3-point gap on 300 samples where the models disagree on 60 (SE
+  // 2.5 points): not distinguishable from the 1-point target at z = 2.
+  SkewController noisy = Make(ThetaOptions(), 0.1);
+  const SkewDecision& held =
+      noisy.Observe(1, 1, "eu", Scores(300, 0.90, 0.87, 60));
+  EXPECT_EQ(held.action, SkewAction::kHold);
+  EXPECT_NEAR(held.standard_error, std::sqrt((0.2 - 0.0009) / 300), 1e-12);
+  // The same gap on 3000 samples with 300 disagreements (SE 0.8 points):
+  // significant, tightens.
+  SkewController sharp = Make(ThetaOptions(), 0.1);
+  EXPECT_EQ(sharp.Observe(1, 1, "eu", Scores(3000, 0.90, 0.87, 300)).action,
+            SkewAction::kTighten);
+  // z = 0: the dead band alone decides, as without a discordant count.
+  SkewControlOptions band_only = ThetaOptions();
+  band_only.significance_z = 0;
+  SkewController plain = Make(band_only, 0.1);
+  EXPECT_EQ(plain.Observe(1, 1, "eu", Scores(300, 0.90, 0.87, 60)).action,
+            SkewAction::kTighten);
+}
+
+TEST(SkewControllerTest, SmoothingShrinksTheNoiseItAllows) {
+  SkewControlOptions options = ThetaOptions();
+  options.smoothing = 0.5;
+  SkewController controller = Make(options, 0.1);
+  // Each estimate alone (SE ~1.3 points) is within the noise of the
+  // target; their running mean becomes significant.
+  const TravelScores gap = Scores(1000, 0.90, 0.865, 170);
+  EXPECT_EQ(controller.Observe(1, 1, "eu", gap).action, SkewAction::kHold);
+  const double first_se = controller.decisions().back().standard_error;
+  controller.Observe(2, 2, "eu", gap);
+  EXPECT_LT(controller.decisions().back().standard_error, first_se);
+  SkewAction last = SkewAction::kHold;
+  for (int i = 3; i < 8 && last == SkewAction::kHold; ++i) {
+    last = controller.Observe(i, i, "eu", gap).action;
+  }
+  EXPECT_EQ(last, SkewAction::kTighten);
+}
+
+TEST(SkewControllerTest, TravelsLessWhileTheLossStaysLow) {
+  SkewController controller = Make(ThetaOptions(), 0.1);
+  EXPECT_EQ(controller.travel_period(), 100u);
+  // No loss: the period doubles per estimate up to its bound.
+  for (uint32_t expected : {200u, 400u, 800u, 800u}) {
+    EXPECT_EQ(controller.Observe(1, 1, "eu", Scores(2000, 0.9, 0.9, 20))
+                  .travel_period,
+              expected);
+  }
+  // In the band: unchanged.
+  controller.Observe(2, 2, "eu", Scores(2000, 0.9, 0.89, 20));
+  EXPECT_EQ(controller.travel_period(), 800u);
+  // A high loss: back to the shortest period while it tightens.
+  controller.Observe(3, 3, "eu", Scores(2000, 0.9, 0.85, 100));
+  EXPECT_EQ(controller.decisions().back().action, SkewAction::kTighten);
+  EXPECT_EQ(controller.travel_period(), 100u);
+}
+
+TEST(SkewControllerTest, ADiscordantCountAboveTheSamplesIsUnusable) {
+  SkewController controller = Make(ThetaOptions(), 0.1);
+  EXPECT_EQ(controller.Observe(1, 1, "eu", Scores(100, 0.9, 0.5, 101)).action,
+            SkewAction::kHold);
+  EXPECT_FALSE(controller.has_estimate());
+}
+
 TEST(SkewControllerTest, AJobsOptionsControlTheThreshold) {
   pb::SkewScoutConfig config;
   config.set_target_loss(0.02);
@@ -147,6 +233,11 @@ TEST(SkewControllerTest, AJobsOptionsControlTheThreshold) {
   EXPECT_DOUBLE_EQ(options.max_knob, 0.3);
   EXPECT_EQ(options.patience, 3u);
   EXPECT_TRUE(options.larger_is_looser);
+  EXPECT_EQ(options.min_period, 200u);  // the proto's default
+  EXPECT_EQ(options.max_period, 1600u);  // 8 × travel_period when unset
+  config.set_travel_period(50);
+  config.set_max_travel_period(120);
+  EXPECT_EQ(SkewControlOptionsFrom(config).max_period, 120u);
   // The proto's defaults are valid options.
   EXPECT_TRUE(SkewController::Create(
                   SkewControlOptionsFrom(pb::SkewScoutConfig()), 0.05)
@@ -171,6 +262,10 @@ TEST(SkewControllerTest, BadOptionsAreRefusedByName) {
       {[](SkewControlOptions& o) { o.patience = 0; }, 0.1, "patience"},
       {[](SkewControlOptions& o) { o.min_knob = 0; }, 0.1, "min_knob"},
       {[](SkewControlOptions& o) { o.min_knob = 0.6; }, 0.1, "min_knob"},
+      {[](SkewControlOptions& o) { o.significance_z = -1; }, 0.1,
+       "significance_z"},
+      {[](SkewControlOptions& o) { o.min_period = 0; }, 0.1, "min_period"},
+      {[](SkewControlOptions& o) { o.max_period = 50; }, 0.1, "min_period"},
       {[](SkewControlOptions&) {}, 0.7, "initial knob"},
       {[](SkewControlOptions&) {}, inf, "initial knob"},
   };

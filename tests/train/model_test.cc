@@ -442,6 +442,28 @@ TEST(ModelTest, EvaluateMatchesDirectComputation) {
 
   // Asking for more than there is evaluates everything.
   EXPECT_EQ(model->Evaluate(params, data, 100000).samples, 2500u);
+  // Per sample: as many marked correct as the accuracy says, and the
+  // marks are the reference's argmax on each sample.
+  std::vector<uint8_t> marks;
+  const EvalResult each = model->EvaluateSamples(params, data, &marks);
+  ASSERT_EQ(marks.size(), 2500u);
+  EXPECT_DOUBLE_EQ(each.accuracy, all.accuracy);
+  EXPECT_NEAR(each.loss, all.loss, 1e-9);
+  int marked = 0;
+  for (uint8_t mark : marks) marked += mark;
+  EXPECT_EQ(marked, static_cast<int>(all.accuracy * 2500 + 0.5));
+  int first_right = 0;
+  Dataset one;
+  one.features = data.features.leftCols(1);
+  one.labels = {data.labels[0]};
+  one.num_classes = 4;
+  first_right = static_cast<int>(model->Evaluate(params, one).accuracy);
+  EXPECT_EQ(marks[0], first_right);
+  // Data that does not fit leaves no marks.
+  Dataset bad = one;
+  bad.labels = {9};
+  EXPECT_TRUE(std::isnan(model->EvaluateSamples(params, bad, &marks).loss));
+  EXPECT_TRUE(marks.empty());
   // Training calls in between do not disturb evaluation.
   std::vector<float> grad(params.size());
   model->LossAndGradient(params, batch.features.leftCols(3),
