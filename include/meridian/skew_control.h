@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <string_view>
 
 #include "meridian/job.pb.h"
 #include "meridian/status.h"
@@ -62,6 +63,8 @@ SkewControlOptions SkewControlOptionsFrom(const pb::SkewScoutConfig& config);
 
 enum class SkewAction { kHold, kTighten, kLoosen };
 const char* SkewActionName(SkewAction action);
+// The action SkewActionName names; kHold for any other name.
+SkewAction SkewActionFromName(std::string_view name);
 
 // How a travelled model and the scoring site's own model did on the same
 // held-out samples (a paired comparison).
@@ -123,6 +126,26 @@ class SkewController {
   const SkewDecision& Observe(double t_s, int64_t clock,
                               const std::string& peer, uint32_t samples,
                               double own_accuracy, double travelled_accuracy);
+
+  // What a site's checkpoint keeps of the controller, so that a restarted
+  // site continues with the knob it had learnt instead of starting over.
+  struct State {
+    double knob = 0;
+    uint32_t travel_period = 0;
+    double smoothed = 0;
+    double smoothed_variance = 0;
+    uint64_t estimates = 0;
+    uint32_t low_in_a_row = 0;
+    uint64_t tightened = 0;
+    uint64_t loosened = 0;
+    std::deque<SkewDecision> decisions;
+  };
+  State Save() const;
+  // Continues from `state` (a checkpoint's, read from disk): the knob and
+  // period are clamped into this controller's bounds, non-finite values
+  // and a negative variance leave the current ones, at most kMaxDecisions
+  // (the newest) are kept.
+  void Restore(State state);
 
   double knob() const { return knob_; }
   // Clocks from one travel to the next.

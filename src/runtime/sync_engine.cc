@@ -25,6 +25,43 @@
 namespace meridian {
 namespace {
 
+// SkewScout's decisions as report.json and checkpoints record them.
+void ToRecord(const SkewDecision& d, pb::SkewDecisionRecord* record) {
+  record->set_t_s(d.t_s);
+  record->set_clock(d.clock);
+  record->set_peer(d.peer);
+  record->set_samples(d.samples);
+  record->set_own_accuracy(d.own_accuracy);
+  record->set_travelled_accuracy(d.travelled_accuracy);
+  record->set_estimate(d.estimate);
+  record->set_smoothed(d.smoothed);
+  record->set_theta_before(d.knob_before);
+  record->set_theta_after(d.knob_after);
+  record->set_action(SkewActionName(d.action));
+  record->set_discordant(d.discordant);
+  record->set_standard_error(d.standard_error);
+  record->set_travel_period(d.travel_period);
+}
+
+SkewDecision FromRecord(const pb::SkewDecisionRecord& record) {
+  SkewDecision d;
+  d.t_s = record.t_s();
+  d.clock = record.clock();
+  d.peer = record.peer();
+  d.samples = record.samples();
+  d.own_accuracy = record.own_accuracy();
+  d.travelled_accuracy = record.travelled_accuracy();
+  d.estimate = record.estimate();
+  d.smoothed = record.smoothed();
+  d.knob_before = record.theta_before();
+  d.knob_after = record.theta_after();
+  d.action = SkewActionFromName(record.action());
+  d.discordant = record.discordant();
+  d.standard_error = record.standard_error();
+  d.travel_period = record.travel_period();
+  return d;
+}
+
 constexpr auto kFinishPoll = std::chrono::milliseconds(20);
 // How long the mirror socket keeps unsent acknowledgements when the server
 // shuts down (a peer's final flush waits for ours).
@@ -542,6 +579,7 @@ class SyncEngine::Impl {
     out->set_rejected(rejected_);
     out->set_blocked_s(blocked_s_);
     events_.CopyTo(out->mutable_events());
+    SaveSkewScout(out);
     for (const auto& peer : peers_) {
       pb::PeerCheckpoint* saved = out->add_peers();
       saved->set_site(peer->name);
@@ -582,6 +620,7 @@ class SyncEngine::Impl {
     rejected_ = state.rejected();
     blocked_s_ = state.blocked_s();
     events_.Restore(state.events());
+    RestoreSkewScout(state);
     for (const pb::PeerCheckpoint& saved : state.peers()) {
       Peer* peer = PeerNamed(saved.site());
       if (peer == nullptr) {
@@ -1483,6 +1522,57 @@ class SyncEngine::Impl {
                << ", next travel in " << decision.travel_period << " clocks";
   }
 
+  void SaveSkewScout(pb::SyncCheckpoint* out) const {
+    if (!skew_) return;
+    pb::SkewScoutCheckpoint* saved = out->mutable_skewscout();
+    SkewController::State state = skew_->Save();
+    saved->set_theta(state.knob);
+    saved->set_travel_period(state.travel_period);
+    saved->set_smoothed(state.smoothed);
+    saved->set_smoothed_variance(state.smoothed_variance);
+    saved->set_estimates(state.estimates);
+    saved->set_low_in_a_row(state.low_in_a_row);
+    saved->set_tightened(state.tightened);
+    saved->set_loosened(state.loosened);
+    for (const SkewDecision& d : state.decisions) {
+      ToRecord(d, saved->add_decisions());
+    }
+    saved->set_travels_sent(travels_sent_);
+    saved->set_travel_bytes(travel_bytes_);
+    saved->set_results_received(results_received_);
+    saved->set_travels_scored(travels_scored_);
+    saved->set_travels_dropped(travels_dropped_);
+    saved->set_travels_accepted(travels_accepted_);
+    saved->set_travels_unanswered(travels_unanswered_);
+  }
+
+  // A restarted site continues with the θ its controller had reached
+  // (SkewController::Restore bounds what the file says).
+  void RestoreSkewScout(const pb::SyncCheckpoint& state) {
+    if (!skew_ || !state.has_skewscout()) return;
+    const pb::SkewScoutCheckpoint& saved = state.skewscout();
+    SkewController::State restored;
+    restored.knob = saved.theta();
+    restored.travel_period = saved.travel_period();
+    restored.smoothed = saved.smoothed();
+    restored.smoothed_variance = saved.smoothed_variance();
+    restored.estimates = saved.estimates();
+    restored.low_in_a_row = saved.low_in_a_row();
+    restored.tightened = saved.tightened();
+    restored.loosened = saved.loosened();
+    for (const pb::SkewDecisionRecord& record : saved.decisions()) {
+      restored.decisions.push_back(FromRecord(record));
+    }
+    skew_->Restore(std::move(restored));
+    travels_sent_ = saved.travels_sent();
+    travel_bytes_ = saved.travel_bytes();
+    results_received_ = saved.results_received();
+    travels_scored_ = saved.travels_scored();
+    travels_dropped_ = saved.travels_dropped();
+    travels_accepted_ = saved.travels_accepted();
+    travels_unanswered_ = saved.travels_unanswered();
+  }
+
   void FillSkewScout(pb::SyncSummary* summary) const {
     if (!skew_ && travels_scored_ == 0 && travels_accepted_ == 0) return;
     pb::SkewScoutSummary* out = summary->mutable_skewscout();
@@ -1494,21 +1584,7 @@ class SyncEngine::Impl {
     if (!skew_) return;
     out->set_final_theta(skew_->knob());
     for (const SkewDecision& d : skew_->decisions()) {
-      pb::SkewDecisionRecord* record = out->add_decisions();
-      record->set_t_s(d.t_s);
-      record->set_clock(d.clock);
-      record->set_peer(d.peer);
-      record->set_samples(d.samples);
-      record->set_own_accuracy(d.own_accuracy);
-      record->set_travelled_accuracy(d.travelled_accuracy);
-      record->set_estimate(d.estimate);
-      record->set_smoothed(d.smoothed);
-      record->set_theta_before(d.knob_before);
-      record->set_theta_after(d.knob_after);
-      record->set_action(SkewActionName(d.action));
-      record->set_discordant(d.discordant);
-      record->set_standard_error(d.standard_error);
-      record->set_travel_period(d.travel_period);
+      ToRecord(d, out->add_decisions());
     }
   }
 

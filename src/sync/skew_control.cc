@@ -55,6 +55,12 @@ const char* SkewActionName(SkewAction action) {
   }
 }
 
+SkewAction SkewActionFromName(std::string_view name) {
+  if (name == "tighten") return SkewAction::kTighten;
+  if (name == "loosen") return SkewAction::kLoosen;
+  return SkewAction::kHold;
+}
+
 Result<SkewController> SkewController::Create(const SkewControlOptions& options,
                                               double initial_knob) {
   const SkewControlOptions& o = options;
@@ -109,6 +115,39 @@ Result<SkewController> SkewController::Create(const SkewControlOptions& options,
 SkewController::SkewController(const SkewControlOptions& options,
                                double initial_knob)
     : options_(options), knob_(initial_knob), period_(options.min_period) {}
+
+SkewController::State SkewController::Save() const {
+  State state;
+  state.knob = knob_;
+  state.travel_period = period_;
+  state.smoothed = smoothed_;
+  state.smoothed_variance = smoothed_variance_;
+  state.estimates = estimates_;
+  state.low_in_a_row = low_in_a_row_;
+  state.tightened = tightened_;
+  state.loosened = loosened_;
+  state.decisions = decisions_;
+  return state;
+}
+
+void SkewController::Restore(State state) {
+  if (std::isfinite(state.knob)) {
+    knob_ = std::clamp(state.knob, options_.min_knob, options_.max_knob);
+  }
+  period_ = std::clamp(state.travel_period, options_.min_period,
+                       options_.max_period);
+  if (std::isfinite(state.smoothed) && std::isfinite(state.smoothed_variance) &&
+      state.smoothed_variance >= 0) {
+    smoothed_ = state.smoothed;
+    smoothed_variance_ = state.smoothed_variance;
+    estimates_ = state.estimates;
+  }
+  low_in_a_row_ = std::min(state.low_in_a_row, options_.patience);
+  tightened_ = state.tightened;
+  loosened_ = state.loosened;
+  decisions_ = std::move(state.decisions);
+  while (decisions_.size() > kMaxDecisions) decisions_.pop_front();
+}
 
 double SkewController::Moved(double factor) const {
   // factor > 1: towards more communication.

@@ -221,6 +221,48 @@ TEST(SkewControllerTest, ADiscordantCountAboveTheSamplesIsUnusable) {
   EXPECT_FALSE(controller.has_estimate());
 }
 
+TEST(SkewControllerTest, ARestartContinuesFromTheSavedState) {
+  SkewController before = Make(ThetaOptions(), 0.1);
+  before.Observe(1, 1, "eu", Scores(2000, 0.9, 0.85, 100));  // tightens
+  before.Observe(2, 2, "eu", Scores(2000, 0.9, 0.9, 20));
+  const SkewController::State saved = before.Save();
+  SkewController after = Make(ThetaOptions(), 0.1);  // sync.threshold again
+  after.Restore(saved);
+  EXPECT_DOUBLE_EQ(after.knob(), before.knob());
+  EXPECT_EQ(after.travel_period(), before.travel_period());
+  EXPECT_DOUBLE_EQ(after.smoothed_loss(), before.smoothed_loss());
+  EXPECT_EQ(after.tightened(), 1u);
+  ASSERT_EQ(after.decisions().size(), 2u);
+  // The next estimate is decided as it would have been without the
+  // restart: one more low estimate completes the patience and loosens.
+  const SkewDecision& next_before =
+      before.Observe(3, 3, "eu", Scores(2000, 0.9, 0.9, 20));
+  const SkewDecision& next_after =
+      after.Observe(3, 3, "eu", Scores(2000, 0.9, 0.9, 20));
+  EXPECT_EQ(next_after.action, next_before.action);
+  EXPECT_DOUBLE_EQ(next_after.knob_after, next_before.knob_after);
+}
+
+TEST(SkewControllerTest, ARestoredStateIsBoundedByTheOptions) {
+  SkewController::State hostile;
+  hostile.knob = 7.0;              // above max_knob
+  hostile.travel_period = 1;       // below min_period
+  hostile.smoothed = std::nan("");
+  hostile.smoothed_variance = -1;
+  hostile.low_in_a_row = 1000;
+  hostile.decisions.resize(SkewController::kMaxDecisions + 10);
+  SkewController controller = Make(ThetaOptions(), 0.1);
+  controller.Restore(std::move(hostile));
+  EXPECT_DOUBLE_EQ(controller.knob(), 0.5);
+  EXPECT_EQ(controller.travel_period(), 100u);
+  EXPECT_FALSE(controller.has_estimate());
+  EXPECT_EQ(controller.decisions().size(), SkewController::kMaxDecisions);
+  // A low estimate after the restore needs at most `patience` to loosen
+  // (the saved run was clamped), and θ stays within its bounds.
+  controller.Observe(1, 1, "eu", Scores(2000, 0.9, 0.9, 20));
+  EXPECT_LE(controller.knob(), 0.5);
+}
+
 TEST(SkewControllerTest, AJobsOptionsControlTheThreshold) {
   pb::SkewScoutConfig config;
   config.set_target_loss(0.02);
