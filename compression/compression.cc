@@ -523,6 +523,20 @@ const pb::CompressionConfig& UpdateEncoder::config() const {
   return state_->config;
 }
 
+Status UpdateEncoder::SetTopKFraction(double fraction) {
+  const pb::SelectionKind selection = state_->config.selection();
+  if (selection != pb::TOP_K && selection != pb::TOP_K_SAMPLED) {
+    return InvalidArgumentError(
+        "the top-k fraction applies to a TOP_K selection only");
+  }
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    return InvalidArgumentError("top-k fraction " + std::to_string(fraction) +
+                                " is outside (0, 1]");
+  }
+  state_->config.set_top_k_fraction(fraction);
+  return Status::Ok();
+}
+
 Result<EncodedUpdate> UpdateEncoder::EncodeDense(std::span<const float> update,
                                                  std::span<float> residual) {
   State& s = *state_;

@@ -165,6 +165,12 @@ class UpdateEncoder {
 
   const pb::CompressionConfig& config() const;
 
+  // Changes the fraction a TOP_K / TOP_K_SAMPLED selection keeps (a
+  // controller's density knob) from the next encode on. InvalidArgument
+  // for another selection or a fraction outside (0, 1]; nothing changes
+  // then.
+  Status SetTopKFraction(double fraction);
+
  private:
   struct State;
   explicit UpdateEncoder(std::unique_ptr<State> state);

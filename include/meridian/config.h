@@ -77,6 +77,16 @@ std::vector<WorkerRef> ServedWorkers(const pb::JobConfig& config,
 const pb::WorkerGroup& WorkerGroupOf(const pb::SiteConfig& site,
                                      uint32_t index);
 
+// What SkewScout (sync.skewscout) moves for a job's sync: the density of a
+// top-k selection when GAIA sends every change (threshold 0) through
+// compression.selection TOP_K or TOP_K_SAMPLED (deep gradient
+// compression's knob), else Gaia's threshold θ. (MODEL_AVERAGING's period
+// is not controlled yet.)
+enum class SkewKnob { kTheta, kTopKDensity };
+SkewKnob SkewKnobOf(const pb::SyncConfig& sync);
+// "theta" or "top_k_fraction", as report.json names the knob.
+const char* SkewKnobName(SkewKnob knob);
+
 }  // namespace meridian
 
 #endif  // MERIDIAN_CONFIG_H_

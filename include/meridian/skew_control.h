@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 
+#include "meridian/config.h"
 #include "meridian/job.pb.h"
 #include "meridian/status.h"
 
@@ -60,6 +61,13 @@ struct SkewControlOptions {
 // The options of a job's `sync.skewscout` (validated by the config): a
 // threshold knob (larger is looser) in [min_theta, max_theta].
 SkewControlOptions SkewControlOptionsFrom(const pb::SkewScoutConfig& config);
+
+// The options for the knob of `sync` (SkewKnobOf, config.h) (validated by the config): θ in
+// [min_theta, max_theta], or a density in [min_density, max_density]
+// (larger sends more); and where the knob starts (sync.threshold or
+// compression.top_k_fraction).
+SkewControlOptions SkewControlOptionsFrom(const pb::SyncConfig& sync);
+double InitialKnob(const pb::SyncConfig& sync);
 
 enum class SkewAction { kHold, kTighten, kLoosen };
 const char* SkewActionName(SkewAction action);

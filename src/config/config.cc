@@ -569,20 +569,33 @@ void ValidateSkewScout(const pb::SyncConfig& sync, const IssueReporter& r) {
             "must be at least min_theta (" + FormatReal(scout.min_theta()) +
                 "), got " + FormatReal(scout.max_theta()));
   }
+  r.Real("min_density", scout.min_density(), kFraction);
+  r.Real("max_density", scout.max_density(), kFraction);
+  if (std::isfinite(scout.min_density()) &&
+      std::isfinite(scout.max_density())) {
+    r.Check(scout.min_density() <= scout.max_density(), "max_density",
+            "must be at least min_density (" +
+                FormatReal(scout.min_density()) + "), got " +
+                FormatReal(scout.max_density()));
+  }
   if (!scout.enabled()) return;
   r.Check(sync.kind() == pb::GAIA, "enabled",
-          "SkewScout moves Gaia's threshold: it needs sync.kind GAIA (the "
-          "averaging period of MODEL_AVERAGING and a top-k density are not "
+          "SkewScout moves Gaia's threshold or a top-k density: it needs "
+          "sync.kind GAIA (the averaging period of MODEL_AVERAGING is not "
           "controlled yet)");
-  if (std::isfinite(sync.threshold()) && std::isfinite(scout.min_theta()) &&
-      std::isfinite(scout.max_theta())) {
-    r.Check(sync.threshold() >= scout.min_theta() &&
-                sync.threshold() <= scout.max_theta(),
-            "enabled",
-            "the controller starts at sync.threshold (" +
-                FormatReal(sync.threshold()) + "), which must lie in [" +
-                FormatReal(scout.min_theta()) + ", " +
-                FormatReal(scout.max_theta()) + "]");
+  const bool density = SkewKnobOf(sync) == SkewKnob::kTopKDensity;
+  const double knob = density ? sync.compression().top_k_fraction()
+                              : sync.threshold();
+  const double low = density ? scout.min_density() : scout.min_theta();
+  const double high = density ? scout.max_density() : scout.max_theta();
+  if (std::isfinite(knob) && std::isfinite(low) && std::isfinite(high)) {
+    r.Check(knob >= low && knob <= high, "enabled",
+            std::string("the controller starts at ") +
+                (density ? "sync.compression.top_k_fraction" : "sync.threshold") +
+                " (" + FormatReal(knob) + "), which must lie in [" +
+                FormatReal(low) + ", " + FormatReal(high) + "] (" +
+                (density ? "min_density, max_density" : "min_theta, max_theta") +
+                ")");
   }
 }
 
@@ -1104,6 +1117,18 @@ const pb::WorkerGroup& WorkerGroupOf(const pb::SiteConfig& site,
     index -= group.count();
   }
   return site.workers(site.workers_size() - 1);  // precondition violated
+}
+
+SkewKnob SkewKnobOf(const pb::SyncConfig& sync) {
+  const pb::SelectionKind selection = sync.compression().selection();
+  const bool top_k = selection == pb::TOP_K || selection == pb::TOP_K_SAMPLED;
+  return sync.kind() == pb::GAIA && sync.threshold() == 0 && top_k
+             ? SkewKnob::kTopKDensity
+             : SkewKnob::kTheta;
+}
+
+const char* SkewKnobName(SkewKnob knob) {
+  return knob == SkewKnob::kTopKDensity ? "top_k_fraction" : "theta";
 }
 
 }  // namespace meridian

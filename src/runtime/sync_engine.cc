@@ -205,9 +205,10 @@ class SyncEngine::Impl {
 
     if (sync_.skewscout().enabled()) {
       Result<SkewController> controller = SkewController::Create(
-          SkewControlOptionsFrom(sync_.skewscout()), sync_.threshold());
+          SkewControlOptionsFrom(sync_), InitialKnob(sync_));
       if (!controller.ok()) return controller.status();
       skew_.emplace(std::move(*controller));
+      skew_knob_ = SkewKnobOf(sync_);
     }
 
     const std::string bind =
@@ -968,7 +969,9 @@ class SyncEngine::Impl {
     double theta =
         schedule_.At(static_cast<uint64_t>(std::max<int64_t>(clock, 1)));
     // SkewScout's controller sets the threshold (a flush clock stays 0).
-    if (skew_ && theta > 0) theta = skew_->knob();
+    if (skew_ && skew_knob_ == SkewKnob::kTheta && theta > 0) {
+      theta = skew_->knob();
+    }
     if (theta > 0) {
       double adjustment = 0;
       for (const auto& peer : peers_) {
@@ -1510,6 +1513,7 @@ class SyncEngine::Impl {
     scores.discordant = result.discordant();
     const SkewDecision& decision =
         skew_->Observe(Now() - connected_s_, result.clock(), peer.name, scores);
+    ApplySkewKnob();
     MLOG(INFO) << "skewscout: '" << peer.name << "' scored this site's model "
                << "of clock " << decision.clock << " "
                << decision.travelled_accuracy << " against its own "
@@ -1517,9 +1521,19 @@ class SyncEngine::Impl {
                << " samples: estimated loss " << decision.estimate
                << " (smoothed " << decision.smoothed << " ± "
                << decision.standard_error << "), "
-               << SkewActionName(decision.action) << ", theta "
-               << decision.knob_before << " -> " << decision.knob_after
+               << SkewActionName(decision.action) << ", "
+               << SkewKnobName(skew_knob_) << " " << decision.knob_before
+               << " -> " << decision.knob_after
                << ", next travel in " << decision.travel_period << " clocks";
+  }
+
+  // A density knob is the configured pipeline's top-k fraction (θ is read
+  // where it is used: Theta()).
+  void ApplySkewKnob() {
+    if (skew_knob_ != SkewKnob::kTopKDensity) return;
+    if (Status set = codec_->SetTopKFraction(skew_->knob()); !set.ok()) {
+      MLOG(ERROR) << "skewscout: " << set;  // bounded by the controller
+    }
   }
 
   void SaveSkewScout(pb::SyncCheckpoint* out) const {
@@ -1564,6 +1578,7 @@ class SyncEngine::Impl {
       restored.decisions.push_back(FromRecord(record));
     }
     skew_->Restore(std::move(restored));
+    ApplySkewKnob();
     travels_sent_ = saved.travels_sent();
     travel_bytes_ = saved.travel_bytes();
     results_received_ = saved.results_received();
@@ -1583,6 +1598,7 @@ class SyncEngine::Impl {
     out->set_travels_dropped(travels_dropped_);
     if (!skew_) return;
     out->set_final_theta(skew_->knob());
+    out->set_knob(SkewKnobName(skew_knob_));
     for (const SkewDecision& d : skew_->decisions()) {
       ToRecord(d, out->add_decisions());
     }
@@ -1814,6 +1830,7 @@ class SyncEngine::Impl {
   // SkewScout (sync.skewscout.enabled): the controller of theta, and the
   // travels this site sent and scored.
   std::optional<SkewController> skew_;
+  SkewKnob skew_knob_ = SkewKnob::kTheta;  // what skew_ moves
   size_t next_travel_peer_ = 0;
   // The first clock at or after which the model travels again (-1: set
   // one period after the first local clock).

@@ -63,6 +63,11 @@ class UpdateCodec {
   // dropped (the copy is never applied).
   EncodedSlices EncodeTravel(const ParameterStore& store,
                              std::span<const float> model);
+  // The configured pipeline's top-k fraction from now on (SkewScout's
+  // density knob); UpdateEncoder::SetTopKFraction's errors.
+  Status SetTopKFraction(double fraction) {
+    return configured_.SetTopKFraction(fraction);
+  }
   // The same slices with every value zero, index-coded (MIRROR_INDICES).
   EncodedSlices IndicesOnly(const EncodedSlices& update);
 

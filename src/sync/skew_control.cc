@@ -43,6 +43,22 @@ double TravelScores::StandardError() const {
   return std::sqrt(std::max(0.0, discordant / n - estimate * estimate) / n);
 }
 
+SkewControlOptions SkewControlOptionsFrom(const pb::SyncConfig& sync) {
+  SkewControlOptions options = SkewControlOptionsFrom(sync.skewscout());
+  if (SkewKnobOf(sync) == SkewKnob::kTopKDensity) {
+    options.min_knob = sync.skewscout().min_density();
+    options.max_knob = sync.skewscout().max_density();
+    options.larger_is_looser = false;
+  }
+  return options;
+}
+
+double InitialKnob(const pb::SyncConfig& sync) {
+  return SkewKnobOf(sync) == SkewKnob::kTopKDensity
+             ? sync.compression().top_k_fraction()
+             : sync.threshold();
+}
+
 const char* SkewActionName(SkewAction action) {
   switch (action) {
     case SkewAction::kTighten:

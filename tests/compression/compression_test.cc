@@ -421,6 +421,30 @@ TEST(CompressionSelectionTest, ExactTopKSendsTheKLargest) {
   }
 }
 
+TEST(CompressionSelectionTest, TheTopKFractionCanChangeBetweenEncodes) {
+  const size_t n = 10000;
+  const std::vector<float> x = RandomUpdate(n, 0.5, 3);
+  UpdateEncoder encoder =
+      MustCreate(MakeConfig(pb::TOP_K, pb::INDEX_AUTO, pb::VALUE_FP32, 0,
+                            pb::ROUND_NEAREST, 256, 0.01));
+  EXPECT_EQ(encoder.EncodeDense(x, {})->summary.selected, 100u);
+  ASSERT_TRUE(encoder.SetTopKFraction(0.05).ok());
+  EXPECT_EQ(encoder.EncodeDense(x, {})->summary.selected, 500u);
+  EXPECT_DOUBLE_EQ(encoder.config().top_k_fraction(), 0.05);
+  // Out of range: refused, the fraction stays.
+  for (double bad : {0.0, -0.1, 1.5, std::nan("")}) {
+    EXPECT_EQ(encoder.SetTopKFraction(bad).code(),
+              StatusCode::kInvalidArgument)
+        << bad;
+  }
+  EXPECT_EQ(encoder.EncodeDense(x, {})->summary.selected, 500u);
+  // Without a top-k selection there is no fraction to set.
+  UpdateEncoder all =
+      MustCreate(MakeConfig(pb::SELECT_ALL, pb::INDEX_AUTO, pb::VALUE_FP32, 0,
+                            pb::ROUND_NEAREST, 256, 0.01));
+  EXPECT_EQ(all.SetTopKFraction(0.5).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(CompressionSelectionTest, SampledTopKSendsAboutKOfTheLargest) {
   const size_t n = 1 << 20;
   for (double density : {1.0, 0.3}) {

@@ -903,8 +903,8 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   // worker_timeout_s, server_timeout_s, worker_give_up_s, peer_timeout_s,
   // checkpoint_period_s, restart_backoff_s; sync.skewscout: target_loss,
   // dead_band, smoothing, tighten_factor, loosen_factor, min_theta,
-  // max_theta, significance_z.
-  EXPECT_EQ(visited, 39);
+  // max_theta, significance_z, min_density, max_density.
+  EXPECT_EQ(visited, 41);
 }
 
 TEST(ValidateJobConfigTest, SkewScoutOptionsAndWhatItControls) {
@@ -969,6 +969,29 @@ TEST(ValidateJobConfigTest, SkewScoutOptionsAndWhatItControls) {
          s->mutable_skewscout()->set_max_travel_period(100);
        },
        "", ""},
+      {[](auto* s) { s->mutable_skewscout()->set_min_density(0); },
+       "min_density", ""},
+      {[](auto* s) {
+         s->mutable_skewscout()->set_min_density(0.1);
+         s->mutable_skewscout()->set_max_density(0.05);
+       },
+       "max_density", "at least min_density"},
+      // Threshold 0 through top-k: the density is the knob, and must
+      // start within its bounds.
+      {[](auto* s) {
+         s->set_threshold(0);
+         s->mutable_compression()->set_selection(pb::TOP_K);
+         s->mutable_compression()->set_top_k_fraction(0.01);
+         s->mutable_skewscout()->set_enabled(true);
+       },
+       "", ""},
+      {[](auto* s) {
+         s->set_threshold(0);
+         s->mutable_compression()->set_selection(pb::TOP_K);
+         s->mutable_compression()->set_top_k_fraction(0.5);
+         s->mutable_skewscout()->set_enabled(true);
+       },
+       "enabled", "top_k_fraction (0.5), which must lie in [0.001, 0.25]"},
   };
   int index = 0;
   for (const Case& c : cases) {

@@ -173,6 +173,57 @@ TEST_F(SyncConservationTest, TravelledModelsAreScoredAndNeverApplied) {
   EXPECT_GE(scored, answered);
 }
 
+// SkewScout on top-k sync (threshold 0, TOP_K selection): the controller
+// moves the density, within its bounds, and every update still arrives
+// exactly once (what top-k leaves behind waits in the accumulators and
+// goes with the final flush).
+TEST_F(SyncConservationTest, TopKSyncHasTheDensityAsItsKnob) {
+  pb::JobConfig job = Job(Topology{"Mesh3", 3, pb::FULL_MESH});
+  pb::SyncConfig* sync = job.mutable_sync();
+  sync->set_threshold(0);
+  sync->mutable_compression()->set_selection(pb::TOP_K);
+  sync->mutable_compression()->set_top_k_fraction(0.01);
+  pb::SkewScoutConfig* scout = sync->mutable_skewscout();
+  scout->set_enabled(true);
+  scout->set_travel_period(2);
+  scout->set_holdout_samples(40);
+  scout->set_min_density(0.005);
+  scout->set_max_density(0.08);
+  ASSERT_TRUE(ValidateJobConfig(job).empty())
+      << FormatConfigIssues("job", ValidateJobConfig(job));
+  Result<testing::LiveSitesRun> run =
+      testing::RunLiveSites(job, kCommits, /*seed_base=*/3000, kTimeout);
+  ASSERT_TRUE(run.ok()) << run.status();
+  uint64_t decisions = 0;
+  for (size_t s = 0; s < run->servers.size(); ++s) {
+    const std::string& name = job.site(s).name();
+    const pb::SyncSummary& summary = run->servers[s]->summary().sync();
+    ASSERT_TRUE(summary.flushed()) << name;
+    std::string first;
+    EXPECT_EQ(testing::CountMismatches(run->servers[s]->Snapshot(),
+                                       run->expected, 1e-4, &first),
+              0u)
+        << name << ":\n"
+        << first;
+    const pb::SkewScoutSummary& travel = summary.skewscout();
+    EXPECT_EQ(travel.knob(), "top_k_fraction") << name;
+    EXPECT_GE(travel.final_theta(), 0.005) << name;
+    EXPECT_LE(travel.final_theta(), 0.08) << name;
+    for (const pb::SkewDecisionRecord& decision : travel.decisions()) {
+      EXPECT_GE(decision.theta_after(), 0.005) << name;
+      EXPECT_LE(decision.theta_after(), 0.08) << name;
+      // Denser on a tightening, sparser on a loosening.
+      if (decision.action() == "tighten") {
+        EXPECT_GT(decision.theta_after(), decision.theta_before()) << name;
+      } else if (decision.action() == "loosen") {
+        EXPECT_LT(decision.theta_after(), decision.theta_before()) << name;
+      }
+    }
+    decisions += travel.decisions_size();
+  }
+  EXPECT_GT(decisions, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Topologies, SyncConservationTest,
                          ::testing::Values(Topology{"Mesh3", 3, pb::FULL_MESH},
                                            Topology{"Star3", 3, pb::STAR},

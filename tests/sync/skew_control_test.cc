@@ -286,6 +286,32 @@ TEST(SkewControllerTest, AJobsOptionsControlTheThreshold) {
                   .ok());
 }
 
+TEST(SkewControllerTest, TopKSyncMakesTheDensityTheKnob) {
+  pb::SyncConfig sync;
+  sync.set_kind(pb::GAIA);
+  sync.set_threshold(0);
+  sync.mutable_compression()->set_selection(pb::TOP_K);
+  sync.mutable_compression()->set_top_k_fraction(0.01);
+  ASSERT_EQ(SkewKnobOf(sync), SkewKnob::kTopKDensity);
+  EXPECT_STREQ(SkewKnobName(SkewKnobOf(sync)), "top_k_fraction");
+  const SkewControlOptions options = SkewControlOptionsFrom(sync);
+  EXPECT_FALSE(options.larger_is_looser);
+  EXPECT_DOUBLE_EQ(options.min_knob, 0.001);  // min_density
+  EXPECT_DOUBLE_EQ(options.max_knob, 0.25);   // max_density
+  EXPECT_DOUBLE_EQ(InitialKnob(sync), 0.01);
+  SkewController controller = Make(options, InitialKnob(sync));
+  controller.Observe(1, 1, "eu", Scores(2000, 0.9, 0.85, 100));
+  EXPECT_DOUBLE_EQ(controller.knob(), 0.02);  // a high loss: denser
+  // A threshold above 0, or no top-k selection: θ.
+  sync.set_threshold(0.05);
+  EXPECT_EQ(SkewKnobOf(sync), SkewKnob::kTheta);
+  EXPECT_DOUBLE_EQ(InitialKnob(sync), 0.05);
+  EXPECT_TRUE(SkewControlOptionsFrom(sync).larger_is_looser);
+  sync.set_threshold(0);
+  sync.mutable_compression()->set_selection(pb::SELECT_ALL);
+  EXPECT_EQ(SkewKnobOf(sync), SkewKnob::kTheta);
+}
+
 TEST(SkewControllerTest, BadOptionsAreRefusedByName) {
   struct Case {
     void (*edit)(SkewControlOptions&);
