@@ -375,19 +375,27 @@ class SyncEngine::Impl {
   }
 
   // About once a second: how large each peer's unsent change is against
-  // the model (one pass over the model per peer).
+  // the model, from at most kUnsentSample elements per peer (every
+  // stride-th, the offset moving on each time), so the event loop's cost
+  // does not grow with the model.
   void SampleUnsent() {
     constexpr double kPeriodS = 1.0;
+    constexpr uint64_t kUnsentSample = uint64_t{1} << 16;
     const double now = Now();
     if (now - last_unsent_sample_s_ < kPeriodS) return;
     last_unsent_sample_s_ = now;
+    if (sync_.kind() == pb::MODEL_AVERAGING) return;  // no accumulators
+    const uint64_t stride =
+        std::max<uint64_t>(1, store_->num_elements() / kUnsentSample);
+    const uint64_t offset = unsent_offset_++ % stride;
     for (auto& peer : peers_) {
-      if (sync_.kind() == pb::MODEL_AVERAGING) break;  // no accumulators
       double acc_squares = 0, w_squares = 0;
       store_->VisitAccumulator(
-          peer->acc, [&](const KeyRange&, std::span<const float> w,
+          peer->acc, [&](const KeyRange& range, std::span<const float> w,
                          std::span<float> acc) {
-            for (size_t i = 0; i < w.size(); ++i) {
+            // The first index of this shard that is offset modulo stride.
+            uint64_t i = (offset + stride - range.begin % stride) % stride;
+            for (; i < w.size(); i += stride) {
               acc_squares += static_cast<double>(acc[i]) * acc[i];
               w_squares += static_cast<double>(w[i]) * w[i];
             }
@@ -1436,9 +1444,10 @@ class SyncEngine::Impl {
         continue;
       }
       if (peer.travel_outstanding != 0) ++travels_unanswered_;
-      std::vector<float> model(store_->num_elements());
-      store_->Snapshot(model);
-      const EncodedSlices encoded = codec_->EncodeTravel(*store_, model);
+      travel_model_.resize(store_->num_elements());
+      store_->Snapshot(travel_model_);
+      const EncodedSlices encoded =
+          codec_->EncodeTravel(*store_, travel_model_);
       pb::Header header = MakeHeader(pb::MIRROR_TRAVEL, self_, 0);
       header.set_clock(clock);
       for (const pb::TensorSlice& slice : encoded.slices) {
@@ -1826,6 +1835,7 @@ class SyncEngine::Impl {
   size_t averaging_acc_ = 0;          // MODEL_AVERAGING's encoding scratch
 
   int64_t local_clock_ = 0;
+  uint64_t unsent_offset_ = 0;  // SampleUnsent's rotating offset
   double last_unsent_sample_s_ = -1e9;
   // SkewScout (sync.skewscout.enabled): the controller of theta, and the
   // travels this site sent and scored.
@@ -1835,6 +1845,7 @@ class SyncEngine::Impl {
   // The first clock at or after which the model travels again (-1: set
   // one period after the first local clock).
   int64_t next_travel_clock_ = -1;
+  std::vector<float> travel_model_;  // scratch: the snapshot that travels
   uint64_t travels_sent_ = 0;
   uint64_t travels_unanswered_ = 0;
   double travel_bytes_ = 0;

@@ -354,6 +354,101 @@ TEST_F(IntegrationTest, ThreeSitesThroughWanemConvergeAndCountEveryByte) {
 }
 
 
+// Label skew across three sites (disjoint classes: {0,1,2}, {3,4,5},
+// {6,...,9}), the same job twice for the same time: DENSE sync, then Gaia
+// with SkewScout. SkewScout's models travel, are scored at the peers and
+// move θ; the job ends within the controller's accuracy target of dense
+// sync (plus the noise of a 1000-sample test set), having sent fewer
+// bytes, and report.json carries the skew, the decisions and the age of
+// remote updates.
+TEST_F(IntegrationTest, SkewedSitesWithSkewScoutEndWithinTheTargetOfDense) {
+  pb::JobConfig job = testing::SmallJob(*data_dir_, 2);
+  job.set_time_budget_s(15);
+  job.set_stop_at_target(false);
+  job.clear_site();
+  for (const char* name : {"a", "b", "c"}) {
+    pb::SiteConfig* site = job.add_site();
+    site->set_name(name);
+    site->add_workers()->set_count(2);
+  }
+  pb::PartitionConfig* partition =
+      job.mutable_data()->mutable_site_partition();
+  partition->set_kind(pb::LABEL_SUBSET);
+  for (const std::vector<uint32_t>& labels :
+       {std::vector<uint32_t>{0, 1, 2}, {3, 4, 5}, {6, 7, 8, 9}}) {
+    pb::ClassList* classes = partition->add_classes();
+    for (uint32_t label : labels) classes->add_label(label);
+  }
+  job.mutable_wan()->set_emulate(false);
+  job.mutable_wan()->set_control_address("tcp://127.0.0.1:0");
+
+  auto run = [&](const pb::SyncConfig& sync, pb::RunReport* report) {
+    pb::JobConfig variant = job;
+    *variant.mutable_sync() = sync;
+    const std::string path = WriteJob(variant);
+    const std::string out = testing::MakeTempDir("integration-skew");
+    const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
+                                            " run " + path + " --out " + out);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    ASSERT_TRUE(ReadJsonFile(out + "/report.json", report).ok());
+  };
+  pb::SyncConfig dense;
+  dense.set_kind(pb::DENSE);
+  dense.set_max_clock_skew(1);
+  pb::RunReport dense_report;
+  ASSERT_NO_FATAL_FAILURE(run(dense, &dense_report));
+
+  pb::SyncConfig scout;
+  scout.set_kind(pb::GAIA);
+  scout.set_threshold(0.05);
+  scout.set_max_clock_skew(1);
+  scout.mutable_compression()->set_value_coding(pb::VALUE_INT8);
+  scout.mutable_skewscout()->set_enabled(true);
+  scout.mutable_skewscout()->set_travel_period(10);
+  scout.mutable_skewscout()->set_holdout_samples(300);
+  scout.mutable_skewscout()->set_target_loss(0.01);
+  pb::RunReport scout_report;
+  ASSERT_NO_FATAL_FAILURE(run(scout, &scout_report));
+
+  // Dense sync learns every class; SkewScout ends within its one-point
+  // target of it (two more points for the test set's noise).
+  EXPECT_GE(dense_report.final_accuracy(), 0.85);
+  std::printf("skew: dense %.4f (%.0f bytes), skewscout %.4f (%.0f bytes)\n",
+              dense_report.final_accuracy(), dense_report.wan_bytes_total(),
+              scout_report.final_accuracy(), scout_report.wan_bytes_total());
+  EXPECT_GE(scout_report.final_accuracy(),
+            dense_report.final_accuracy() - 0.01 - 0.02)
+      << "dense " << dense_report.final_accuracy();
+  EXPECT_LT(scout_report.wan_bytes_total(), dense_report.wan_bytes_total());
+  ASSERT_EQ(scout_report.sites_size(), 3);
+  uint64_t decisions = 0;
+  for (int s = 0; s < scout_report.sites_size(); ++s) {
+    const pb::SiteSummary& site = scout_report.sites(s);
+    // The skew: the classes this site holds, and only those.
+    ASSERT_EQ(site.label_histogram_size(), 10) << site.name();
+    for (uint32_t label = 0; label < 10; ++label) {
+      const bool held = s == 0 ? label < 3 : s == 1 ? label >= 3 && label < 6
+                                                    : label >= 6;
+      EXPECT_EQ(site.label_histogram(static_cast<int>(label)) > 0, held)
+          << site.name() << " class " << label;
+    }
+    EXPECT_EQ(site.sync().remote_update_age_size(), 2) << site.name();
+    const pb::SkewScoutSummary& skew = site.sync().skewscout();
+    EXPECT_EQ(skew.knob(), "theta") << site.name();
+    EXPECT_GT(skew.travels_sent(), 0u) << site.name();
+    EXPECT_GT(skew.travels_scored(), 0u) << site.name();
+    decisions += skew.decisions_size();
+    for (const pb::SkewDecisionRecord& d : skew.decisions()) {
+      EXPECT_NE(d.peer(), site.name());
+      EXPECT_EQ(d.samples(), 300u) << site.name();
+      EXPECT_GE(d.theta_after(), 0.001) << site.name();
+      EXPECT_LE(d.theta_after(), 0.5) << site.name();
+    }
+  }
+  EXPECT_GT(decisions, 0u);
+}
+
+
 // ADSP with six workers of three device speeds (2, 6 and 12 ms a step):
 // every worker commits at the same rate — nobody waits for anybody — so the
 // fast ones fold more local steps into each commit; the job converges and
