@@ -78,17 +78,7 @@ class SyncFaultTest : public ::testing::Test {
   // Every site flushed and holds every update once.
   void ExpectEveryUpdateOnce(const pb::JobConfig& job,
                              const testing::LiveSitesRun& run) {
-    for (size_t s = 0; s < run.servers.size(); ++s) {
-      const SiteServer& server = *run.servers[s];
-      EXPECT_TRUE(server.summary().sync().flushed())
-          << job.site(s).name() << " missed a final flush";
-      std::string first;
-      EXPECT_EQ(testing::CountMismatches(server.Snapshot(), run.expected, 1e-4,
-                                         &first),
-                0u)
-          << job.site(s).name() << ":\n"
-          << first;
-    }
+    EXPECT_EQ(testing::EveryUpdateOnceProblems(job, run), "");
   }
 
   static bool HasEvent(const pb::SiteSummary& summary, pb::FaultKind kind) {

@@ -215,4 +215,24 @@ size_t CountMismatches(const std::vector<float>& model,
   return wrong;
 }
 
+std::string EveryUpdateOnceProblems(const pb::JobConfig& job,
+                                    const LiveSitesRun& run) {
+  std::string problems;
+  for (size_t s = 0; s < run.servers.size(); ++s) {
+    const SiteServer& server = *run.servers[s];
+    const std::string& name = job.site(static_cast<int>(s)).name();
+    if (!server.summary().sync().flushed()) {
+      problems += name + " missed a final flush\n";
+    }
+    std::string first;
+    const size_t mismatches =
+        CountMismatches(server.Snapshot(), run.expected, 1e-4, &first);
+    if (mismatches > 0) {
+      problems += name + ": " + std::to_string(mismatches) +
+                  " elements differ from every update once:\n" + first;
+    }
+  }
+  return problems;
+}
+
 }  // namespace meridian::testing

@@ -64,6 +64,13 @@ size_t CountMismatches(const std::vector<float>& model,
                        const std::vector<double>& expected, double tolerance,
                        std::string* first);
 
+// What breaks conservation in a finished run, one line per site at fault:
+// a site that missed a peer's final flush, or whose model is not
+// run.expected (within 1e-4; the first mismatches described). Empty when
+// every site flushed and holds every update exactly once.
+std::string EveryUpdateOnceProblems(const pb::JobConfig& job,
+                                    const LiveSitesRun& run);
+
 }  // namespace meridian::testing
 
 #endif  // MERIDIAN_TESTS_TESTING_LIVE_SITES_H_
