@@ -118,10 +118,10 @@ constexpr int kBatch = 64;
 // batch (whose vanishing gradients would not be representative).
 constexpr int kBatches = 8;
 
-void BM_GradientStep(benchmark::State& state) {
-  pb::ModelConfig config;
-  config.set_kind(pb::MLP);
-  config.add_hidden(256);
+// One training step as a worker takes it (forward, backward, SGD with
+// momentum, the model's state update) on batches of `batch` samples.
+void RunModelStep(benchmark::State& state, const pb::ModelConfig& config,
+                  int batch) {
   Result<std::unique_ptr<Model>> made = MakeModel(config, kInputDim, kClasses);
   if (!made.ok()) {
     state.SkipWithError(made.status().ToString().c_str());
@@ -140,9 +140,9 @@ void BM_GradientStep(benchmark::State& state) {
   std::normal_distribution<float> feature(0.0f, 1.0f);
   std::uniform_int_distribution<int> label(0, kClasses - 1);
   std::vector<Eigen::MatrixXf> features(kBatches,
-                                        Eigen::MatrixXf(kInputDim, kBatch));
+                                        Eigen::MatrixXf(kInputDim, batch));
   std::vector<std::vector<uint8_t>> labels(kBatches,
-                                           std::vector<uint8_t>(kBatch));
+                                           std::vector<uint8_t>(batch));
   for (int b = 0; b < kBatches; ++b) {
     for (Eigen::Index i = 0; i < features[b].size(); ++i) {
       features[b].data()[i] = feature(rng);
@@ -150,11 +150,14 @@ void BM_GradientStep(benchmark::State& state) {
     for (uint8_t& l : labels[b]) l = static_cast<uint8_t>(label(rng));
   }
 
-  float loss = 0;
+  // One untimed step: the model's scratch buffers grow to the batch once
+  // and are reused after that.
+  float loss = model->LossAndGradient(params, features[0], labels[0], grad);
   int b = 0;
   for ([[maybe_unused]] auto _ : state) {
     loss = model->LossAndGradient(params, features[b], labels[b], grad);
     optimizer.Step(params, grad);
+    model->ApplyStateUpdate(params);
     b = (b + 1) % kBatches;
   }
   benchmark::DoNotOptimize(loss);
@@ -162,11 +165,46 @@ void BM_GradientStep(benchmark::State& state) {
     state.SkipWithError("training diverged: the loss is not finite");
     return;
   }
-  state.SetBytesProcessed(state.iterations() * kInputDim * kBatch *
+  state.SetBytesProcessed(state.iterations() * kInputDim * batch *
                           static_cast<int64_t>(sizeof(float)));
-  state.SetItemsProcessed(state.iterations() * kBatch);
+  state.SetItemsProcessed(state.iterations() * batch);
+}
+
+pb::ModelConfig DefaultMlp() {
+  pb::ModelConfig config;
+  config.set_kind(pb::MLP);
+  config.add_hidden(256);
+  return config;
+}
+
+void BM_GradientStep(benchmark::State& state) {
+  RunModelStep(state, DefaultMlp(), kBatch);
 }
 BENCHMARK(BM_GradientStep)->UseRealTime();
+
+// ModelStep/<model>/batch:<B>: every CNN preset and the default MLP, one
+// thread, for bench/scenarios/workload_speed (which runs PyTorch on the
+// same networks beside it).
+void RegisterModelSteps() {
+  std::vector<std::pair<std::string, pb::ModelConfig>> models = {
+      {"mlp", DefaultMlp()}};
+  for (const std::string& preset : CnnPresetNames()) {
+    pb::ModelConfig config;
+    config.set_kind(pb::CNN);
+    config.set_preset(preset);
+    models.emplace_back(preset, config);
+  }
+  for (const auto& [name, config] : models) {
+    for (int batch : {16, 64}) {
+      benchmark::RegisterBenchmark(
+          ("ModelStep/" + name + "/batch:" + std::to_string(batch)).c_str(),
+          [config = config, batch](benchmark::State& state) {
+            RunModelStep(state, config, batch);
+          })
+          ->UseRealTime();
+    }
+  }
+}
 
 // ---- 4. raw ZeroMQ round trip: the ceiling of a commit/pull ----------------
 
@@ -655,6 +693,7 @@ int main(int argc, char** argv) {
       meridian::bench::FlagValue(argc, argv, "benchmark_format")
           .value_or("console");
   const auto console_options = meridian::ConsoleOptions(argc, argv);
+  meridian::RegisterModelSteps();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   // Machine-readable formats keep stdout clean; the table goes to stderr.

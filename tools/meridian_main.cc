@@ -6,13 +6,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "meridian/addresses.h"
 #include "meridian/config.h"
+#include "meridian/dataset.h"
 #include "meridian/launcher.h"
 #include "meridian/log.h"
+#include "meridian/model.h"
 #include "meridian/plots.h"
 #include "meridian/report.h"
 #include "meridian/security.h"
@@ -48,6 +51,31 @@ bool LoadJob(const std::string& path, pb::JobConfig* job) {
   return true;
 }
 
+// A CNN's layers can only be checked against the images they will see
+// (MakeModel's checks: windows larger than their input, groups that do not
+// divide the channels, ...). Done by `validate` and `run` before any process
+// starts, so a bad layer list is one clear error instead of every site
+// server and worker failing to start.
+bool CheckModelFitsData(const pb::JobConfig& job) {
+  if (job.model().kind() != pb::CNN) return true;
+  Result<RawData> data = LoadRawData(job.data(), /*load_train=*/false,
+                                     /*load_test=*/true);
+  if (!data.ok()) {
+    std::fprintf(stderr, "%s\n", data.status().message().c_str());
+    return false;
+  }
+  const auto dim = static_cast<int>(data->test_images.dim());
+  if (Result<std::unique_ptr<Model>> model = MakeModel(job.model(), dim, 10);
+      !model.ok()) {
+    std::fprintf(stderr, "model does not fit the data (%dx%d images): %s\n",
+                 static_cast<int>(data->test_images.rows),
+                 static_cast<int>(data->test_images.cols),
+                 model.status().message().c_str());
+    return false;
+  }
+  return true;
+}
+
 // A role's flag, else the environment variable `variable`, else empty (the
 // job file's value).
 std::string FlagOrEnvironment(const std::string& flag, const char* variable) {
@@ -67,7 +95,7 @@ std::string DefaultOutDir(const pb::JobConfig& job) {
 
 int Validate(const std::string& path) {
   pb::JobConfig job;
-  if (!LoadJob(path, &job)) return kExitBadInput;
+  if (!LoadJob(path, &job) || !CheckModelFitsData(job)) return kExitBadInput;
   std::printf("%s: OK (%d sites, %u workers, %s)\n", path.c_str(),
               job.site_size(), TotalWorkerCount(job),
               pb::PolicyKind_Name(job.policy().kind()).c_str());
@@ -108,7 +136,7 @@ int Run(std::string path, std::string out_dir, const RunFlags& flags) {
     return kExitBadInput;
   }
   pb::JobConfig job;
-  if (!LoadJob(path, &job)) return kExitBadInput;
+  if (!LoadJob(path, &job) || !CheckModelFitsData(job)) return kExitBadInput;
   const std::atomic<bool>* stop = InstallStopSignalHandlers();
   if (out_dir.empty()) out_dir = DefaultOutDir(job);
   RunOptions options;

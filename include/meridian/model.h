@@ -62,6 +62,13 @@ class Model {
                               const Dataset& data,
                               uint64_t max_samples = 0) = 0;
 
+  // Writes the state that is not trained by gradient (BatchNorm's running
+  // statistics) as the last LossAndGradient computed it into `params`.
+  // Call after the optimizer step of that batch, so the step does not
+  // touch it; a no-op for models without such state, when no training pass
+  // preceded, or for a `params` of the wrong size.
+  virtual void ApplyStateUpdate(std::span<float> /*params*/) {}
+
   // Evaluate over all of `data`, also writing per sample whether it was
   // classified correctly (1) or not (0) into `correct` (resized to the
   // samples evaluated; empty when the data does not fit the model). For
@@ -71,16 +78,28 @@ class Model {
                                      std::vector<uint8_t>* correct) = 0;
 };
 
-// Builds the model the config describes: SOFTMAX (no hidden layers) or MLP
-// with config.hidden() ReLU layers. Tensor names are "fc<i>.weight"
-// ([out, in]) and "fc<i>.bias" ([out]). InvalidArgument for SOFTMAX with
-// hidden layers, MLP without any or with a zero width, another kind,
-// input_dim <= 0, num_classes outside [1, 256] or more than 2^30 parameters.
-// The dense products run on AVX2/FMA kernels when the CPU has them (checked
-// at run time) and on Eigen otherwise; MERIDIAN_NO_SIMD=1 in the environment
-// forces the Eigen path for the models built while it is set.
+// Builds the model the config describes:
+//  - SOFTMAX (no hidden layers) or MLP with config.hidden() ReLU layers.
+//    Tensor names are "fc<i>.weight" ([out, in]) and "fc<i>.bias" ([out]).
+//  - CNN: config.layers() or config.preset() over input_channels square
+//    images, then a dense layer to the classes. Tensors are named by layer
+//    index: "conv<i>.weight" [out, in, k, k], "conv<i>.bias", "bn<i>.weight",
+//    "bn<i>.bias", "bn<i>.running_mean", "bn<i>.running_var", "gn<i>.weight",
+//    "gn<i>.bias", "fc<i>.weight" [out, in (C, H, W flattened)],
+//    "fc<i>.bias".
+// InvalidArgument naming the field for a config that does not describe a
+// model of this input (e.g. SOFTMAX with hidden layers, a window larger than
+// its input, groups that do not divide the channels), input_dim <= 0,
+// num_classes outside [1, 256] or more than 2^30 parameters. The products
+// run on AVX2/FMA kernels when the CPU has them (checked at run time) and on
+// Eigen otherwise; MERIDIAN_NO_SIMD=1 in the environment forces the Eigen
+// path for the models built while it is set. Models run on one thread.
 Result<std::unique_ptr<Model>> MakeModel(const pb::ModelConfig& config,
                                          int input_dim, int num_classes);
+
+// The CNN presets (model.preset) and the layers each stands for.
+std::vector<std::string> CnnPresetNames();
+Result<std::vector<pb::LayerConfig>> CnnPresetLayers(const std::string& name);
 
 }  // namespace meridian
 

@@ -92,6 +92,7 @@ constexpr RealRange kAboveOne{1, true, kInf, true};  // > 1
 constexpr CountRange kAtLeastOne{1, kUnbounded};
 constexpr CountRange kWorkersPerGroup{1, 1024};
 constexpr CountRange kHiddenUnits{1, 65536};
+constexpr CountRange kInputChannels{1, 4096};
 constexpr CountRange kBatchSize{1, 65536};
 constexpr CountRange kNumShards{1, 256};
 constexpr CountRange kBlockSize{1, 1 << 20};
@@ -288,6 +289,23 @@ void ValidateSites(const pb::JobConfig& config, const IssueReporter& root) {
 
 void ValidateModel(const pb::ModelConfig& model, const IssueReporter& r) {
   r.Specified("kind", model.kind());
+  if (model.kind() == pb::CNN) {
+    // The layers' own checks need the input's shape: MakeModel makes them
+    // (`meridian validate` and every process build the model).
+    r.Check(model.hidden_size() == 0, "hidden",
+            "is for kind MLP; a CNN's layers are model.layers or "
+            "model.preset");
+    r.Check(!(model.has_preset() && model.layers_size() > 0), "preset",
+            "and model.layers are exclusive: give one");
+    r.Check(model.has_preset() || model.layers_size() > 0, "layers",
+            "a CNN needs model.layers or a model.preset (e.g. preset: "
+            "\"lenet5\")");
+    r.Count("input_channels", model.input_channels(), kInputChannels);
+    return;
+  }
+  r.Check(model.layers_size() == 0 && !model.has_preset() &&
+              !model.has_input_channels(),
+          "layers", "model.layers, preset and input_channels are for kind CNN");
   if (model.kind() == pb::SOFTMAX) {
     r.Check(model.hidden_size() == 0, "hidden",
             "must be empty for kind SOFTMAX (it has no hidden layers); use "
@@ -574,9 +592,8 @@ void ValidateSkewScout(const pb::SyncConfig& sync, const IssueReporter& r) {
   if (std::isfinite(scout.min_density()) &&
       std::isfinite(scout.max_density())) {
     r.Check(scout.min_density() <= scout.max_density(), "max_density",
-            "must be at least min_density (" +
-                FormatReal(scout.min_density()) + "), got " +
-                FormatReal(scout.max_density()));
+            "must be at least min_density (" + FormatReal(scout.min_density()) +
+                "), got " + FormatReal(scout.max_density()));
   }
   if (!scout.enabled()) return;
   r.Check(sync.kind() == pb::GAIA, "enabled",
@@ -584,18 +601,19 @@ void ValidateSkewScout(const pb::SyncConfig& sync, const IssueReporter& r) {
           "sync.kind GAIA (the averaging period of MODEL_AVERAGING is not "
           "controlled yet)");
   const bool density = SkewKnobOf(sync) == SkewKnob::kTopKDensity;
-  const double knob = density ? sync.compression().top_k_fraction()
-                              : sync.threshold();
+  const double knob =
+      density ? sync.compression().top_k_fraction() : sync.threshold();
   const double low = density ? scout.min_density() : scout.min_theta();
   const double high = density ? scout.max_density() : scout.max_theta();
   if (std::isfinite(knob) && std::isfinite(low) && std::isfinite(high)) {
-    r.Check(knob >= low && knob <= high, "enabled",
-            std::string("the controller starts at ") +
-                (density ? "sync.compression.top_k_fraction" : "sync.threshold") +
-                " (" + FormatReal(knob) + "), which must lie in [" +
-                FormatReal(low) + ", " + FormatReal(high) + "] (" +
-                (density ? "min_density, max_density" : "min_theta, max_theta") +
-                ")");
+    r.Check(
+        knob >= low && knob <= high, "enabled",
+        std::string("the controller starts at ") +
+            (density ? "sync.compression.top_k_fraction" : "sync.threshold") +
+            " (" + FormatReal(knob) + "), which must lie in [" +
+            FormatReal(low) + ", " + FormatReal(high) + "] (" +
+            (density ? "min_density, max_density" : "min_theta, max_theta") +
+            ")");
   }
 }
 

@@ -341,6 +341,7 @@ class Worker::Impl {
     const float loss =
         model_->LossAndGradient(params_, batch_features_, batch_labels_, grad_);
     optimizer_.Step(params_, grad_);
+    model_->ApplyStateUpdate(params_);
     const Duration computed = clock_->Now();
     stats_.set_compute_s(stats_.compute_s() + ToSeconds(computed - start));
     // An emulated device is slower than this CPU: wait out the rest.

@@ -717,7 +717,7 @@ TEST(ValidateJobConfigTest, UnspecifiedEnumsListTheAllowedValues) {
                             }));
   ASSERT_EQ(issues.size(), 7u);
   EXPECT_EQ(issues[0].message,
-            "must be one of SOFTMAX, MLP, got MODEL_KIND_UNSPECIFIED");
+            "must be one of SOFTMAX, MLP, CNN, got MODEL_KIND_UNSPECIFIED");
   EXPECT_EQ(issues[1].message,
             "must be one of SCALE, STANDARDIZE, got "
             "NORMALIZATION_UNSPECIFIED");
@@ -779,6 +779,33 @@ TEST(ValidateJobConfigTest, SoftmaxRejectsHiddenLayers) {
   config.mutable_model()->add_hidden(16);
   EXPECT_EQ(Fields(ValidateJobConfig(config)),
             std::vector<std::string>{"model.hidden"});
+}
+
+TEST(ValidateJobConfigTest, CnnNeedsLayersOrAPresetAndNoHiddenLayers) {
+  pb::JobConfig config = ValidConfig();
+  pb::ModelConfig* model = config.mutable_model();
+  model->set_kind(pb::CNN);
+  model->set_preset("lenet5");
+  EXPECT_TRUE(ValidateJobConfig(config).empty());
+  model->add_layers()->set_kind(pb::RELU);
+  EXPECT_EQ(Fields(ValidateJobConfig(config)),
+            std::vector<std::string>{"model.preset"});
+  model->clear_preset();
+  EXPECT_TRUE(ValidateJobConfig(config).empty());
+  model->clear_layers();
+  EXPECT_EQ(Fields(ValidateJobConfig(config)),
+            std::vector<std::string>{"model.layers"});
+  model->set_preset("lenet5-gn");
+  model->add_hidden(16);
+  model->set_input_channels(0);
+  EXPECT_EQ(Fields(ValidateJobConfig(config)),
+            (std::vector<std::string>{"model.hidden", "model.input_channels"}));
+  // A CNN's fields on an MLP are a mistake, not silently ignored.
+  model->clear_hidden();
+  model->clear_input_channels();
+  model->set_kind(pb::MLP);
+  EXPECT_EQ(Fields(ValidateJobConfig(config)),
+            std::vector<std::string>{"model.layers"});
 }
 
 TEST(ValidateJobConfigTest, EmptyDataNames) {

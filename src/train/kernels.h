@@ -1,0 +1,43 @@
+// The dense products every model's forward and backward passes are built
+// from, on AVX2/FMA kernels where the CPU has them (checked at run time) and
+// on Eigen otherwise. Stateless; thread-safe.
+#ifndef MERIDIAN_TRAIN_KERNELS_H_
+#define MERIDIAN_TRAIN_KERNELS_H_
+
+#include <cstdint>
+
+namespace meridian::kernels {
+
+// True when the CPU has AVX2 and FMA.
+bool CpuHasAvx2Fma();
+
+// Whether models built now should use the AVX2 kernels: the CPU has them
+// and MERIDIAN_NO_SIMD is unset, empty or "0" (setting it forces the
+// portable Eigen path, e.g. to rule the kernels out when chasing a
+// numerical problem).
+bool SimdWanted();
+
+// Dot-product form, for products whose summed dimension is contiguous in
+// both operands:
+//   out[o + b * ldo] = act(bias[o] + sum_{j<k} a[o * lda + j] * x[b * ldx + j])
+// for o < m, b < n (overwrites out). `bias` may be null (no bias); act is
+// ReLU when `relu`, else the identity. `simd` selects the AVX2 kernel (only
+// pass true when CpuHasAvx2Fma()).
+void DotProduct(bool simd, int64_t m, int64_t n, int64_t k, const float* a,
+                int64_t lda, const float* x, int64_t ldx, const float* bias,
+                bool relu, float* out, int64_t ldo);
+
+// Outer-product form, for products whose output rows are contiguous in the
+// right operand:
+//   g[r * ldg + i] = sum_{s < s_count} p[r * prs + s * pss] * q[i + s * ldq]
+// for r < r_count, i < i_count (overwrites g). `pack` holds
+// OuterPackSize(r_count, s_count) floats of scratch (unused on the portable
+// path; may then be null).
+int64_t OuterPackSize(int64_t r_count, int64_t s_count);
+void OuterProduct(bool simd, int64_t r_count, int64_t i_count, int64_t s_count,
+                  const float* p, int64_t prs, int64_t pss, const float* q,
+                  int64_t ldq, float* g, int64_t ldg, float* pack);
+
+}  // namespace meridian::kernels
+
+#endif  // MERIDIAN_TRAIN_KERNELS_H_

@@ -1,0 +1,54 @@
+// What the model tests share: building a model on either kernel path and
+// random batches.
+#ifndef MERIDIAN_TESTS_TRAIN_MODEL_TEST_UTIL_H_
+#define MERIDIAN_TESTS_TRAIN_MODEL_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "meridian/model.h"
+
+namespace meridian::testing {
+
+// Builds a model on the AVX2 kernels (where the CPU has them) or, with
+// portable = true, on the Eigen-only path (MERIDIAN_NO_SIMD). Null (and a
+// test failure) when MakeModel refuses the config.
+inline std::unique_ptr<Model> Build(const pb::ModelConfig& config,
+                                    int input_dim, int num_classes,
+                                    bool portable = false) {
+  if (portable) setenv("MERIDIAN_NO_SIMD", "1", 1);
+  Result<std::unique_ptr<Model>> model =
+      MakeModel(config, input_dim, num_classes);
+  if (portable) unsetenv("MERIDIAN_NO_SIMD");
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(model).value() : nullptr;
+}
+
+struct Batch {
+  Eigen::MatrixXf features;
+  std::vector<uint8_t> labels;
+};
+
+// Standard-normal features and uniform labels, deterministic in `seed`.
+inline Batch RandomBatch(int input_dim, int size, int num_classes,
+                         uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Batch batch;
+  batch.features.resize(input_dim, size);
+  for (int j = 0; j < size; ++j) {
+    for (int i = 0; i < input_dim; ++i) batch.features(i, j) = normal(rng);
+    batch.labels.push_back(static_cast<uint8_t>(rng() % num_classes));
+  }
+  return batch;
+}
+
+}  // namespace meridian::testing
+
+#endif  // MERIDIAN_TESTS_TRAIN_MODEL_TEST_UTIL_H_
