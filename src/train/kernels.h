@@ -27,6 +27,13 @@ void DotProduct(bool simd, int64_t m, int64_t n, int64_t k, const float* a,
                 int64_t lda, const float* x, int64_t ldx, const float* bias,
                 bool relu, float* out, int64_t ldo);
 
+// The dot-product form with the rows of A through a table (row o starts at
+// a_rows[o]), added to out:
+//   out[o + b * ldo] += sum_{j<k} a_rows[o][j] * x[b * ldx + j].
+void DotProductRowsAccumulate(bool simd, int64_t m, int64_t n, int64_t k,
+                              const float* const* a_rows, const float* x,
+                              int64_t ldx, float* out, int64_t ldo);
+
 // Outer-product form, for products whose output rows are contiguous in the
 // right operand:
 //   g[r * ldg + i] = sum_{s < s_count} p[r * prs + s * pss] * q[i + s * ldq]
@@ -37,6 +44,14 @@ int64_t OuterPackSize(int64_t r_count, int64_t s_count);
 void OuterProduct(bool simd, int64_t r_count, int64_t i_count, int64_t s_count,
                   const float* p, int64_t prs, int64_t pss, const float* q,
                   int64_t ldq, float* g, int64_t ldg, float* pack);
+
+// The outer-product form with row s of the right operand at rows[s] (an
+// implicit im2col: a convolution reads its shifted input rows in place):
+//   g[r * ldg + i] = sum_{s < s_count} p[r * prs + s * pss] * rows[s][i].
+void OuterProductRows(bool simd, int64_t r_count, int64_t i_count,
+                      int64_t s_count, const float* p, int64_t prs, int64_t pss,
+                      const float* const* rows, float* g, int64_t ldg,
+                      float* pack);
 
 }  // namespace meridian::kernels
 
