@@ -1538,6 +1538,11 @@ Result<std::unique_ptr<Model>> MakeCnn(const pb::ModelConfig& config,
   const Shape input = input_channel_major ? Shape{channels, side, side}
                                           : Shape{input_dim, 1, 1};
 
+  // The output layer to the classes, built and checked like the others.
+  pb::LayerConfig& head = configs.emplace_back();
+  head.set_kind(pb::FULLY_CONNECTED);
+  head.set_channels(static_cast<uint32_t>(num_classes));
+
   ModelLayout layout;
   std::vector<std::unique_ptr<Layer>> layers;
   Shape shape = input;
@@ -1560,17 +1565,6 @@ Result<std::unique_ptr<Model>> MakeCnn(const pb::ModelConfig& config,
     }
     layers.push_back(std::move(layer));
   }
-  pb::LayerConfig head;
-  head.set_kind(pb::FULLY_CONNECTED);
-  head.set_channels(static_cast<uint32_t>(num_classes));
-  MERIDIAN_ASSIGN_OR_RETURN(
-      std::unique_ptr<Layer> output,
-      BuildLayer(head, configs.size(), shape, flattened, layout));
-  if (layout.num_elements() > kMaxParams) {
-    return InvalidArgumentError("model has more than " +
-                                std::to_string(kMaxParams) + " parameters");
-  }
-  layers.push_back(std::move(output));
   return std::unique_ptr<Model>(new Cnn(std::move(layout), std::move(layers),
                                         input, input_channel_major, num_classes,
                                         kernels::SimdWanted()));

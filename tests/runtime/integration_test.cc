@@ -120,6 +120,15 @@ class IntegrationTest : public ::testing::Test {
     return job;
   }
 
+  // `meridian run PATH --out OUT`, which must succeed, and its report.
+  static void RunToReport(const std::string& path, const std::string& out,
+                          pb::RunReport* report) {
+    const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
+                                            " run " + path + " --out " + out);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    ASSERT_TRUE(ReadJsonFile(out + "/report.json", report).ok());
+  }
+
   static std::string* data_dir_;
 };
 
@@ -154,11 +163,8 @@ TEST_P(ConvergenceTest, FourWorkersConverge) {
   job.mutable_policy()->set_kind(GetParam());
   const std::string path = WriteJob(job);
   const std::string out = testing::MakeTempDir("integration-out");
-  const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
-                                          " run " + path + " --out " + out);
-  ASSERT_EQ(result.exit_code, 0) << result.output;
   pb::RunReport report;
-  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
+  ASSERT_NO_FATAL_FAILURE(RunToReport(path, out, &report));
   ExpectConverged(report, 0.95, 4);
   EXPECT_EQ(report.outcome(), "target accuracy reached");
   EXPECT_EQ(report.policy(), pb::PolicyKind_Name(GetParam()));
@@ -291,11 +297,8 @@ TEST_F(IntegrationTest, ThreeSitesThroughWanemConvergeAndCountEveryByte) {
   const pb::JobConfig job = ThreeSitesThroughWanem();
   const std::string path = WriteJob(job);
   const std::string out = testing::MakeTempDir("integration-out");
-  const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
-                                          " run " + path + " --out " + out);
-  ASSERT_EQ(result.exit_code, 0) << result.output;
   pb::RunReport report;
-  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
+  ASSERT_NO_FATAL_FAILURE(RunToReport(path, out, &report));
   EXPECT_TRUE(report.reached_target()) << report.outcome();
   ASSERT_EQ(report.sites_size(), 3);
   for (const pb::SiteSummary& site : report.sites()) {
@@ -394,11 +397,8 @@ TEST_F(IntegrationTest, CnnWithBatchNormOverThreeSitesConverges) {
       RunCommand(std::string(MERIDIAN_BINARY) + " validate " + path);
   EXPECT_EQ(validated.exit_code, 0) << validated.output;
   const std::string out = testing::MakeTempDir("integration-cnn");
-  const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
-                                          " run " + path + " --out " + out);
-  ASSERT_EQ(result.exit_code, 0) << result.output;
   pb::RunReport report;
-  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
+  ASSERT_NO_FATAL_FAILURE(RunToReport(path, out, &report));
   EXPECT_TRUE(report.reached_target()) << report.outcome();
   ASSERT_EQ(report.sites_size(), 3);
   for (const pb::SiteSummary& site : report.sites()) {
@@ -450,10 +450,7 @@ TEST_F(IntegrationTest, SkewedSitesWithSkewScoutEndWithinTheTargetOfDense) {
     *variant.mutable_sync() = sync;
     const std::string path = WriteJob(variant);
     const std::string out = testing::MakeTempDir("integration-skew");
-    const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
-                                            " run " + path + " --out " + out);
-    ASSERT_EQ(result.exit_code, 0) << result.output;
-    ASSERT_TRUE(ReadJsonFile(out + "/report.json", report).ok());
+    ASSERT_NO_FATAL_FAILURE(RunToReport(path, out, report));
   };
   pb::SyncConfig dense;
   dense.set_kind(pb::DENSE);
@@ -535,11 +532,8 @@ TEST_F(IntegrationTest, AdspGivesWorkersOfThreeSpeedsEqualCommitRates) {
   policy->set_min_commit_interval_s(0.05);
   const std::string path = WriteJob(job);
   const std::string out = testing::MakeTempDir("integration-out");
-  const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
-                                          " run " + path + " --out " + out);
-  ASSERT_EQ(result.exit_code, 0) << result.output;
   pb::RunReport report;
-  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
+  ASSERT_NO_FATAL_FAILURE(RunToReport(path, out, &report));
   EXPECT_TRUE(report.reached_target()) << report.outcome();
   EXPECT_GE(report.final_accuracy(), 0.9);
   EXPECT_EQ(report.policy(), "ADSP");
