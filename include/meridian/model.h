@@ -12,8 +12,8 @@
 #include <string_view>
 #include <vector>
 
-#include "meridian/layout.h"
 #include "meridian/job.pb.h"
+#include "meridian/layout.h"
 #include "meridian/status.h"
 
 namespace meridian {
@@ -58,9 +58,10 @@ class Model {
   // Mean loss and accuracy on the first `max_samples` samples of `data`
   // (all when 0), processed in chunks to bound memory. loss is NaN when the
   // data does not fit the model (rows != input_dim(), label too large).
-  virtual EvalResult Evaluate(std::span<const float> params,
-                              const Dataset& data,
-                              uint64_t max_samples = 0) = 0;
+  EvalResult Evaluate(std::span<const float> params, const Dataset& data,
+                      uint64_t max_samples = 0) {
+    return EvaluateInto(params, data, max_samples, nullptr);
+  }
 
   // Writes the state that is not trained by gradient (BatchNorm's running
   // statistics) as the last LossAndGradient computed it into `params`.
@@ -73,9 +74,17 @@ class Model {
   // classified correctly (1) or not (0) into `correct` (resized to the
   // samples evaluated; empty when the data does not fit the model). For
   // paired comparisons of two models on the same samples.
-  virtual EvalResult EvaluateSamples(std::span<const float> params,
-                                     const Dataset& data,
-                                     std::vector<uint8_t>* correct) = 0;
+  EvalResult EvaluateSamples(std::span<const float> params, const Dataset& data,
+                             std::vector<uint8_t>* correct) {
+    return EvaluateInto(params, data, 0, correct);
+  }
+
+ protected:
+  // Both of the above: the first `max_samples` (all when 0), per-sample
+  // correctness into `correct` when not null.
+  virtual EvalResult EvaluateInto(std::span<const float> params,
+                                  const Dataset& data, uint64_t max_samples,
+                                  std::vector<uint8_t>* correct) = 0;
 };
 
 // Builds the model the config describes:

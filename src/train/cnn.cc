@@ -1127,19 +1127,10 @@ class Cnn final : public Model {
     for (auto& layer : layers_) layer->ApplyState(params.data());
   }
 
-  EvalResult Evaluate(std::span<const float> params, const Dataset& data,
-                      uint64_t max_samples) override {
-    return EvaluateInto(params, data, max_samples, nullptr);
-  }
-
-  EvalResult EvaluateSamples(std::span<const float> params, const Dataset& data,
-                             std::vector<uint8_t>* correct) override {
-    return EvaluateInto(params, data, 0, correct);
-  }
-
  private:
   EvalResult EvaluateInto(std::span<const float> params, const Dataset& data,
-                          uint64_t max_samples, std::vector<uint8_t>* correct) {
+                          uint64_t max_samples,
+                          std::vector<uint8_t>* correct) override {
     const bool fits = params.size() == layout_.num_elements() &&
                       data.features.rows() == input_.size();
     return EvaluateClassifier(

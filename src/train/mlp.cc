@@ -162,20 +162,10 @@ class Mlp final : public Model {
     return static_cast<float>(loss / static_cast<double>(n));
   }
 
-  EvalResult Evaluate(std::span<const float> params, const Dataset& data,
-                      uint64_t max_samples) override {
-    return EvaluateInto(params, data, max_samples, nullptr);
-  }
-
-  EvalResult EvaluateSamples(std::span<const float> params, const Dataset& data,
-                             std::vector<uint8_t>* correct) override {
-    return EvaluateInto(params, data, 0, correct);
-  }
-
  private:
-  // Evaluate; per-sample correctness into `correct` when not null.
   EvalResult EvaluateInto(std::span<const float> params, const Dataset& data,
-                          uint64_t max_samples, std::vector<uint8_t>* correct) {
+                          uint64_t max_samples,
+                          std::vector<uint8_t>* correct) override {
     const uint64_t total = std::min<uint64_t>(
         data.labels.size(), static_cast<uint64_t>(data.features.cols()));
     Reserve(eval_, std::min<Eigen::Index>(kEvalChunk,
