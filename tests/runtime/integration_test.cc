@@ -92,6 +92,16 @@ class IntegrationTest : public ::testing::Test {
     return path;
   }
 
+  // Replaces the job's sites with a, b, c of two workers each.
+  static void SetThreeSites(pb::JobConfig* job) {
+    job->clear_site();
+    for (const char* name : {"a", "b", "c"}) {
+      pb::SiteConfig* site = job->add_site();
+      site->set_name(name);
+      site->add_workers()->set_count(2);
+    }
+  }
+
   // SmallJob over three sites a, b, c of two workers each, through wanem
   // (100 Mbit/s, 5 ms links), Gaia sync at theta 0.05 with int8 values.
   static pb::JobConfig ThreeSitesThroughWanem() {
@@ -99,12 +109,7 @@ class IntegrationTest : public ::testing::Test {
     job.set_target_accuracy(0.9);
     job.set_stop_at_target(true);
     job.set_time_budget_s(120);
-    job.clear_site();
-    for (const char* name : {"a", "b", "c"}) {
-      pb::SiteConfig* site = job.add_site();
-      site->set_name(name);
-      site->add_workers()->set_count(2);
-    }
+    SetThreeSites(&job);
     pb::LinkDirectionConfig* link = job.mutable_wan()->mutable_default_link();
     link->set_bandwidth("100mbit");
     link->set_latency("5ms");
@@ -429,12 +434,7 @@ TEST_F(IntegrationTest, SkewedSitesWithSkewScoutEndWithinTheTargetOfDense) {
   pb::JobConfig job = testing::SmallJob(*data_dir_, 2);
   job.set_time_budget_s(15);
   job.set_stop_at_target(false);
-  job.clear_site();
-  for (const char* name : {"a", "b", "c"}) {
-    pb::SiteConfig* site = job.add_site();
-    site->set_name(name);
-    site->add_workers()->set_count(2);
-  }
+  SetThreeSites(&job);
   pb::PartitionConfig* partition = job.mutable_data()->mutable_site_partition();
   partition->set_kind(pb::LABEL_SUBSET);
   for (const std::vector<uint32_t>& labels :
