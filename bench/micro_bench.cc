@@ -4,6 +4,8 @@
 //   BM_ApplyUpdate/plain       ParameterStore::Apply of a 1 MiB update
 //   BM_ApplyUpdate/momentum    the same with server momentum 0.9
 //   BM_GradientStep            one worker step of a 784-256-10 MLP, batch 64
+//   ModelStep/<model>/batch:B  one step of each CNN preset, the MLP and
+//                              matrix factorisation (mf), for workload_speed
 //   BM_ZmqRawRoundTrip         1 MiB each way over a raw DEALER/ROUTER pair:
 //                              the ceiling of a commit/pull round trip
 //   BM_CommitPullRoundTrip     COMMIT + MODEL of a ~1 MiB model through a
@@ -203,6 +205,123 @@ void RegisterModelSteps() {
           })
           ->UseRealTime();
     }
+  }
+}
+
+// ModelStep/mf/batch:<B>: one plain-SGD step of matrix factorisation on
+// the default job's rating matrix (users 10000, items 2000, rank 16, l2
+// 0.02), items processed = ratings; bench/scenarios/torch_models.py has
+// the PyTorch twin (preset "mf").
+constexpr uint32_t kMfUsers = 10000;
+constexpr uint32_t kMfItems = 2000;
+constexpr uint32_t kMfRank = 16;
+constexpr double kMfL2 = 0.02;
+constexpr double kMfLearningRate = 0.05;
+// Ratings in the batches cycled through (at least kBatches batches), so
+// that a step does not revisit the same few rows every time.
+constexpr int kMfRatingsCycled = 65536;
+
+// `count` ids in [0, n) drawn Zipf(exponent) by rank, each rank mapped
+// through a random permutation of the ids (popular ids are not the low
+// ones).
+std::vector<uint32_t> ZipfIds(uint32_t n, double exponent, int count,
+                              std::mt19937_64& rng) {
+  std::vector<double> cumulative(n);
+  double total = 0;
+  for (uint32_t k = 0; k < n; ++k) {
+    total += 1.0 / std::pow(static_cast<double>(k + 1), exponent);
+    cumulative[k] = total;
+  }
+  std::vector<uint32_t> permutation(n);
+  for (uint32_t k = 0; k < n; ++k) permutation[k] = k;
+  std::shuffle(permutation.begin(), permutation.end(), rng);
+  std::uniform_real_distribution<double> uniform(0.0, total);
+  std::vector<uint32_t> ids(count);
+  for (uint32_t& id : ids) {
+    const auto it =
+        std::upper_bound(cumulative.begin(), cumulative.end(), uniform(rng));
+    id = permutation[std::min<size_t>(it - cumulative.begin(), n - 1)];
+  }
+  return ids;
+}
+
+void RunMfStep(benchmark::State& state, int batch) {
+  pb::ModelConfig config;
+  config.set_kind(pb::MATRIX_FACTORIZATION);
+  config.set_rank(kMfRank);
+  config.set_l2(kMfL2);
+  Result<std::unique_ptr<Model>> made =
+      MakeMatrixFactorization(config, kMfUsers, kMfItems);
+  if (!made.ok()) {
+    state.SkipWithError(made.status().ToString().c_str());
+    return;
+  }
+  std::unique_ptr<Model> model = std::move(made).value();
+  const uint64_t n = model->layout().num_elements();
+  std::vector<float> params(n);
+  std::vector<float> grad(n);
+  model->Initialize(/*seed=*/1, params);
+  pb::OptimizerConfig optimizer_config;
+  optimizer_config.set_learning_rate(kMfLearningRate);
+  optimizer_config.set_momentum(0);  // MF trains with plain SGD
+  SgdOptimizer optimizer(optimizer_config, n);
+
+  // Items Zipf(1.0), users Zipf(0.5) (RatingsConfig's defaults), ratings
+  // uniform in 1..5.
+  const int batches = std::max(kBatches, kMfRatingsCycled / batch);
+  std::mt19937_64 rng(11);
+  const std::vector<uint32_t> users =
+      ZipfIds(kMfUsers, 0.5, batches * batch, rng);
+  const std::vector<uint32_t> items =
+      ZipfIds(kMfItems, 1.0, batches * batch, rng);
+  std::uniform_int_distribution<int> rating(1, 5);
+  std::vector<Eigen::MatrixXf> features(batches, Eigen::MatrixXf(2, batch));
+  std::vector<std::vector<uint8_t>> labels(batches,
+                                           std::vector<uint8_t>(batch));
+  for (int b = 0; b < batches; ++b) {
+    for (int j = 0; j < batch; ++j) {
+      features[b](0, j) = static_cast<float>(users[b * batch + j]);
+      features[b](1, j) = static_cast<float>(items[b * batch + j]);
+      labels[b][j] = static_cast<uint8_t>(rating(rng));
+    }
+  }
+
+  auto step = [&](int b) {
+    const float loss =
+        model->LossAndGradient(params, features[b], labels[b], grad);
+    if (const std::vector<ElementRange>* rows = model->SparseRows()) {
+      optimizer.Step(params, grad, *rows);
+    } else {
+      optimizer.Step(params, grad);
+    }
+    model->ApplyStateUpdate(params);
+    return loss;
+  };
+  // One untimed step: the model's scratch buffers grow to the batch once.
+  float loss = step(0);
+  int b = 1 % batches;
+  for ([[maybe_unused]] auto _ : state) {
+    loss = step(b);
+    b = (b + 1) % batches;
+  }
+  benchmark::DoNotOptimize(loss);
+  if (!std::isfinite(loss)) {
+    state.SkipWithError("training diverged: the loss is not finite");
+    return;
+  }
+  if (optimizer.steps() == 0) {
+    state.SkipWithError("the optimizer refused every step");
+    return;
+  }
+  state.SetItemsProcessed(state.iterations() * batch);
+}
+
+void RegisterMfSteps() {
+  for (int batch : {64, 1024}) {
+    benchmark::RegisterBenchmark(
+        ("ModelStep/mf/batch:" + std::to_string(batch)).c_str(),
+        [batch](benchmark::State& state) { RunMfStep(state, batch); })
+        ->UseRealTime();
   }
 }
 
@@ -694,6 +813,7 @@ int main(int argc, char** argv) {
           .value_or("console");
   const auto console_options = meridian::ConsoleOptions(argc, argv);
   meridian::RegisterModelSteps();
+  meridian::RegisterMfSteps();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   // Machine-readable formats keep stdout clean; the table goes to stderr.

@@ -57,6 +57,18 @@ bool LoadJob(const std::string& path, pb::JobConfig* job) {
 // starts, so a bad layer list is one clear error instead of every site
 // server and worker failing to start.
 bool CheckModelFitsData(const pb::JobConfig& job) {
+  if (job.model().kind() == pb::MATRIX_FACTORIZATION) {
+    // The matrix is generated: its settings are checked by generating it.
+    Result<RawData> data = LoadRawData(job.data(), false, true);
+    Result<std::unique_ptr<Model>> model =
+        data.ok() ? MakeJobModel(job, 2, 10)
+                  : Result<std::unique_ptr<Model>>(data.status());
+    if (!model.ok()) {
+      std::fprintf(stderr, "%s\n", model.status().message().c_str());
+      return false;
+    }
+    return true;
+  }
   if (job.model().kind() != pb::CNN) return true;
   Result<RawData> data = LoadRawData(job.data(), /*load_train=*/false,
                                      /*load_test=*/true);
@@ -164,15 +176,23 @@ int Run(std::string path, std::string out_dir, const RunFlags& flags) {
     }
     return stop->load() ? kExitInterrupted : kExitFailure;
   }
+  const char* metric = report->metric().c_str();
   if (report->reached_target()) {
-    std::printf("reached target accuracy %.4f at %.1f s of training\n",
-                report->target_accuracy(), report->time_to_target_s());
-  } else if (report->target_accuracy() > 0) {
-    std::printf("did not reach target accuracy %.4f (%s)\n",
-                report->target_accuracy(), report->outcome().c_str());
+    std::printf("reached target %s %.4f at %.1f s of training\n", metric,
+                report->target_metric(), report->time_to_target_s());
+  } else if (report->target_metric() > 0) {
+    std::printf("did not reach target %s %.4f (%s)\n", metric,
+                report->target_metric(), report->outcome().c_str());
   }
-  std::printf("final accuracy %.4f, loss %.4f, wall time %.1f s\n",
-              report->final_accuracy(), report->final_loss(), report->wall_s());
+  if (report->metric() == "accuracy") {
+    std::printf("final accuracy %.4f, loss %.4f, wall time %.1f s\n",
+                report->final_accuracy(), report->final_loss(),
+                report->wall_s());
+  } else {
+    std::printf("final %s %.4f (accuracy %.4f), loss %.4f, wall time %.1f s\n",
+                metric, report->final_metric(), report->final_accuracy(),
+                report->final_loss(), report->wall_s());
+  }
   if (report->wan_bytes_total() > 0) {
     std::printf(
         "WAN: %.2f MB over %d link directions; BSP over the WAN would have "

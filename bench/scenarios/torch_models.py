@@ -19,12 +19,29 @@ between its conv and the ReLU. maxpool2 = MaxPool2d(2, 2).
   vgg-small-bn  BatchNorm2d after each conv
   vgg-small-gn  GroupNorm(C / 4, C) after each conv
   mlp           dense 784->256 relu -> 10 (Meridian's default MLP)
+  mf            matrix factorisation (Meridian's MATRIX_FACTORIZATION):
+                users 10000, items 2000, rank 16, l2 0.02; see below
 
 The step: zero_grad(set_to_none=True), mean cross-entropy of the forward
 pass, backward, SGD (lr 0.01, momentum 0.9, no weight decay), model in
 train mode, on a random N(0, 1) batch already in memory; warm-up of at least
 20 steps and min(0.5 s, S), then whole steps timed with time.perf_counter
 for at least S seconds: samples/s = steps * B / elapsed.
+
+mf is not a classifier: a sample is one rating (user, item, r in 1..5),
+prediction = g + b_u[user] + b_i[item] + U[user] . V[item] (nn.Embedding
+for U, V, b_u, b_i; g an nn.Parameter of one element), loss = mean over
+the batch of (prediction - r)^2 / 2 + l2 / 2 * (|U[user]|^2 + |V[item]|^2
++ b_u^2 + b_i^2) (the L2 of the rows each rating touches), plain SGD (lr
+0.05, momentum 0). Pairs: items Zipf(1.0), users Zipf(0.5), each ranking
+mapped through a random permutation of the ids; ratings uniform in 1..5;
+the indices are int64 tensors made before timing, and the step cycles
+through max(8, 65536 / B) such batches. Two variants, both measured:
+  dense   nn.Embedding(sparse=False) (PyTorch's default): the backward
+          writes whole-table gradients and SGD updates every row
+  sparse  nn.Embedding(sparse=True): sparse row gradients, SGD adds them
+          (torch.optim.SGD takes sparse gradients without momentum)
+variants(preset) lists them (one None variant for the other presets).
 
 Run alone, prints each preset's parameter count (weights, biases and norm
 affine parameters; BatchNorm running statistics excluded) and its samples/s.
@@ -56,8 +73,21 @@ _CONV_PRESETS = {
                   [128, CLASSES]),
 }
 PRESETS = ("lenet5", "lenet5-bn", "lenet5-gn", "vgg-small", "vgg-small-bn",
-           "vgg-small-gn", "mlp")
+           "vgg-small-gn", "mlp", "mf")
 MLP_HIDDEN = 256
+
+# Matrix factorisation (preset "mf"): the default job's rating matrix and
+# model (RatingsConfig and ModelConfig defaults), plain SGD.
+MF_USERS = 10000
+MF_ITEMS = 2000
+MF_RANK = 16
+MF_L2 = 0.02
+MF_LEARNING_RATE = 0.05
+MF_ITEM_ZIPF = 1.0
+MF_USER_ZIPF = 0.5
+MF_RATINGS_CYCLED = 65536  # ratings in the batches a measurement cycles
+MF_MIN_BATCHES = 8
+MF_VARIANTS = ("dense", "sparse")
 
 
 def require_torch(script=None, argv=None):
@@ -105,7 +135,10 @@ def _gn_groups(base, channels):
 def layers(preset):
     """The preset as a list of layer specs (tuples), input to output:
     ("conv", in, out, k, pad), ("bn", C), ("gn", groups, C), ("relu",),
-    ("maxpool2",), ("flatten",), ("dense", in, out)."""
+    ("maxpool2",), ("flatten",), ("dense", in, out). mf has no layers: an
+    empty list."""
+    if preset == "mf":
+        return []
     if preset == "mlp":
         return [("flatten",), ("dense", 784, MLP_HIDDEN), ("relu",),
                 ("dense", MLP_HIDDEN, CLASSES)]
@@ -142,7 +175,10 @@ def layers(preset):
 
 def parameter_count(preset):
     """Weights + biases + norm affine parameters, from the layer specs (no
-    torch needed); BatchNorm running statistics are not parameters."""
+    torch needed); BatchNorm running statistics are not parameters. mf:
+    both factor tables, both bias tables and the global bias."""
+    if preset == "mf":
+        return (MF_USERS + MF_ITEMS) * (MF_RANK + 1) + 1
     total = 0
     for spec in layers(preset):
         if spec[0] == "conv":
@@ -159,6 +195,9 @@ def parameter_count(preset):
 
 def describe(preset):
     """One line: the layers of the preset."""
+    if preset == "mf":
+        return (f"MF users {MF_USERS} items {MF_ITEMS} rank {MF_RANK} "
+                f"l2 {MF_L2:g}, SGD lr {MF_LEARNING_RATE:g} momentum 0")
     parts = []
     for spec in layers(preset):
         kind = spec[0]
@@ -175,10 +214,84 @@ def describe(preset):
     return " ".join(parts)
 
 
-def build(preset):
-    """The preset as a torch nn.Module (nn.Sequential), default init."""
+def variants(preset):
+    """The PyTorch variants measure() takes for `preset`: ("dense",
+    "sparse") for mf, (None,) for the others."""
+    return MF_VARIANTS if preset == "mf" else (None,)
+
+
+def _build_mf(sparse):
+    """The mf model: an nn.Module whose forward(users, items, ratings)
+    returns the regularised mean loss. Factors N(0, 0.1), biases 0, global
+    bias 3."""
     torch = require_torch()
     nn = torch.nn
+
+    class MatrixFactorization(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.user_factors = nn.Embedding(MF_USERS, MF_RANK, sparse=sparse)
+            self.item_factors = nn.Embedding(MF_ITEMS, MF_RANK, sparse=sparse)
+            self.user_bias = nn.Embedding(MF_USERS, 1, sparse=sparse)
+            self.item_bias = nn.Embedding(MF_ITEMS, 1, sparse=sparse)
+            self.global_bias = nn.Parameter(torch.full((1,), 3.0))
+            with torch.no_grad():
+                self.user_factors.weight.normal_(0.0, 0.1)
+                self.item_factors.weight.normal_(0.0, 0.1)
+                self.user_bias.weight.zero_()
+                self.item_bias.weight.zero_()
+
+        def forward(self, users, items, ratings):
+            u = self.user_factors(users)
+            v = self.item_factors(items)
+            bu = self.user_bias(users).squeeze(1)
+            bi = self.item_bias(items).squeeze(1)
+            prediction = self.global_bias + bu + bi + (u * v).sum(1)
+            error = prediction - ratings
+            penalty = (u.square().sum(1) + v.square().sum(1) + bu.square()
+                       + bi.square())
+            return (0.5 * error.square() + (0.5 * MF_L2) * penalty).mean()
+
+    return MatrixFactorization()
+
+
+def mf_batches(batch, seed=0):
+    """The rating batches mf cycles through: a list of (users, items,
+    ratings) tensors (int64, int64, float32), max(8, 65536 / B) of them."""
+    torch = require_torch()
+    generator = torch.Generator().manual_seed(1000 + seed)
+
+    def zipf(n, exponent, count):
+        weights = 1.0 / torch.arange(1, n + 1, dtype=torch.float64) ** exponent
+        ranks = torch.multinomial(weights, count, replacement=True,
+                                  generator=generator)
+        return torch.randperm(n, generator=generator)[ranks]
+
+    count = max(MF_MIN_BATCHES, MF_RATINGS_CYCLED // batch)
+    out = []
+    for _ in range(count):
+        users = zipf(MF_USERS, MF_USER_ZIPF, batch)
+        items = zipf(MF_ITEMS, MF_ITEM_ZIPF, batch)
+        ratings = torch.randint(1, 6, (batch,), generator=generator).float()
+        out.append((users.contiguous(), items.contiguous(), ratings))
+    return out
+
+
+def build(preset, variant=None):
+    """The preset as a torch nn.Module (nn.Sequential), default init; mf
+    (variant "dense" or "sparse") as its own module."""
+    torch = require_torch()
+    nn = torch.nn
+    if preset == "mf":
+        if variant not in MF_VARIANTS:
+            raise ValueError(f"mf variant {variant!r}: one of "
+                             f"{', '.join(MF_VARIANTS)}")
+        model = _build_mf(variant == "sparse")
+        counted = sum(p.numel() for p in model.parameters())
+        if counted != parameter_count(preset):
+            raise AssertionError(f"mf: torch counts {counted} parameters, "
+                                 f"the spec {parameter_count(preset)}")
+        return model
     modules = []
     for spec in layers(preset):
         kind = spec[0]
@@ -209,6 +322,12 @@ def build(preset):
     return model
 
 
+def default_batches(preset):
+    """The batch sizes measured when none are given: 64 and 1024 for mf,
+    16 and 64 for the others."""
+    return [64, 1024] if preset == "mf" else [16, 64]
+
+
 def set_threads(threads):
     """Intra-op threads T, one inter-op thread. Call once, before any torch
     work (set_num_interop_threads fails after the pool has started)."""
@@ -235,25 +354,46 @@ def torch_info():
 
 
 def measure(preset, batch, min_time=2.0, warmup_steps=20, warmup_s=0.5,
-            seed=0):
+            seed=0, variant=None):
     """Samples/s of one training step of `preset` at batch `batch`: a fresh
-    model, warm-up, then whole steps for at least `min_time` seconds."""
+    model, warm-up, then whole steps for at least `min_time` seconds. mf:
+    `variant` "dense" or "sparse" (None: "dense"), samples are ratings."""
     torch = require_torch()
     functional = torch.nn.functional
     torch.manual_seed(seed)
-    model = build(preset)
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE,
-                          momentum=MOMENTUM, weight_decay=0.0)
-    x = torch.randn(batch, *INPUT_SHAPE, dtype=torch.float32)
-    y = torch.randint(0, CLASSES, (batch,), dtype=torch.int64)
+    if preset == "mf":
+        variant = variant or "dense"
+        model = build(preset, variant)
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=MF_LEARNING_RATE,
+                              momentum=0.0, weight_decay=0.0)
+        batches = mf_batches(batch, seed)
+        cursor = [0]
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+        def step():
+            users, items, ratings = batches[cursor[0]]
+            cursor[0] = (cursor[0] + 1) % len(batches)
+            opt.zero_grad(set_to_none=True)
+            loss = model(users, items, ratings)
+            loss.backward()
+            opt.step()
+            return loss
+    else:
+        if variant is not None:
+            raise ValueError(f"{preset} has no variant {variant!r}")
+        model = build(preset)
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE,
+                              momentum=MOMENTUM, weight_decay=0.0)
+        x = torch.randn(batch, *INPUT_SHAPE, dtype=torch.float32)
+        y = torch.randint(0, CLASSES, (batch,), dtype=torch.int64)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
 
     warmup_until = time.perf_counter() + min(warmup_s, min_time)
     done = 0
@@ -271,21 +411,27 @@ def measure(preset, batch, min_time=2.0, warmup_steps=20, warmup_s=0.5,
         if elapsed >= min_time:
             break
     cpu = time.process_time() - cpu_start
+    final_loss = float(loss.detach())
+    if final_loss != final_loss or final_loss in (float("inf"),
+                                                  float("-inf")):
+        raise RuntimeError(f"{preset} batch {batch}: the loss is not finite")
     return {
+        "variant": variant,
         "samples_per_s": steps * batch / elapsed,
         "steps": steps,
         "elapsed_s": elapsed,
         "cpu_s": cpu,
         "step_ms": elapsed / steps * 1e3,
         "warmup_steps": done,
-        "final_loss": float(loss.detach()),
+        "final_loss": final_loss,
     }
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--presets", default=",".join(PRESETS))
-    parser.add_argument("--batches", default="16,64")
+    parser.add_argument("--batches", default="",
+                        help="default 16,64 (mf: 64,1024)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--min-time", type=float, default=2.0)
     parser.add_argument("--counts-only", action="store_true",
@@ -312,11 +458,14 @@ def main():
     for preset in presets:
         print(f"{preset:14s} {parameter_count(preset):8d} parameters  "
               f"{describe(preset)}", flush=True)
-        for batch in batches:
-            m = measure(preset, batch, args.min_time)
-            print(f"  batch {batch:4d}: {m['samples_per_s']:10.0f} samples/s"
-                  f"  ({m['step_ms']:.3f} ms/step, {m['steps']} steps)",
-                  flush=True)
+        unit = "ratings/s" if preset == "mf" else "samples/s"
+        for batch in batches or default_batches(preset):
+            for variant in variants(preset):
+                m = measure(preset, batch, args.min_time, variant=variant)
+                name = f" {variant:6s}" if variant else ""
+                print(f"  batch {batch:4d}{name}: {m['samples_per_s']:10.0f} "
+                      f"{unit}  ({m['step_ms']:.3f} ms/step, {m['steps']} "
+                      "steps)", flush=True)
     return 0
 
 

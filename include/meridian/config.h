@@ -61,6 +61,10 @@ struct WorkerRef {
   friend bool operator==(const WorkerRef&, const WorkerRef&) = default;
 };
 
+// The job's target on its model's metric: target_metric when set (matrix
+// factorisation's RMSE), else target_accuracy; 0: none.
+double JobTarget(const pb::JobConfig& config);
+
 // Whether the site runs a site server (server_site unset).
 bool HasServer(const pb::SiteConfig& site);
 // The site whose server the workers of `site_index` use: itself, or the site

@@ -114,10 +114,40 @@ struct RawData {
   IdxImages test_images;
   std::vector<uint8_t> test_labels;
   PixelStats stats;  // of the (limited) training images
+
+  // A generated rating matrix (data.ratings) instead of images: rating k
+  // of the training set is train_labels[k] (1..5) by user
+  // train_pairs[2k] of item train_pairs[2k + 1]; the same for test. The
+  // images stay empty.
+  bool ratings = false;
+  std::vector<uint32_t> train_pairs;
+  std::vector<uint32_t> test_pairs;
+
+  // Features per sample: 2 (user, item) for ratings, else pixels per image.
+  int input_dim() const;
 };
 
-// Reads the files `config` names (train and/or test), checks that image and
-// label counts agree (InvalidArgument naming both files) and that train and
+// Generates the rating matrix `config` describes (see pb::RatingsConfig)
+// into a RawData: its training and test ratings, in a seeded random order.
+// Deterministic in config.seed() on every platform. InvalidArgument naming
+// the field for users or items outside [1, 2^24], rank outside [1, 1024],
+// ratings < 2 or more than half the matrix's cells, exponents negative or
+// not finite, noise negative or not finite, test_fraction outside (0, 1);
+// ResourceExhausted when the popularity is so concentrated that `ratings`
+// distinct pairs are not found (the message says to lower the exponents).
+Result<RawData> GenerateRatings(const pb::RatingsConfig& config);
+
+// The training (or test) samples `indices` of `raw` (all when empty) as a
+// Dataset: MakeDataset over the images, or for ratings one column (user,
+// item) per rating with the rating as its label. Indices out of range are
+// skipped.
+Dataset MakeTrainDataset(const RawData& raw, std::span<const uint32_t> indices,
+                         pb::Normalization normalization);
+Dataset MakeTestDataset(const RawData& raw, pb::Normalization normalization);
+
+// Reads the files `config` names (train and/or test; for data.ratings
+// generates the matrix, both sets, whatever is asked for), checks that image
+// and label counts agree (InvalidArgument naming both files) and that train and
 // test images have the same size, applies train_limit / test_limit. `stats`
 // is always that of the (limited) training images when the normalisation
 // needs it (not SCALE): with load_train false the training images are read

@@ -78,6 +78,9 @@ struct SiteProgressView {
   // unanswered; < 0 while it answers.
   double silent_s = -1;
   bool finished = false;  // its process ended after finishing the job
+  // The model's metric, shown instead of accuracy when it is not accuracy
+  // ("rmse 0.8123").
+  std::string metric = "accuracy";
 };
 
 // "train 12.0 s  acc 0.9012 ..." (with "  workers dead 1", "  peers

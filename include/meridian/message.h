@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "meridian/layout.h"
-#include "meridian/wire.pb.h"
 #include "meridian/status.h"
+#include "meridian/wire.pb.h"
 
 namespace meridian {
 
@@ -70,12 +70,44 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
 Verdict CheckSlicesAgainstLayout(const pb::Header& header,
                                  const ModelLayout& layout, bool whole_model);
 
-// Every slice of `header` uses `codec` (worker commits and models are RAW).
-Verdict CheckCodec(const pb::Header& header, pb::Codec codec);
+// Every slice of `header` uses `codec` (models are RAW), or `also` when
+// given (worker commits: RAW or ROWS).
+Verdict CheckCodec(const pb::Header& header, pb::Codec codec,
+                   std::optional<pb::Codec> also = std::nullopt);
 
 // Rejects NaN or +-Inf in a FLOAT32 payload; names the slice and index.
 Verdict CheckFinite(const pb::TensorSlice& slice,
                     std::span<const std::byte> payload);
+
+// ---- CODEC_ROWS: whole rows of a tensor (sparse, embedding-like updates) --
+
+// Elements per row of `tensor`: size / shape[0] (0 for an empty shape).
+uint64_t RowLength(const TensorInfo& tensor);
+
+// Bytes of a CODEC_ROWS payload of `rows` rows of `row_length` elements.
+uint64_t RowsPayloadBytes(uint64_t rows, uint64_t row_length);
+
+// Writes a CODEC_ROWS payload for `rows` (ascending, each < shape[0]) of
+// `tensor` into `out` (RowsPayloadBytes long) and returns where the row
+// values go: rows.size() x RowLength(tensor) floats for the caller to fill,
+// row by row. Appends the slice (whole tensor, CODEC_ROWS) to `header`.
+float* AddRowsSlice(const TensorInfo& tensor, std::span<const uint32_t> rows,
+                    std::span<std::byte> out, pb::Header* header);
+
+// A decoded CODEC_ROWS payload: row r = rows[k] has the values
+// values[k * row_length, (k + 1) * row_length).
+struct DecodedRows {
+  uint64_t row_length = 0;
+  std::vector<uint32_t> rows;
+  std::vector<float> values;
+};
+
+// Checks and decodes a CODEC_ROWS payload of `slice`, which must cover the
+// whole of `tensor` in FLOAT32: the row count at most shape[0], the size
+// exactly RowsPayloadBytes, rows strictly ascending and in range, values
+// finite. Each failure names the slice and what is wrong.
+Verdict DecodeRows(const pb::TensorSlice& slice, const TensorInfo& tensor,
+                   std::span<const std::byte> payload, DecodedRows* out);
 
 // "COMMIT from site-a/worker#3 seq 17 (2 slices)".
 std::string DescribeHeader(const pb::Header& header);

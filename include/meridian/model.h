@@ -22,9 +22,30 @@ struct Dataset;
 
 // Loss and accuracy of a model on a data set.
 struct EvalResult {
-  double loss = 0;      // mean cross-entropy (nats)
+  double loss = 0;      // mean cross-entropy (nats); MSE for regression
   double accuracy = 0;  // fraction of samples classified correctly
   uint64_t samples = 0;
+  // The model's metric (Model::metric()): accuracy for classifiers, RMSE
+  // for matrix factorisation.
+  double metric = 0;
+};
+
+// What a model is judged by: its name in reports and plots and which way
+// is better.
+struct MetricSpec {
+  std::string name = "accuracy";
+  bool higher_is_better = true;
+
+  // Whether `value` reaches `target` (>= when higher is better, else <=).
+  bool Reached(double value, double target) const {
+    return higher_is_better ? value >= target : value <= target;
+  }
+};
+
+// Elements [begin, end) of a model's flat parameter vector.
+struct ElementRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
 };
 
 // A classifier over column-sample features. Instances hold scratch buffers:
@@ -37,6 +58,17 @@ class Model {
   virtual const ModelLayout& layout() const = 0;
   virtual int input_dim() const = 0;
   virtual int num_classes() const = 0;
+  virtual MetricSpec metric() const { return MetricSpec{}; }
+
+  // Models whose gradient touches a few rows of big tensors (matrix
+  // factorisation's user and item rows) return the element ranges the last
+  // LossAndGradient wrote, ascending and disjoint; LossAndGradient then
+  // writes only those ranges of `grad` and leaves the rest as it was, and
+  // callers step and commit those ranges alone. nullptr: dense (every
+  // element of `grad` is written).
+  virtual const std::vector<ElementRange>* SparseRows() const {
+    return nullptr;
+  }
 
   // Writes initial parameters (He-uniform for ReLU layers, Glorot-uniform
   // for the output layer, zero biases). Deterministic in `seed`. A `params`
@@ -105,6 +137,27 @@ class Model {
 // path for the models built while it is set. Models run on one thread.
 Result<std::unique_ptr<Model>> MakeModel(const pb::ModelConfig& config,
                                          int input_dim, int num_classes);
+
+// MATRIX_FACTORIZATION over a users x items rating matrix (config.rank
+// factors, config.l2). Tensors: "user_factors" [users, rank],
+// "item_factors" [items, rank], "user_bias" [users], "item_bias" [items],
+// "global_bias" [1]. Its samples are ratings: a feature column is (user,
+// item) as exact floats, the label the rating (1..5). Its metric is RMSE
+// (predictions clamped to [1, 5]); accuracy is the share of ratings the
+// rounded prediction hits exactly. InvalidArgument for users or items
+// outside [1, 2^24], rank outside [1, 1024], l2 negative or not finite.
+Result<std::unique_ptr<Model>> MakeMatrixFactorization(
+    const pb::ModelConfig& config, uint32_t users, uint32_t items);
+
+// The metric of the models `config` builds (Model::metric() without
+// building one): rmse for MATRIX_FACTORIZATION, else accuracy.
+MetricSpec ModelMetric(const pb::ModelConfig& config);
+
+// The job's model for its data: MakeMatrixFactorization over
+// job.data().ratings() for MATRIX_FACTORIZATION, else MakeModel(job.model(),
+// input_dim, num_classes).
+Result<std::unique_ptr<Model>> MakeJobModel(const pb::JobConfig& job,
+                                            int input_dim, int num_classes);
 
 // The CNN presets (model.preset) and the layers each stands for.
 std::vector<std::string> CnnPresetNames();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meridian/job.pb.h"
+#include "meridian/model.h"
 
 namespace meridian {
 
@@ -26,6 +27,12 @@ class SgdOptimizer {
   // One step on `params` with gradient `grad` (both num_params long; with
   // any other size nothing happens and steps() does not advance).
   void Step(std::span<float> params, std::span<const float> grad);
+  // The same step on the elements of `ranges` alone (a sparse gradient,
+  // Model::SparseRows): the velocity of other elements is neither decayed
+  // nor applied ("lazy" momentum, as sparse embeddings train). Ranges
+  // outside num_params refuse the step like a size mismatch.
+  void Step(std::span<float> params, std::span<const float> grad,
+            const std::vector<ElementRange>& ranges);
 
   uint64_t steps() const { return steps_; }
   double current_learning_rate() const;

@@ -98,6 +98,8 @@ constexpr CountRange kNumShards{1, 256};
 constexpr CountRange kBlockSize{1, 1 << 20};
 constexpr CountRange kClassLabel{0, kNumClasses - 1};
 constexpr CountRange kClassesPerPart{1, kNumClasses};
+constexpr CountRange kFactorRank{1, 1024};
+constexpr CountRange kMatrixRows{1, 1 << 24};  // exact as floats
 // A fit of l(t) = 1/(a^2 t + b) + c has 3 parameters.
 constexpr CountRange kSamplesPerPeriod{3, 1000};
 constexpr RealRange kImprovement{0, false, 1, true};  // [0, 1)
@@ -289,6 +291,18 @@ void ValidateSites(const pb::JobConfig& config, const IssueReporter& root) {
 
 void ValidateModel(const pb::ModelConfig& model, const IssueReporter& r) {
   r.Specified("kind", model.kind());
+  if (model.kind() == pb::MATRIX_FACTORIZATION) {
+    r.Check(model.hidden_size() == 0 && model.layers_size() == 0 &&
+                !model.has_preset() && !model.has_input_channels(),
+            "kind",
+            "MATRIX_FACTORIZATION takes rank and l2, not hidden, layers, "
+            "preset or input_channels");
+    r.Count("rank", model.rank(), kFactorRank);
+    r.Real("l2", model.l2(), kNonNegative);
+    return;
+  }
+  r.Check(!model.has_rank(), "rank", "is for kind MATRIX_FACTORIZATION");
+  r.Check(!model.has_l2(), "l2", "is for kind MATRIX_FACTORIZATION");
   if (model.kind() == pb::CNN) {
     // The layers' own checks need the input's shape: MakeModel makes them
     // (`meridian validate` and every process build the model).
@@ -375,6 +389,25 @@ void ValidateData(const pb::DataConfig& data, int num_sites,
   r.Specified("normalization", data.normalization());
   ValidatePartition(data.site_partition(), num_sites,
                     r.Nested("site_partition"));
+  if (!data.has_ratings()) return;
+  const pb::RatingsConfig& ratings = data.ratings();
+  const IssueReporter m = r.Nested("ratings");
+  m.Count("users", ratings.users(), kMatrixRows);
+  m.Count("items", ratings.items(), kMatrixRows);
+  m.Count("rank", ratings.rank(), kFactorRank);
+  m.Count("ratings", ratings.ratings(),
+          CountRange{2, std::max<uint64_t>(2, uint64_t{ratings.users()} *
+                                                  ratings.items() / 2)});
+  m.Real("zipf_exponent", ratings.zipf_exponent(), kNonNegative);
+  m.Real("user_zipf_exponent", ratings.user_zipf_exponent(), kNonNegative);
+  m.Real("noise_stddev", ratings.noise_stddev(), kNonNegative);
+  m.Real("test_fraction", ratings.test_fraction(), kOpenUnit);
+  // Labels are ratings: a label-based partition would split by rating.
+  const pb::PartitionKind kind = data.site_partition().kind();
+  r.Check(kind == pb::IID || kind == pb::PARTITION_KIND_UNSPECIFIED,
+          "site_partition",
+          "a rating matrix is split IID (ratings at random) across sites; "
+          "label-based partitions would split it by rating value");
 }
 
 void ValidateOptimizer(const pb::OptimizerConfig& optimizer,
@@ -1013,6 +1046,23 @@ std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config) {
   ValidateSecurity(config, root);
   ValidateFault(config.fault(), root.Nested("fault"));
   root.Real("target_accuracy", config.target_accuracy(), kUnitInterval);
+  root.Real("target_metric", config.target_metric(), kNonNegative);
+  const bool mf = config.model().kind() == pb::MATRIX_FACTORIZATION;
+  root.Check(mf == config.data().has_ratings(), "data",
+             mf ? "model.kind MATRIX_FACTORIZATION trains on a generated "
+                  "rating matrix: give data { ratings { ... } }"
+                : "data.ratings is the data of model.kind "
+                  "MATRIX_FACTORIZATION, not of " +
+                      pb::ModelKind_Name(config.model().kind()));
+  root.Check(!mf || config.target_accuracy() == 0, "target_accuracy",
+             "a MATRIX_FACTORIZATION job's target is its test RMSE: use "
+             "target_metric");
+  root.Check(mf || !(std::isfinite(config.target_metric()) &&
+                     config.target_metric() > 0),
+             "target_metric",
+             "is for models whose metric is not accuracy "
+             "(MATRIX_FACTORIZATION); a classifier's target is "
+             "target_accuracy");
   root.Real("time_budget_s", config.time_budget_s(), kPositive);
   return issues;
 }
@@ -1103,6 +1153,11 @@ uint32_t TotalWorkerCount(const pb::JobConfig& config) {
     count += SiteWorkerCount(site);
   }
   return count;
+}
+
+double JobTarget(const pb::JobConfig& config) {
+  return config.target_metric() > 0 ? config.target_metric()
+                                    : config.target_accuracy();
 }
 
 bool HasServer(const pb::SiteConfig& site) {

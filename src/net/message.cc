@@ -185,7 +185,8 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
       return Reject(pb::ERROR_MALFORMED, where + ": unknown dtype");
     }
     const bool raw = slice.codec() == pb::CODEC_RAW;
-    if ((!raw && slice.codec() != pb::CODEC_PIPELINE) ||
+    if ((!raw && slice.codec() != pb::CODEC_PIPELINE &&
+         slice.codec() != pb::CODEC_ROWS) ||
         HasUnknownValue(slice, pb::TensorSlice::kCodecFieldNumber)) {
       return Reject(pb::ERROR_MALFORMED, where + ": unknown codec");
     }
@@ -196,8 +197,8 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
           where + ": header says " + std::to_string(slice.payload_bytes()) +
               " payload bytes, frame has " + std::to_string(frame_bytes));
     }
-    // A pipeline buffer describes its own size (checked by its decoder);
-    // raw values must fill the frame exactly.
+    // Pipeline and rows buffers describe their own size (checked by their
+    // decoders); raw values must fill the frame exactly.
     if (raw &&
         (slice.length() > std::numeric_limits<uint64_t>::max() / element ||
          slice.length() * element != frame_bytes)) {
@@ -249,16 +250,117 @@ Verdict CheckSlicesAgainstLayout(const pb::Header& header,
   return std::nullopt;
 }
 
-Verdict CheckCodec(const pb::Header& header, pb::Codec codec) {
+Verdict CheckCodec(const pb::Header& header, pb::Codec codec,
+                   std::optional<pb::Codec> also) {
   for (int i = 0; i < header.slices_size(); ++i) {
-    if (header.slices(i).codec() != codec) {
+    const pb::Codec used = header.slices(i).codec();
+    if (used != codec && used != also) {
       return Reject(pb::ERROR_MALFORMED,
                     "slice " + std::to_string(i) + " ('" +
                         Sanitized(header.slices(i).tensor(), 64) +
                         "') must be encoded as " + pb::Codec_Name(codec) +
-                        " in " + pb::MessageType_Name(header.type()));
+                        (also ? " or " + pb::Codec_Name(*also) : "") + " in " +
+                        pb::MessageType_Name(header.type()));
     }
   }
+  return std::nullopt;
+}
+
+uint64_t RowLength(const TensorInfo& tensor) {
+  if (tensor.shape.empty() || tensor.shape[0] == 0) return 0;
+  return tensor.size / tensor.shape[0];
+}
+
+uint64_t RowsPayloadBytes(uint64_t rows, uint64_t row_length) {
+  return sizeof(uint32_t) + rows * sizeof(uint32_t) +
+         rows * row_length * sizeof(float);
+}
+
+namespace {
+
+void PutU32(uint32_t value, std::byte* out) {
+  for (int b = 0; b < 4; ++b) {
+    out[b] = static_cast<std::byte>((value >> (8 * b)) & 0xff);
+  }
+}
+
+uint32_t GetU32(const std::byte* in) {
+  uint32_t value = 0;
+  for (int b = 0; b < 4; ++b) {
+    value |= static_cast<uint32_t>(in[b]) << (8 * b);
+  }
+  return value;
+}
+
+}  // namespace
+
+float* AddRowsSlice(const TensorInfo& tensor, std::span<const uint32_t> rows,
+                    std::span<std::byte> out, pb::Header* header) {
+  PutU32(static_cast<uint32_t>(rows.size()), out.data());
+  for (size_t k = 0; k < rows.size(); ++k) {
+    PutU32(rows[k], out.data() + sizeof(uint32_t) * (k + 1));
+  }
+  pb::TensorSlice* slice = header->add_slices();
+  slice->set_tensor(tensor.name);
+  slice->set_offset(0);
+  slice->set_length(tensor.size);
+  slice->set_codec(pb::CODEC_ROWS);
+  slice->set_payload_bytes(out.size());
+  // Values are little-endian floats, as on every platform we build for.
+  return reinterpret_cast<float*>(out.data() +
+                                  sizeof(uint32_t) * (rows.size() + 1));
+}
+
+Verdict DecodeRows(const pb::TensorSlice& slice, const TensorInfo& tensor,
+                   std::span<const std::byte> payload, DecodedRows* out) {
+  const std::string where = "rows of '" + Sanitized(slice.tensor(), 64) + "'";
+  if (slice.dtype() != pb::DTYPE_FLOAT32 || slice.offset() != 0 ||
+      slice.length() != tensor.size) {
+    return Reject(pb::ERROR_MALFORMED,
+                  where +
+                      ": a CODEC_ROWS slice must be FLOAT32 and cover the "
+                      "whole tensor");
+  }
+  const uint64_t row_length = RowLength(tensor);
+  if (row_length == 0) {
+    return Reject(pb::ERROR_MALFORMED, where + ": the tensor has no rows");
+  }
+  if (payload.size() < sizeof(uint32_t)) {
+    return Reject(pb::ERROR_SIZE_MISMATCH,
+                  where + ": payload shorter than its row count");
+  }
+  const uint64_t count = GetU32(payload.data());
+  if (count > tensor.shape[0]) {
+    return Reject(pb::ERROR_OUT_OF_RANGE, where + ": " + std::to_string(count) +
+                                              " rows, the tensor has " +
+                                              std::to_string(tensor.shape[0]));
+  }
+  // count <= shape[0] and row_length <= size: no overflow.
+  if (payload.size() != RowsPayloadBytes(count, row_length)) {
+    return Reject(pb::ERROR_SIZE_MISMATCH,
+                  where + ": " + std::to_string(count) + " rows of " +
+                      std::to_string(row_length) + " floats need " +
+                      std::to_string(RowsPayloadBytes(count, row_length)) +
+                      " bytes, the payload has " +
+                      std::to_string(payload.size()));
+  }
+  out->row_length = row_length;
+  out->rows.resize(count);
+  for (uint64_t k = 0; k < count; ++k) {
+    const uint32_t row = GetU32(payload.data() + sizeof(uint32_t) * (k + 1));
+    if (row >= tensor.shape[0] || (k > 0 && row <= out->rows[k - 1])) {
+      return Reject(pb::ERROR_MALFORMED,
+                    where + ": row index " + std::to_string(k) + " (" +
+                        std::to_string(row) +
+                        ") is out of range or not ascending");
+    }
+    out->rows[k] = row;
+  }
+  const std::span<const std::byte> values =
+      payload.subspan(sizeof(uint32_t) * (count + 1));
+  if (Verdict verdict = CheckFinite(slice, values)) return verdict;
+  out->values.resize(count * row_length);
+  std::memcpy(out->values.data(), values.data(), values.size());
   return std::nullopt;
 }
 

@@ -95,10 +95,10 @@ void Evaluator::Loop() {
       // Both on the same samples: the gap's noise is only where they
       // disagree.
       TravelScores& scores = score.scores;
-      scores.own_accuracy = options_.model
-                                ->EvaluateSamples(params, options_.holdout_set,
-                                                  &own_correct)
-                                .accuracy;
+      scores.own_accuracy =
+          options_.model
+              ->EvaluateSamples(params, options_.holdout_set, &own_correct)
+              .accuracy;
       scores.travelled_accuracy =
           options_.model
               ->EvaluateSamples(travelled, options_.holdout_set,
@@ -150,23 +150,27 @@ void Evaluator::Record(const EvalResult& result, uint64_t version,
   point.set_t_s(options_.training_s());
   point.set_accuracy(result.accuracy);
   point.set_loss(result.loss);
+  point.set_metric(result.metric);
   point.set_model_version(version);
   point.set_commits(commits);
   if (options_.theta) point.set_theta(options_.theta());
-  const double target = options_.target_accuracy;
+  const double target = options_.target;
+  const MetricSpec metric = options_.model->metric();
   bool reached_now = false;
   {
     MutexLock lock(&mu_);
     timeline_.push_back(point);
-    if (target > 0 && result.accuracy >= target && time_to_target_s_ < 0) {
+    if (target > 0 && metric.Reached(result.metric, target) &&
+        time_to_target_s_ < 0) {
       time_to_target_s_ = point.t_s();
       reached_now = true;
     }
   }
   if (reached_now) {
     target_reached_.store(true);
-    MLOG(INFO) << "target accuracy " << target << " reached at " << point.t_s()
-               << " s (accuracy " << result.accuracy << ")";
+    MLOG(INFO) << "target " << metric.name << " " << target << " reached at "
+               << point.t_s() << " s (" << metric.name << " " << result.metric
+               << ")";
   }
 }
 

@@ -49,7 +49,9 @@ struct EvaluatorOptions {
   // travelled models are scored; empty: travel requests are refused.
   Dataset holdout_set;
   double eval_period_s = 1;
-  double target_accuracy = 0;          // 0: none
+  // On the model's metric (model->metric() says which way is better);
+  // 0: none.
+  double target = 0;
   const Clock* clock = SystemClock();  // time stamps of loss evaluations
   // Both called on the evaluator thread, so thread-safe: seconds of
   // training now (frozen once the job ended), and commits applied so far.

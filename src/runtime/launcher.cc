@@ -21,6 +21,7 @@
 #include "meridian/clock.h"
 #include "meridian/config.h"
 #include "meridian/log.h"
+#include "meridian/model.h"
 #include "meridian/report.h"
 #include "meridian/security.h"
 #include "meridian/sync.h"
@@ -715,6 +716,7 @@ class JobRun final : private SupervisorHooks {
   SiteProgressView View(const SiteProgress& site) const {
     const Supervised& child = supervisor_.child(site.child);
     SiteProgressView view;
+    view.metric = ModelMetric(job_.model()).name;
     view.status = site.status ? &*site.status : nullptr;
     view.clock = site.clock;
     view.restarting = child.state == ChildState::kBackoff ||
@@ -848,9 +850,11 @@ std::string FormatSiteProgress(const SiteProgressView& site) {
     line = buf;
   } else {
     const pb::EvalPoint& eval = status.last_eval();
+    const bool accuracy = site.metric == "accuracy";
     std::snprintf(buf, sizeof(buf),
-                  "train %.1f s  acc %.4f  loss %.4f  %.0f commits/s",
-                  status.elapsed_s(), eval.accuracy(), eval.loss(),
+                  "train %.1f s  %s %.4f  loss %.4f  %.0f commits/s",
+                  status.elapsed_s(), accuracy ? "acc" : site.metric.c_str(),
+                  accuracy ? eval.accuracy() : eval.metric(), eval.loss(),
                   status.commits_per_s());
     line = buf;
     if (status.has_theta()) {

@@ -181,7 +181,17 @@ Result<Run> LoadRun(const std::string& dir) {
   }
   MERIDIAN_RETURN_IF_ERROR(ReadJsonFile(dir + "/report.json", &run.report));
   const std::string timeline = dir + "/timeline.csv";
-  if (fs::exists(timeline, error)) {
+  // EvalRow.accuracy holds the model's metric: accuracy from timeline.csv,
+  // any other (rmse) from the report's timelines.
+  const bool accuracy =
+      run.report.metric().empty() || run.report.metric() == "accuracy";
+  if (!accuracy) {
+    for (const pb::SiteSummary& site : run.report.sites()) {
+      for (const pb::EvalPoint& point : site.timeline()) {
+        run.timeline.push_back({site.name(), point.t_s(), point.metric()});
+      }
+    }
+  } else if (fs::exists(timeline, error)) {
     MERIDIAN_RETURN_IF_ERROR(ReadTimeline(timeline, &run.timeline));
   } else {
     // The same evaluations are in the report.
@@ -398,12 +408,26 @@ Status AddAccuracyPlot(const std::vector<Run>& runs, const std::string& out,
     return Status::Ok();
   }
   MERIDIAN_RETURN_IF_ERROR(WriteText(out + blocks.file(), blocks.data()));
-  figures->script += "\n# Test accuracy per site over training time\n" +
+  // The file keeps its name whatever the metric (scripts look for it).
+  const std::string metric = runs.front().report.metric();
+  const bool accuracy = metric.empty() || metric == "accuracy";
+  const std::string what = accuracy ? "accuracy" : metric;
+  const std::string axis =
+      accuracy ? "test accuracy (fraction correct)"
+               : "test " + metric +
+                     (runs.front().report.metric_higher_is_better()
+                          ? " (higher is better)"
+                          : " (lower is better)");
+  figures->script += "\n# Test " + what + " per site over training time\n" +
                      Terminal(1100, 650) +
                      "set output \"accuracy_vs_time.png\"\n"
-                     "set title \"Test accuracy per site\"\n"
+                     "set title \"Test " +
+                     what +
+                     " per site\"\n"
                      "set xlabel \"training time (s)\"\n"
-                     "set ylabel \"test accuracy (fraction correct)\"\n"
+                     "set ylabel \"" +
+                     axis +
+                     "\"\n"
                      "unset logscale x\nset xrange [0:*]\nset autoscale "
                      "xfixmax\n"
                      "set yrange [*:*]\nset format x \"%g\"\n" +

@@ -10,6 +10,9 @@
 #include <sstream>
 #include <utility>
 
+#include "meridian/config.h"
+#include "meridian/model.h"
+
 namespace meridian {
 namespace {
 
@@ -67,12 +70,17 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
   pb::RunReport report;
   report.set_job(job.name());
   report.set_target_accuracy(job.target_accuracy());
+  const MetricSpec metric = ModelMetric(job.model());
+  report.set_metric(metric.name);
+  report.set_metric_higher_is_better(metric.higher_is_better);
+  report.set_target_metric(JobTarget(job));
   report.set_wall_s(wall_s);
   report.set_outcome(outcome);
   report.set_policy(pb::PolicyKind_Name(job.policy().kind()));
-  bool all_reached = !sites.empty() && job.target_accuracy() > 0;
+  bool all_reached = !sites.empty() && JobTarget(job) > 0;
   double last_target_time = 0;
   double accuracy = 0;
+  double metric_sum = 0;
   double loss = 0;
   for (const pb::SiteSummary& site : sites) {
     *report.add_sites() = site;
@@ -82,6 +90,7 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
     all_reached = all_reached && site.reached_target();
     last_target_time = std::max(last_target_time, site.time_to_target_s());
     accuracy += site.final_accuracy();
+    metric_sum += site.final_metric();
     loss += site.final_loss();
   }
   // Dense per-step equivalent: workers outside the first site, whose steps
@@ -127,6 +136,7 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
   report.set_time_to_target_s(all_reached ? last_target_time : -1);
   if (!sites.empty()) {
     report.set_final_accuracy(accuracy / sites.size());
+    report.set_final_metric(metric_sum / sites.size());
     report.set_final_loss(loss / sites.size());
   }
   return report;
@@ -289,8 +299,10 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
     reports.push_back(std::move(report));
   }
   std::ostringstream out;
-  out << "| run | job | time to target (s) | final accuracy | WAN bytes | "
-         "wall (s) | time vs first | WAN bytes vs first |\n"
+  const std::string metric =
+      reports.front().metric().empty() ? "accuracy" : reports.front().metric();
+  out << "| run | job | time to target (s) | final " << metric
+      << " | WAN bytes | wall (s) | time vs first | WAN bytes vs first |\n"
       << "|---|---|---|---|---|---|---|---|\n";
   const pb::RunReport& first = reports.front();
   char buf[64];
@@ -303,7 +315,8 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
     } else {
       out << "not reached";
     }
-    std::snprintf(buf, sizeof(buf), "%.4f", r.final_accuracy());
+    std::snprintf(buf, sizeof(buf), "%.4f",
+                  r.metric().empty() ? r.final_accuracy() : r.final_metric());
     out << " | " << buf << " | " << FormatBytes(r.wan_bytes_total()) << " | ";
     std::snprintf(buf, sizeof(buf), "%.1f", r.wall_s());
     out << buf << " | "
@@ -313,23 +326,25 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
         << " |\n";
   }
   out << "\nRatios are each run's value divided by the first run's (target "
-         "accuracy "
-      << first.target_accuracy() << ").\n";
+      << metric << " "
+      << (first.metric().empty() ? first.target_accuracy()
+                                 : first.target_metric())
+      << ").\n";
   return out.str();
 }
 
 Status WriteTimelineCsv(const std::vector<pb::SiteSummary>& sites,
                         const std::string& path) {
   std::ostringstream out;
-  out << "site,t_s,accuracy,loss,model_version,commits,theta\n";
+  out << "site,t_s,accuracy,loss,model_version,commits,theta,metric\n";
   char row[256];
   for (const pb::SiteSummary& site : sites) {
     for (const pb::EvalPoint& point : site.timeline()) {
-      std::snprintf(row, sizeof(row), ",%.3f,%.6f,%.6f,%llu,%llu,%.6g\n",
+      std::snprintf(row, sizeof(row), ",%.3f,%.6f,%.6f,%llu,%llu,%.6g,%.6f\n",
                     point.t_s(), point.accuracy(), point.loss(),
                     static_cast<unsigned long long>(point.model_version()),
                     static_cast<unsigned long long>(point.commits()),
-                    point.theta());
+                    point.theta(), point.metric());
       out << site.name() << row;
     }
   }

@@ -170,7 +170,7 @@ class SiteServer::Impl {
     eval.test_set = std::move(test_set);
     eval.loss_set = std::move(loss_set);
     eval.eval_period_s = job_.server().eval_period_s();
-    eval.target_accuracy = job_.target_accuracy();
+    eval.target = JobTarget(job_);
     eval.clock = clock_;
     eval.training_s = [this] { return EvalTime(); };
     eval.commits = [this] { return commits_.load(); };
@@ -496,7 +496,7 @@ class SiteServer::Impl {
   void CheckStopConditions() {
     if (finished_) return;
     if (job_.stop_at_target() && evaluator_->target_reached()) {
-      FinishJob("target accuracy reached");
+      FinishJob("target " + model_->metric().name + " reached");
     } else if (Elapsed() >= job_.time_budget_s()) {
       FinishJob("time budget of " + FormatSeconds(job_.time_budget_s(), 0) +
                 " s used");
@@ -551,6 +551,7 @@ class SiteServer::Impl {
     evaluator_->EvaluateNow();
     const pb::EvalPoint last = evaluator_->Last().value_or(pb::EvalPoint());
     summary_.set_final_accuracy(last.accuracy());
+    summary_.set_final_metric(last.metric());
     summary_.set_final_loss(last.loss());
     summary_.set_model_version(store_.version());
     summary_.set_commits(commits_.load());
@@ -572,9 +573,10 @@ class SiteServer::Impl {
     const double time_to_target = evaluator_->time_to_target_s();
     summary_.set_reached_target(time_to_target >= 0);
     summary_.set_time_to_target_s(time_to_target);
-    MLOG(INFO) << "final accuracy " << last.accuracy() << " loss "
-               << last.loss() << " after " << commits_.load() << " commits ("
-               << stop_reason_ << ")";
+    MLOG(INFO) << "final " << model_->metric().name << " " << last.metric()
+               << " accuracy " << last.accuracy() << " loss " << last.loss()
+               << " after " << commits_.load() << " commits (" << stop_reason_
+               << ")";
     WriteSummary();
     WriteModelFile();
     FinalCheckpoint();
@@ -611,6 +613,7 @@ class SiteServer::Impl {
       w->set_compute_s(s.compute_s());
       w->set_device_wait_s(s.device_wait_s());
       w->set_blocked_s(s.blocked_s());
+      w->set_commit_bytes(static_cast<double>(s.commit_bytes()));
       w->set_step_time_s(slot.step_time_s);
       w->set_steps_per_s(training_s_ > 0 ? s.steps() / training_s_ : 0);
       w->set_commits_applied(static_cast<uint32_t>(slot.commits_applied));
@@ -983,14 +986,21 @@ class SiteServer::Impl {
             message.header, model_->layout(), /*whole_model=*/true)) {
       return Refuse(message.routing_id, message.header, *verdict);
     }
-    if (Verdict verdict = CheckCodec(message.header, pb::CODEC_RAW)) {
+    if (Verdict verdict =
+            CheckCodec(message.header, pb::CODEC_RAW, pb::CODEC_ROWS)) {
       return Refuse(message.routing_id, message.header, *verdict);
     }
+    // Sparse tensors come as their touched rows (decoded here, once, for
+    // Segments); dense ones whole.
+    rows_.resize(message.payload.size());
     for (int i = 0; i < message.header.slices_size(); ++i) {
-      if (Verdict verdict = CheckFinite(message.header.slices(i),
-                                        BytesOf(message.payload[i]))) {
-        return Refuse(message.routing_id, message.header, *verdict);
-      }
+      const pb::TensorSlice& slice = message.header.slices(i);
+      const std::span<const std::byte> bytes = BytesOf(message.payload[i]);
+      Verdict verdict = slice.codec() == pb::CODEC_ROWS
+                            ? DecodeRows(slice, model_->layout().tensors()[i],
+                                         bytes, &rows_[i])
+                            : CheckFinite(slice, bytes);
+      if (verdict) return Refuse(message.routing_id, message.header, *verdict);
     }
     const pb::Commit& commit = message.header.commit();
     if (workers_.IsDuplicate(worker, commit.commit_id())) {
@@ -1126,6 +1136,9 @@ class SiteServer::Impl {
     }
   }
 
+  // The update of a checked COMMIT as segments of the key space: a dense
+  // slice is one, a CODEC_ROWS slice one per row (from rows_, decoded by
+  // HandleCommit).
   std::vector<UpdateSegment> Segments(const Envelope& message) {
     std::vector<UpdateSegment> segments;
     segments.reserve(message.payload.size());
@@ -1133,6 +1146,16 @@ class SiteServer::Impl {
     for (size_t i = 0; i < message.payload.size(); ++i) {
       const pb::TensorSlice& slice = message.header.slices(static_cast<int>(i));
       const TensorInfo* tensor = model_->layout().Find(slice.tensor());
+      if (slice.codec() == pb::CODEC_ROWS) {
+        const DecodedRows& rows = rows_[i];
+        for (size_t k = 0; k < rows.rows.size(); ++k) {
+          segments.push_back(UpdateSegment{
+              tensor->offset + rows.rows[k] * rows.row_length,
+              std::span<const float>(rows.values)
+                  .subspan(k * rows.row_length, rows.row_length)});
+        }
+        continue;
+      }
       segments.push_back(
           UpdateSegment{tensor->offset + slice.offset(),
                         FloatsOf(message.payload[i], &scratch_[i])});
@@ -1767,6 +1790,8 @@ class SiteServer::Impl {
   ParameterStore store_;  // thread-safe reads; written by the event loop
   UpdateAccumulator aggregate_;
   std::vector<std::vector<float>> scratch_;  // realigned payloads
+  // The CODEC_ROWS slices of the commit being handled, decoded.
+  std::vector<DecodedRows> rows_;
   int64_t last_clock_ = 0;  // the clock the sync was last told about
 
   // ---- membership (event loop) ---------------------------------------------
@@ -1878,8 +1903,7 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
   // The training images are read for their normalisation statistics, and
   // for the fixed minibatches of the policy's global loss evaluations.
   MERIDIAN_ASSIGN_OR_RETURN(RawData raw, LoadRawData(job.data(), true, true));
-  Dataset test_set = MakeDataset(raw.test_images, raw.test_labels, {},
-                                 job.data().normalization(), raw.stats);
+  Dataset test_set = MakeTestDataset(raw, job.data().normalization());
   Dataset loss_set;
   const pb::PolicyKind kind = job.policy().kind();
   if (kind == pb::ADSP || kind == pb::ADACOMM) {
@@ -1888,8 +1912,7 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
                      static_cast<uint64_t>(job.policy().loss_eval_batches()) *
                          job.optimizer().batch_size(),
                      job.seed());
-    loss_set = MakeDataset(raw.train_images, raw.train_labels, sample,
-                           job.data().normalization(), raw.stats);
+    loss_set = MakeTrainDataset(raw, sample, job.data().normalization());
   }
   Dataset holdout_set;
   if (job.sync().skewscout().enabled()) {
@@ -1902,13 +1925,11 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
     std::vector<uint32_t> sample;
     sample.reserve(positions.size());
     for (uint32_t position : positions) sample.push_back(share[position]);
-    holdout_set = MakeDataset(raw.train_images, raw.train_labels, sample,
-                              job.data().normalization(), raw.stats);
+    holdout_set = MakeTrainDataset(raw, sample, job.data().normalization());
   }
-  const int input_dim = static_cast<int>(raw.test_images.dim());
-  MERIDIAN_ASSIGN_OR_RETURN(auto model, MakeModel(job.model(), input_dim, 10));
-  MERIDIAN_ASSIGN_OR_RETURN(auto eval_model,
-                            MakeModel(job.model(), input_dim, 10));
+  const int input_dim = raw.input_dim();
+  MERIDIAN_ASSIGN_OR_RETURN(auto model, MakeJobModel(job, input_dim, 10));
+  MERIDIAN_ASSIGN_OR_RETURN(auto eval_model, MakeJobModel(job, input_dim, 10));
   MERIDIAN_ASSIGN_OR_RETURN(auto policy, MakePolicy(job.policy()));
   auto impl = std::make_unique<Impl>(std::move(options), site_index,
                                      std::move(model), std::move(eval_model),

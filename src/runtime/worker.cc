@@ -331,7 +331,85 @@ class Worker::Impl {
     }
     base_ = params_;
     base_version_ = version;
+    ClearTouched();
     return Status::Ok();
+  }
+
+  // ---- sparse models: the rows changed since the last pull ------------------
+  // touched_rows_[t] lists the rows of tensor t the steps since base_ wrote
+  // (unordered, each once, flagged in touched_flags_[t]); a sparse model's
+  // commit carries only those (CODEC_ROWS). Bounded by the tensor's rows.
+
+  void NoteTouched(const std::vector<ElementRange>& ranges) {
+    const std::vector<TensorInfo>& tensors = model_->layout().tensors();
+    if (touched_rows_.empty()) {
+      touched_rows_.resize(tensors.size());
+      touched_flags_.resize(tensors.size());
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        touched_flags_[t].assign(
+            tensors[t].shape.empty() ? 1 : tensors[t].shape[0], 0);
+      }
+    }
+    size_t t = 0;
+    for (const ElementRange& range : ranges) {
+      // Ranges ascend, and so do tensors.
+      while (t < tensors.size() &&
+             range.begin >= tensors[t].offset + tensors[t].size) {
+        ++t;
+      }
+      if (t == tensors.size()) return;
+      const uint64_t row_length = std::max<uint64_t>(RowLength(tensors[t]), 1);
+      const uint64_t first = (range.begin - tensors[t].offset) / row_length;
+      const uint64_t end = std::min<uint64_t>(
+          (range.end - tensors[t].offset + row_length - 1) / row_length,
+          touched_flags_[t].size());
+      for (uint64_t row = first; row < end; ++row) {
+        if (touched_flags_[t][row] == 0) {
+          touched_flags_[t][row] = 1;
+          touched_rows_[t].push_back(static_cast<uint32_t>(row));
+        }
+      }
+    }
+  }
+
+  void ClearTouched() {
+    for (size_t t = 0; t < touched_rows_.size(); ++t) {
+      for (uint32_t row : touched_rows_[t]) touched_flags_[t][row] = 0;
+      touched_rows_[t].clear();
+    }
+  }
+
+  // Whether tensor t's touched rows make a smaller frame than the tensor.
+  bool SparseIsSmaller(size_t t) const {
+    const TensorInfo& tensor = model_->layout().tensors()[t];
+    const uint64_t rows =
+        t < touched_rows_.size() ? touched_rows_[t].size() : 0;
+    return RowLength(tensor) > 0 && RowsPayloadBytes(rows, RowLength(tensor)) <
+                                        tensor.size * sizeof(float);
+  }
+
+  // A CODEC_ROWS frame of the change of `rows` of `tensor` (sorted here).
+  zmq::message_t RowsFrame(const TensorInfo& tensor,
+                           std::vector<uint32_t>& rows, pb::Header* header) {
+    std::sort(rows.begin(), rows.end());
+    const uint64_t row_length = RowLength(tensor);
+    zmq::message_t frame(RowsPayloadBytes(rows.size(), row_length));
+    float* values =
+        AddRowsSlice(tensor, rows,
+                     std::span<std::byte>(static_cast<std::byte*>(frame.data()),
+                                          frame.size()),
+                     header);
+    // memcpy: a small frame's bytes need not be aligned for floats.
+    row_change_.resize(row_length);
+    for (uint32_t row : rows) {
+      const uint64_t at = tensor.offset + uint64_t{row} * row_length;
+      for (uint64_t k = 0; k < row_length; ++k) {
+        row_change_[k] = params_[at + k] - base_[at + k];
+      }
+      std::memcpy(values, row_change_.data(), row_length * sizeof(float));
+      values += row_length;
+    }
+    return frame;
   }
 
   // One minibatch step; true when the plan says to commit now.
@@ -340,7 +418,12 @@ class Worker::Impl {
     NextBatch();
     const float loss =
         model_->LossAndGradient(params_, batch_features_, batch_labels_, grad_);
-    optimizer_.Step(params_, grad_);
+    if (const std::vector<ElementRange>* rows = model_->SparseRows()) {
+      optimizer_.Step(params_, grad_, *rows);
+      NoteTouched(*rows);
+    } else {
+      optimizer_.Step(params_, grad_);
+    }
     model_->ApplyStateUpdate(params_);
     const Duration computed = clock_->Now();
     stats_.set_compute_s(stats_.compute_s() + ToSeconds(computed - start));
@@ -381,7 +464,13 @@ class Worker::Impl {
     header.set_type(pb::COMMIT);
     header.set_clock(static_cast<int64_t>(stats_.commits()));
     std::vector<zmq::message_t> frames;
-    for (const TensorInfo& tensor : model_->layout().tensors()) {
+    const std::vector<TensorInfo>& tensors = model_->layout().tensors();
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const TensorInfo& tensor = tensors[t];
+      if (model_->SparseRows() != nullptr && SparseIsSmaller(t)) {
+        frames.push_back(RowsFrame(tensor, touched_rows_[t], &header));
+        continue;
+      }
       zmq::message_t frame = MakeFloatFrame(tensor.size);
       float* update = static_cast<float*>(frame.data());
       const float* now = params_.data() + tensor.offset;
@@ -390,6 +479,9 @@ class Worker::Impl {
       frames.push_back(std::move(frame));
       AddTensorSlice(tensor, &header);
     }
+    uint64_t bytes = 0;
+    for (const zmq::message_t& frame : frames) bytes += frame.size();
+    stats_.set_commit_bytes(stats_.commit_bytes() + bytes);
     pb::Commit* commit = header.mutable_commit();
     commit->set_base_version(base_version);
     commit->set_local_steps(trigger_.steps_since_commit());
@@ -560,6 +652,9 @@ class Worker::Impl {
   std::vector<float> base_;    // the model last pulled
   std::vector<float> grad_;
   uint64_t base_version_ = 0;
+  std::vector<std::vector<uint32_t>> touched_rows_;
+  std::vector<std::vector<uint8_t>> touched_flags_;
+  std::vector<float> row_change_;
 
   std::mt19937_64 rng_;
   std::vector<uint32_t> order_;  // epoch permutation of local samples
@@ -674,11 +769,8 @@ Result<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
         "worker " + std::to_string(options.index) + " of site '" + site.name() +
         "' has no training samples (partition too small)");
   }
-  Dataset data = MakeDataset(raw.train_images, raw.train_labels, indices,
-                             job.data().normalization(), raw.stats);
-  MERIDIAN_ASSIGN_OR_RETURN(
-      auto model,
-      MakeModel(job.model(), static_cast<int>(raw.train_images.dim()), 10));
+  Dataset data = MakeTrainDataset(raw, indices, job.data().normalization());
+  MERIDIAN_ASSIGN_OR_RETURN(auto model, MakeJobModel(job, raw.input_dim(), 10));
   auto impl = std::make_unique<Impl>(std::move(options), site_index,
                                      std::move(data), std::move(model));
   if (curve) MERIDIAN_RETURN_IF_ERROR(impl->SecureClient(*curve));

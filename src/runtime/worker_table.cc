@@ -17,6 +17,7 @@ void AddStats(const pb::WorkerStats& from, pb::WorkerStats* to) {
   to->set_compute_s(to->compute_s() + from.compute_s());
   to->set_device_wait_s(to->device_wait_s() + from.device_wait_s());
   to->set_blocked_s(to->blocked_s() + from.blocked_s());
+  to->set_commit_bytes(to->commit_bytes() + from.commit_bytes());
 }
 
 }  // namespace

@@ -147,6 +147,20 @@ Dataset MakeDataset(const IdxImages& images, std::span<const uint8_t> labels,
 
 Result<RawData> LoadRawData(const pb::DataConfig& config, bool load_train,
                             bool load_test) {
+  if (config.has_ratings()) {
+    MERIDIAN_ASSIGN_OR_RETURN(RawData raw, GenerateRatings(config.ratings()));
+    if (config.train_limit() > 0 &&
+        raw.train_labels.size() > config.train_limit()) {
+      raw.train_labels.resize(config.train_limit());
+      raw.train_pairs.resize(2 * uint64_t{config.train_limit()});
+    }
+    if (config.test_limit() > 0 &&
+        raw.test_labels.size() > config.test_limit()) {
+      raw.test_labels.resize(config.test_limit());
+      raw.test_pairs.resize(2 * uint64_t{config.test_limit()});
+    }
+    return raw;
+  }
   RawData raw;
   if (load_train) {
     MERIDIAN_RETURN_IF_ERROR(

@@ -69,11 +69,36 @@ Result<std::unique_ptr<Model>> MakeModel(const pb::ModelConfig& config,
       return model_internal::MakeMlp(config, input_dim, num_classes);
     case pb::CNN:
       return model_internal::MakeCnn(config, input_dim, num_classes);
+    case pb::MATRIX_FACTORIZATION:
+      return InvalidArgumentError(
+          "model.kind MATRIX_FACTORIZATION is built over the job's rating "
+          "matrix (data.ratings), not over " +
+          std::to_string(input_dim) + " input features");
     default:
       return InvalidArgumentError(
-          "model.kind must be SOFTMAX, MLP or CNN, got " +
+          "model.kind must be SOFTMAX, MLP, CNN or MATRIX_FACTORIZATION, "
+          "got " +
           pb::ModelKind_Name(config.kind()));
   }
+}
+
+MetricSpec ModelMetric(const pb::ModelConfig& config) {
+  if (config.kind() == pb::MATRIX_FACTORIZATION) return {"rmse", false};
+  return MetricSpec{};
+}
+
+Result<std::unique_ptr<Model>> MakeJobModel(const pb::JobConfig& job,
+                                            int input_dim, int num_classes) {
+  if (job.model().kind() == pb::MATRIX_FACTORIZATION) {
+    if (!job.data().has_ratings()) {
+      return InvalidArgumentError(
+          "model.kind MATRIX_FACTORIZATION needs a rating matrix "
+          "(data.ratings)");
+    }
+    return MakeMatrixFactorization(job.model(), job.data().ratings().users(),
+                                   job.data().ratings().items());
+  }
+  return MakeModel(job.model(), input_dim, num_classes);
 }
 
 }  // namespace meridian

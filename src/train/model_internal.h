@@ -99,6 +99,7 @@ EvalResult EvaluateClassifier(bool fits, const Dataset& data, int classes,
   result.samples = total;
   result.loss = loss / static_cast<double>(total);
   result.accuracy = static_cast<double>(right) / static_cast<double>(total);
+  result.metric = result.accuracy;
   return result;
 }
 

@@ -54,4 +54,25 @@ void SgdOptimizer::Step(std::span<float> params, std::span<const float> grad) {
   ++steps_;
 }
 
+void SgdOptimizer::Step(std::span<float> params, std::span<const float> grad,
+                        const std::vector<ElementRange>& ranges) {
+  const uint64_t n = velocity_.size();
+  if (params.size() != n || grad.size() != n) return;
+  for (const ElementRange& range : ranges) {
+    if (range.begin > range.end || range.end > n) return;
+  }
+  const float lr = static_cast<float>(LearningRateAt(config_, steps_));
+  const float momentum = static_cast<float>(config_.momentum());
+  const float weight_decay = static_cast<float>(config_.weight_decay());
+  for (const ElementRange& range : ranges) {
+    for (uint64_t i = range.begin; i < range.end; ++i) {
+      const float v =
+          momentum * velocity_[i] + grad[i] + weight_decay * params[i];
+      velocity_[i] = v;
+      params[i] -= lr * v;
+    }
+  }
+  ++steps_;
+}
+
 }  // namespace meridian

@@ -21,25 +21,16 @@
 #include <vector>
 
 #include "meridian/dataset.h"
+#include "train/random_draws.h"
 
 namespace meridian {
 namespace {
 
 using Partitions = std::vector<std::vector<uint32_t>>;
 
-// Uniform integer in [0, bound), bound > 0, without modulo bias.
-uint64_t UniformBelow(std::mt19937_64& rng, uint64_t bound) {
-  const uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound
-  for (;;) {
-    const uint64_t r = rng();
-    if (r >= threshold) return r % bound;
-  }
-}
-
-// Uniform double in [0, 1) from 53 random bits.
-double UniformUnit(std::mt19937_64& rng) {
-  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
-}
+using random_draws::StandardNormal;
+using random_draws::UniformBelow;
+using random_draws::UniformUnit;
 
 std::string FormatReal(double value) {
   char buffer[32];
@@ -55,17 +46,6 @@ std::string FormatClasses(const std::vector<uint32_t>& classes) {
     text += std::to_string(classes[i]);
   }
   return text + "}";
-}
-
-// Standard normal draw (Marsaglia's polar method; the second value of each
-// pair is dropped, so a draw depends only on the generator's state).
-double StandardNormal(std::mt19937_64& rng) {
-  for (;;) {
-    const double u = 2 * UniformUnit(rng) - 1;
-    const double v = 2 * UniformUnit(rng) - 1;
-    const double s = u * u + v * v;
-    if (s > 0 && s < 1) return u * std::sqrt(-2 * std::log(s) / s);
-  }
 }
 
 // log of a Gamma(shape, 1) draw. Marsaglia and Tsang (2000) for shape >= 1;

@@ -717,7 +717,8 @@ TEST(ValidateJobConfigTest, UnspecifiedEnumsListTheAllowedValues) {
                             }));
   ASSERT_EQ(issues.size(), 7u);
   EXPECT_EQ(issues[0].message,
-            "must be one of SOFTMAX, MLP, CNN, got MODEL_KIND_UNSPECIFIED");
+            "must be one of SOFTMAX, MLP, CNN, MATRIX_FACTORIZATION, got "
+            "MODEL_KIND_UNSPECIFIED");
   EXPECT_EQ(issues[1].message,
             "must be one of SCALE, STANDARDIZE, got "
             "NORMALIZATION_UNSPECIFIED");
@@ -845,29 +846,41 @@ TEST(ValidateJobConfigTest, LabelSubsetWithoutListsIsValid) {
 // Visits every singular double field reachable from `message` (through the
 // first element of repeated messages) with its dotted path. Repeated doubles
 // (policy.momentum_grid) are checked in NumericBoundaries.
+// Visits the double fields under `message` (descending into its messages)
+// whose path `wanted` accepts (a message is entered when its path is).
 void ForEachDoubleField(
     gpb::Message* message, const std::string& prefix,
     const std::function<void(gpb::Message*, const gpb::FieldDescriptor*,
-                             const std::string&)>& visit) {
+                             const std::string&)>& visit,
+    const std::function<bool(const std::string&)>& wanted =
+        [](const std::string&) { return true; }) {
   const gpb::Descriptor* type = message->GetDescriptor();
   const gpb::Reflection* reflection = message->GetReflection();
   for (int i = 0; i < type->field_count(); ++i) {
     const gpb::FieldDescriptor* field = type->field(i);
     const std::string path =
         (prefix.empty() ? "" : prefix + ".") + field->name();
+    if (!wanted(path)) continue;
     if (field->cpp_type() == gpb::FieldDescriptor::CPPTYPE_DOUBLE) {
       if (!field->is_repeated()) visit(message, field, path);
     } else if (field->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
       if (!field->is_repeated()) {
         ForEachDoubleField(reflection->MutableMessage(message, field), path,
-                           visit);
+                           visit, wanted);
       } else if (reflection->FieldSize(*message, field) > 0) {
         ForEachDoubleField(
             reflection->MutableRepeatedMessage(message, field, 0), path + "[0]",
-            visit);
+            visit, wanted);
       }
     }
   }
+}
+
+// The fields of matrix-factorisation jobs alone (refused as unused in
+// others).
+bool IsMatrixFactorizationField(const std::string& path) {
+  return path == "model.l2" || path == "target_metric" ||
+         path.starts_with("data.ratings");
 }
 
 TEST(ValidateJobConfigTest, FaultSettings) {
@@ -895,12 +908,12 @@ TEST(ValidateJobConfigTest, FaultSettings) {
   EXPECT_TRUE(ValidateJobConfig(config).empty());
 }
 
-TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
-  pb::JobConfig config = ValidConfig();
-  // A DIRICHLET partition, whose alpha may be set (with another kind, a set
-  // alpha is also reported as unused).
-  config.mutable_data()->mutable_site_partition()->set_kind(pb::DIRICHLET);
-  config.mutable_data()->mutable_site_partition()->clear_classes();
+// NaN and infinities in `config`'s double fields that `wanted` accepts: each
+// is one issue at its path saying it must be finite, and the restored value
+// validates again. Returns the fields visited.
+int ExpectEveryDoubleRejectsNanAndInfinity(
+    pb::JobConfig& config,
+    const std::function<bool(const std::string&)>& wanted) {
   int visited = 0;
   ForEachDoubleField(
       &config, "",
@@ -921,6 +934,37 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
         }
         reflection->SetDouble(message, field, saved);
         EXPECT_TRUE(ValidateJobConfig(config).empty()) << path;
+      },
+      wanted);
+  return visited;
+}
+
+TEST(ValidateJobConfigTest, MatrixFactorizationDoublesRejectNanAndInfinity) {
+  pb::JobConfig config = ValidConfig();
+  config.mutable_data()->mutable_site_partition()->set_kind(pb::IID);
+  config.mutable_data()->mutable_site_partition()->clear_classes();
+  config.mutable_model()->set_kind(pb::MATRIX_FACTORIZATION);
+  config.mutable_data()->mutable_ratings();
+  ASSERT_TRUE(ValidateJobConfig(config).empty());
+  // model.l2, target_metric and the rating matrix's four.
+  EXPECT_EQ(ExpectEveryDoubleRejectsNanAndInfinity(
+                config,
+                [](const std::string& path) {
+                  return IsMatrixFactorizationField(path) || path == "model" ||
+                         path == "data";
+                }),
+            6);
+}
+
+TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
+  pb::JobConfig config = ValidConfig();
+  // A DIRICHLET partition, whose alpha may be set (with another kind, a set
+  // alpha is also reported as unused).
+  config.mutable_data()->mutable_site_partition()->set_kind(pb::DIRICHLET);
+  config.mutable_data()->mutable_site_partition()->clear_classes();
+  const int visited = ExpectEveryDoubleRejectsNanAndInfinity(
+      config, [](const std::string& path) {
+        return !IsMatrixFactorizationField(path);
       });
   // step_time_s, skew, alpha, 4 optimizer/server pairs..., target, budget,
   // wan.sample_period_s, sync: threshold, adaptive_step, adaptive_max,

@@ -13,6 +13,7 @@
 // AddressSanitizer catches a read past any frame's end.
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -24,8 +25,8 @@
 #include <vector>
 
 #include "meridian/layout.h"
-#include "meridian/wire.pb.h"
 #include "meridian/message.h"
+#include "meridian/wire.pb.h"
 
 namespace {
 
@@ -102,6 +103,39 @@ bool SliceInside(const pb::TensorSlice& slice, const ModelLayout& layout) {
   return end <= tensor->size;
 }
 
+// DecodeRows (a site server's decoder of sparse commits): what it accepts
+// is a whole-tensor slice whose rows ascend inside the tensor, with
+// exactly their values, all finite.
+void CheckRows(const pb::TensorSlice& slice, std::span<const std::byte> bytes,
+               const ModelLayout& layout) {
+  const TensorInfo* tensor = layout.Find(slice.tensor());
+  if (tensor == nullptr) return;
+  meridian::DecodedRows rows;
+  const Verdict verdict = meridian::DecodeRows(slice, *tensor, bytes, &rows);
+  if (verdict) {
+    CheckRejection(verdict);
+    return;
+  }
+  Require(slice.offset() == 0 && slice.length() == tensor->size,
+          "rows: accepted a partial slice");
+  Require(
+      rows.row_length == meridian::RowLength(*tensor) && rows.row_length > 0,
+      "rows: wrong row length");
+  Require(bytes.size() ==
+              meridian::RowsPayloadBytes(rows.rows.size(), rows.row_length),
+          "rows: accepted a payload of the wrong size");
+  Require(rows.values.size() == rows.rows.size() * rows.row_length,
+          "rows: values do not fill the rows");
+  for (size_t k = 0; k < rows.rows.size(); ++k) {
+    Require(rows.rows[k] < tensor->shape[0], "rows: row out of range");
+    Require(k == 0 || rows.rows[k] > rows.rows[k - 1],
+            "rows: rows not ascending");
+  }
+  for (float v : rows.values) {
+    Require(std::isfinite(v), "rows: accepted a non-finite value");
+  }
+}
+
 void CheckAccepted(const pb::Header& header, std::span<const FrameView> payload,
                    const ModelLayout& layout) {
   // DecodeMessage's promises.
@@ -117,9 +151,10 @@ void CheckAccepted(const pb::Header& header, std::span<const FrameView> payload,
     const pb::TensorSlice& slice = header.slices(i);
     const size_t frame = payload[i].bytes.size();
     Require(slice.dtype() == pb::DTYPE_FLOAT32, "accepted an unknown dtype");
-    Require(
-        slice.codec() == pb::CODEC_RAW || slice.codec() == pb::CODEC_PIPELINE,
-        "accepted an unknown codec");
+    Require(slice.codec() == pb::CODEC_RAW ||
+                slice.codec() == pb::CODEC_PIPELINE ||
+                slice.codec() == pb::CODEC_ROWS,
+            "accepted an unknown codec");
     Require(slice.payload_bytes() == frame, "accepted payload_bytes != frame");
     if (slice.codec() == pb::CODEC_RAW) {
       Require(slice.length() <= frame / sizeof(float) &&
@@ -182,6 +217,7 @@ void CheckAccepted(const pb::Header& header, std::span<const FrameView> payload,
       CheckRejection(finite);
       Require(finite->code == pb::ERROR_NON_FINITE, "wrong non-finite code");
     }
+    if (slice.codec() == pb::CODEC_ROWS) CheckRows(slice, bytes, layout);
   }
 }
 

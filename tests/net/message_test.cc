@@ -831,5 +831,108 @@ TEST(FloatsOfTest, IgnoresTrailingPartialFloat) {
   EXPECT_EQ(floats[1], 5.0f);
 }
 
+// ---------------------------------------------------------------------------
+// CODEC_ROWS
+
+TensorInfo Embedding() {
+  TensorInfo tensor;
+  tensor.name = "emb";
+  tensor.shape = {5, 3};
+  tensor.size = 15;
+  tensor.offset = 100;
+  return tensor;
+}
+
+// A CODEC_ROWS payload of `rows` with row k's values all equal to k + 0.5.
+std::vector<std::byte> RowsPayload(const std::vector<uint32_t>& rows,
+                                   pb::Header* header) {
+  const TensorInfo tensor = Embedding();
+  std::vector<std::byte> bytes(RowsPayloadBytes(rows.size(), 3));
+  float* values = AddRowsSlice(tensor, rows, bytes, header);
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const float v[3] = {k + 0.5f, k + 0.5f, k + 0.5f};
+    std::memcpy(values + 3 * k, v, sizeof(v));
+  }
+  return bytes;
+}
+
+TEST(RowsCodecTest, RoundTripsRowsAndTheirValues) {
+  pb::Header header;
+  const std::vector<std::byte> bytes = RowsPayload({0, 3, 4}, &header);
+  ASSERT_EQ(header.slices_size(), 1);
+  const pb::TensorSlice& slice = header.slices(0);
+  EXPECT_EQ(slice.codec(), pb::CODEC_ROWS);
+  EXPECT_EQ(slice.length(), 15u);
+  EXPECT_EQ(slice.payload_bytes(), bytes.size());
+  // 4 (count) + 3 x 4 (indices) + 3 x 3 x 4 (values): the bytes grow with
+  // the rows sent, not with the tensor.
+  EXPECT_EQ(bytes.size(), 4u + 12u + 36u);
+  DecodedRows rows;
+  const Verdict verdict = DecodeRows(slice, Embedding(), bytes, &rows);
+  ASSERT_FALSE(verdict) << verdict->reason;
+  EXPECT_EQ(rows.row_length, 3u);
+  EXPECT_EQ(rows.rows, (std::vector<uint32_t>{0, 3, 4}));
+  EXPECT_EQ(rows.values, (std::vector<float>{0.5f, 0.5f, 0.5f, 1.5f, 1.5f, 1.5f,
+                                             2.5f, 2.5f, 2.5f}));
+  // No rows at all is a valid (empty) update.
+  pb::Header empty_header;
+  const std::vector<std::byte> empty = RowsPayload({}, &empty_header);
+  EXPECT_FALSE(DecodeRows(empty_header.slices(0), Embedding(), empty, &rows));
+  EXPECT_TRUE(rows.rows.empty());
+}
+
+TEST(RowsCodecTest, RefusesEveryMalformedPayloadNamingTheProblem) {
+  struct Case {
+    std::vector<uint32_t> rows;
+    void (*mutate)(pb::TensorSlice*, std::vector<std::byte>*);
+    pb::ErrorCode code;
+    const char* says;
+  };
+  const Case cases[] = {
+      {{3, 1}, nullptr, pb::ERROR_MALFORMED, "not ascending"},
+      {{1, 1}, nullptr, pb::ERROR_MALFORMED, "not ascending"},
+      {{5}, nullptr, pb::ERROR_MALFORMED, "out of range"},
+      {{1},
+       [](pb::TensorSlice*, std::vector<std::byte>* b) { b->pop_back(); },
+       pb::ERROR_SIZE_MISMATCH,
+       "need"},
+      {{1},
+       [](pb::TensorSlice*, std::vector<std::byte>* b) { b->resize(2); },
+       pb::ERROR_SIZE_MISMATCH,
+       "shorter"},
+      {{1},
+       [](pb::TensorSlice*, std::vector<std::byte>* b) {
+         (*b)[0] = std::byte{6};  // more rows than the tensor has
+       },
+       pb::ERROR_OUT_OF_RANGE,
+       "the tensor has 5"},
+      {{1},
+       [](pb::TensorSlice* s, std::vector<std::byte>*) { s->set_offset(3); },
+       pb::ERROR_MALFORMED,
+       "whole tensor"},
+      {{1},
+       [](pb::TensorSlice*, std::vector<std::byte>* b) {
+         const float nan = std::numeric_limits<float>::quiet_NaN();
+         std::memcpy(b->data() + 8, &nan, sizeof(nan));
+       },
+       pb::ERROR_NON_FINITE,
+       "NaN"},
+  };
+  for (const Case& c : cases) {
+    pb::Header header;
+    std::vector<std::byte> bytes = RowsPayload(c.rows, &header);
+    pb::TensorSlice slice = header.slices(0);
+    if (c.mutate != nullptr) c.mutate(&slice, &bytes);
+    DecodedRows rows;
+    const Verdict verdict = DecodeRows(slice, Embedding(), bytes, &rows);
+    ASSERT_TRUE(verdict) << c.says;
+    EXPECT_EQ(verdict->code, c.code) << verdict->reason;
+    EXPECT_NE(verdict->reason.find(c.says), std::string::npos)
+        << verdict->reason;
+    EXPECT_NE(verdict->reason.find("'emb'"), std::string::npos)
+        << verdict->reason;
+  }
+}
+
 }  // namespace
 }  // namespace meridian

@@ -1,0 +1,305 @@
+// Matrix factorisation (Gaia's MF workload): a rating is predicted as
+// global_bias + user_bias[u] + item_bias[i] + user_factors[u] .
+// item_factors[i]. A minibatch touches a few rows of the factor and bias
+// tensors, so the gradient is sparse: only those rows are written, and the
+// worker steps and commits them alone (Model::SparseRows).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "meridian/dataset.h"
+#include "meridian/model.h"
+#include "train/model_internal.h"
+
+namespace meridian {
+namespace {
+
+constexpr uint32_t kMaxRows = uint32_t{1} << 24;  // exact as a float
+constexpr uint32_t kMaxRank = 1024;
+constexpr float kMinRating = 1.0f;
+constexpr float kMaxRating = 5.0f;
+// Initial global bias: the middle of the rating scale (the data's mean is
+// learnt within a few steps, since every rating moves it).
+constexpr float kInitialGlobalBias = 3.0f;
+// Initial factors: uniform in [-kFactorInit, kFactorInit) / sqrt(rank), so
+// that initial dot products are small whatever the rank.
+constexpr float kFactorInit = 0.1f;
+
+class MatrixFactorization final : public Model {
+ public:
+  MatrixFactorization(uint32_t users, uint32_t items, uint32_t rank, float l2)
+      : users_(users),
+        items_(items),
+        rank_(rank),
+        l2_(l2),
+        user_slot_(users, -1),
+        item_slot_(items, -1) {
+    // Cannot fail: the names differ and no dimension is 0.
+    (void)layout_.Add("user_factors", {users, rank});
+    (void)layout_.Add("item_factors", {items, rank});
+    (void)layout_.Add("user_bias", {users});
+    (void)layout_.Add("item_bias", {items});
+    (void)layout_.Add("global_bias", {1});
+    user_factors_ = layout_.Find("user_factors")->offset;
+    item_factors_ = layout_.Find("item_factors")->offset;
+    user_bias_ = layout_.Find("user_bias")->offset;
+    item_bias_ = layout_.Find("item_bias")->offset;
+    global_bias_ = layout_.Find("global_bias")->offset;
+  }
+
+  const ModelLayout& layout() const override { return layout_; }
+  int input_dim() const override { return 2; }
+  // Labels are ratings 1..5.
+  int num_classes() const override { return 6; }
+  MetricSpec metric() const override {
+    pb::ModelConfig config;
+    config.set_kind(pb::MATRIX_FACTORIZATION);
+    return ModelMetric(config);
+  }
+  const std::vector<ElementRange>* SparseRows() const override {
+    return &ranges_;
+  }
+
+  void Initialize(uint64_t seed, std::span<float> params) const override {
+    if (params.size() != layout_.num_elements()) {
+      std::fill(params.begin(), params.end(),
+                std::numeric_limits<float>::quiet_NaN());
+      return;
+    }
+    std::mt19937_64 rng(seed);
+    const float limit = kFactorInit / std::sqrt(static_cast<float>(rank_));
+    for (uint64_t i = 0; i < uint64_t{users_} * rank_; ++i) {
+      params[user_factors_ + i] = model_internal::UniformSymmetric(rng, limit);
+    }
+    for (uint64_t i = 0; i < uint64_t{items_} * rank_; ++i) {
+      params[item_factors_ + i] = model_internal::UniformSymmetric(rng, limit);
+    }
+    std::fill_n(params.begin() + static_cast<ptrdiff_t>(user_bias_), users_,
+                0.0f);
+    std::fill_n(params.begin() + static_cast<ptrdiff_t>(item_bias_), items_,
+                0.0f);
+    params[global_bias_] = kInitialGlobalBias;
+  }
+
+  // Mean squared error of the batch (before regularisation); the gradient
+  // is that of the mean of (prediction - rating)^2 / 2 plus each rating's
+  // l2 / 2 * (|u|^2 + |v|^2 + b_u^2 + b_i^2).
+  float LossAndGradient(std::span<const float> params,
+                        const Eigen::Ref<const Eigen::MatrixXf>& features,
+                        std::span<const uint8_t> labels,
+                        std::span<float> grad) override {
+    ranges_.clear();
+    const auto n = static_cast<int64_t>(labels.size());
+    if (!Fits(params, features, labels) || grad.size() != params.size()) {
+      std::fill(grad.begin(), grad.end(), 0.0f);
+      return std::numeric_limits<float>::quiet_NaN();
+    }
+    if (n == 0) return 0;
+    // Rows the batch touches, each once, and their gradient zeroed.
+    touched_users_.clear();
+    touched_items_.clear();
+    for (int64_t j = 0; j < n; ++j) {
+      const auto u = static_cast<uint32_t>(features(0, j));
+      const auto i = static_cast<uint32_t>(features(1, j));
+      if (user_slot_[u] < 0) {
+        user_slot_[u] = static_cast<int32_t>(touched_users_.size());
+        touched_users_.push_back(u);
+        ZeroRow(grad, user_factors_ + uint64_t{u} * rank_);
+        grad[user_bias_ + u] = 0;
+      }
+      if (item_slot_[i] < 0) {
+        item_slot_[i] = static_cast<int32_t>(touched_items_.size());
+        touched_items_.push_back(i);
+        ZeroRow(grad, item_factors_ + uint64_t{i} * rank_);
+        grad[item_bias_ + i] = 0;
+      }
+    }
+    const float inv_n = 1.0f / static_cast<float>(n);
+    const float l2 = l2_ * inv_n;
+    double squared_error = 0;
+    float global_grad = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const auto u = static_cast<uint32_t>(features(0, j));
+      const auto i = static_cast<uint32_t>(features(1, j));
+      const float* pu = params.data() + user_factors_ + uint64_t{u} * rank_;
+      const float* pv = params.data() + item_factors_ + uint64_t{i} * rank_;
+      const float err = Predict(params, u, i) -
+                        static_cast<float>(labels[static_cast<size_t>(j)]);
+      squared_error += static_cast<double>(err) * err;
+      const float e = err * inv_n;
+      float* gu = grad.data() + user_factors_ + uint64_t{u} * rank_;
+      float* gv = grad.data() + item_factors_ + uint64_t{i} * rank_;
+      for (uint32_t k = 0; k < rank_; ++k) {
+        gu[k] += e * pv[k] + l2 * pu[k];
+        gv[k] += e * pu[k] + l2 * pv[k];
+      }
+      grad[user_bias_ + u] += e + l2 * params[user_bias_ + u];
+      grad[item_bias_ + i] += e + l2 * params[item_bias_ + i];
+      global_grad += e;
+    }
+    grad[global_bias_] = global_grad;
+    // The ranges, ascending (tensor order, then row order), adjacent bias
+    // elements merged; the slots are reset for the next batch.
+    std::sort(touched_users_.begin(), touched_users_.end());
+    std::sort(touched_items_.begin(), touched_items_.end());
+    AddRows(touched_users_, user_factors_, rank_);
+    AddRows(touched_items_, item_factors_, rank_);
+    AddRows(touched_users_, user_bias_, 1);
+    AddRows(touched_items_, item_bias_, 1);
+    AddRange(global_bias_, global_bias_ + 1);
+    for (uint32_t u : touched_users_) user_slot_[u] = -1;
+    for (uint32_t i : touched_items_) item_slot_[i] = -1;
+    return static_cast<float>(squared_error / static_cast<double>(n));
+  }
+
+ protected:
+  EvalResult EvaluateInto(std::span<const float> params, const Dataset& data,
+                          uint64_t max_samples,
+                          std::vector<uint8_t>* correct) override {
+    if (correct != nullptr) correct->clear();
+    EvalResult result;
+    uint64_t total = std::min<uint64_t>(
+        data.labels.size(), static_cast<uint64_t>(data.features.cols()));
+    if (max_samples > 0) total = std::min(total, max_samples);
+    const std::span<const uint8_t> labels(data.labels.data(), total);
+    if (!Fits(params, data.features.leftCols(static_cast<Eigen::Index>(total)),
+              labels)) {
+      result.loss = result.metric = std::numeric_limits<double>::quiet_NaN();
+      return result;
+    }
+    if (total == 0) return result;
+    if (correct != nullptr) correct->reserve(total);
+    double squared_error = 0;
+    uint64_t hits = 0;
+    for (uint64_t j = 0; j < total; ++j) {
+      const auto col = static_cast<Eigen::Index>(j);
+      const auto u = static_cast<uint32_t>(data.features(0, col));
+      const auto i = static_cast<uint32_t>(data.features(1, col));
+      const float prediction =
+          std::clamp(Predict(params, u, i), kMinRating, kMaxRating);
+      const float err = prediction - static_cast<float>(labels[j]);
+      squared_error += static_cast<double>(err) * err;
+      const bool hit = std::lround(prediction) == labels[j];
+      hits += hit ? 1 : 0;
+      if (correct != nullptr) correct->push_back(hit ? 1 : 0);
+    }
+    result.samples = total;
+    result.loss = squared_error / static_cast<double>(total);
+    result.metric = std::sqrt(result.loss);
+    result.accuracy = static_cast<double>(hits) / static_cast<double>(total);
+    return result;
+  }
+
+ private:
+  float Predict(std::span<const float> params, uint32_t u, uint32_t i) const {
+    const float* pu = params.data() + user_factors_ + uint64_t{u} * rank_;
+    const float* pv = params.data() + item_factors_ + uint64_t{i} * rank_;
+    float dot = 0;
+    for (uint32_t k = 0; k < rank_; ++k) dot += pu[k] * pv[k];
+    return params[global_bias_] + params[user_bias_ + u] +
+           params[item_bias_ + i] + dot;
+  }
+
+  // Whether the parameters and samples are this model's: every column a
+  // (user, item) pair of exact in-range indices, every label a rating.
+  bool Fits(std::span<const float> params,
+            const Eigen::Ref<const Eigen::MatrixXf>& features,
+            std::span<const uint8_t> labels) const {
+    if (params.size() != layout_.num_elements() || features.rows() != 2 ||
+        static_cast<uint64_t>(features.cols()) != labels.size()) {
+      return false;
+    }
+    for (Eigen::Index j = 0; j < features.cols(); ++j) {
+      if (!IsIndex(features(0, j), users_) || !IsIndex(features(1, j), items_))
+        return false;
+      const uint8_t rating = labels[static_cast<size_t>(j)];
+      if (rating < kMinRating || rating > kMaxRating) return false;
+    }
+    return true;
+  }
+
+  static bool IsIndex(float value, uint32_t limit) {
+    // NaN fails both comparisons.
+    return value >= 0.0f && value < static_cast<float>(limit) &&
+           value == std::floor(value);
+  }
+
+  void ZeroRow(std::span<float> grad, uint64_t offset) const {
+    std::fill_n(grad.begin() + static_cast<ptrdiff_t>(offset), rank_, 0.0f);
+  }
+
+  void AddRows(const std::vector<uint32_t>& rows, uint64_t offset,
+               uint32_t width) {
+    for (uint32_t row : rows) {
+      const uint64_t begin = offset + uint64_t{row} * width;
+      AddRange(begin, begin + width);
+    }
+  }
+
+  void AddRange(uint64_t begin, uint64_t end) {
+    if (!ranges_.empty() && ranges_.back().end == begin) {
+      ranges_.back().end = end;
+    } else {
+      ranges_.push_back({begin, end});
+    }
+  }
+
+  const uint32_t users_;
+  const uint32_t items_;
+  const uint32_t rank_;
+  const float l2_;
+  ModelLayout layout_;
+  uint64_t user_factors_ = 0;
+  uint64_t item_factors_ = 0;
+  uint64_t user_bias_ = 0;
+  uint64_t item_bias_ = 0;
+  uint64_t global_bias_ = 0;
+  // Scratch of one LossAndGradient: each row's slot in touched_* (-1: not
+  // touched; reset after every batch, so O(batch) per step, O(users +
+  // items) memory once).
+  std::vector<int32_t> user_slot_;
+  std::vector<int32_t> item_slot_;
+  std::vector<uint32_t> touched_users_;
+  std::vector<uint32_t> touched_items_;
+  std::vector<ElementRange> ranges_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> MakeMatrixFactorization(
+    const pb::ModelConfig& config, uint32_t users, uint32_t items) {
+  if (users < 1 || users > kMaxRows || items < 1 || items > kMaxRows) {
+    return InvalidArgumentError(
+        "matrix factorisation needs 1 to 2^24 users and items, got " +
+        std::to_string(users) + " users and " + std::to_string(items) +
+        " items");
+  }
+  if (config.rank() < 1 || config.rank() > kMaxRank) {
+    return InvalidArgumentError("model.rank must be in [1, 1024], got " +
+                                std::to_string(config.rank()));
+  }
+  if (!std::isfinite(config.l2()) || config.l2() < 0) {
+    return InvalidArgumentError("model.l2 must be a finite number >= 0, got " +
+                                std::to_string(config.l2()));
+  }
+  const uint64_t params =
+      (uint64_t{users} + items) * (uint64_t{config.rank()} + 1) + 1;
+  if (params > model_internal::kMaxParams) {
+    return InvalidArgumentError(
+        "matrix factorisation of " + std::to_string(users) + " users x " +
+        std::to_string(items) + " items at rank " +
+        std::to_string(config.rank()) + " has " + std::to_string(params) +
+        " parameters, more than 2^30");
+  }
+  return std::unique_ptr<Model>(new MatrixFactorization(
+      users, items, config.rank(), static_cast<float>(config.l2())));
+}
+
+}  // namespace meridian
