@@ -14,6 +14,7 @@
 #include "meridian/config.h"
 #include "meridian/dataset.h"
 #include "meridian/launcher.h"
+#include "meridian/local_training.h"
 #include "meridian/log.h"
 #include "meridian/model.h"
 #include "meridian/plots.h"
@@ -111,6 +112,29 @@ int Validate(const std::string& path) {
   std::printf("%s: OK (%d sites, %u workers, %s)\n", path.c_str(),
               job.site_size(), TotalWorkerCount(job),
               pb::PolicyKind_Name(job.policy().kind()).c_str());
+  return 0;
+}
+
+int Local(const std::string& path, uint64_t samples) {
+  pb::JobConfig job;
+  if (!LoadJob(path, &job) || !CheckModelFitsData(job)) return kExitBadInput;
+  Result<LocalTrainingResult> result = TrainLocally(job, samples);
+  if (!result.ok()) {
+    std::fprintf(stderr, "meridian local: %s\n",
+                 result.status().message().c_str());
+    return kExitFailure;
+  }
+  const MetricSpec metric = ModelMetric(job.model());
+  std::printf(
+      "trained '%s' in one process: %llu steps, %llu samples in %.1f s "
+      "(%.0f samples/s)\n",
+      job.name().c_str(), static_cast<unsigned long long>(result->steps),
+      static_cast<unsigned long long>(result->samples), result->seconds,
+      result->seconds > 0 ? result->samples / result->seconds : 0.0);
+  std::printf("test %s %.4f (accuracy %.4f, loss %.4f) on %llu samples\n",
+              metric.name.c_str(), result->test.metric,
+              result->test.accuracy, result->test.loss,
+              static_cast<unsigned long long>(result->test.samples));
   return 0;
 }
 
@@ -493,6 +517,7 @@ struct Flags {
   std::string top_run;
   double top_interval = 2.0;
   bool top_once = false;
+  uint64_t local_samples = 0;  // local --samples
   WanemFlags wanem;
   WanemCtlFlags ctl;
 };
@@ -562,6 +587,7 @@ struct Commands {
   CLI::App* validate = nullptr;
   CLI::App* run = nullptr;
   CLI::App* compare = nullptr;
+  CLI::App* local = nullptr;
   CLI::App* top = nullptr;
   CLI::App* report = nullptr;
   CLI::App* site = nullptr;
@@ -598,6 +624,19 @@ void AddJobCommands(CLI::App* app, Flags* flags, Commands* commands) {
       "--max-restarts", flags->run.max_restarts,
       "restarts of one child before the job fails (default: the job's "
       "fault.max_restarts; 0: fail fast)");
+
+  commands->local = app->add_subcommand(
+      "local",
+      "Train the job's model in this process alone (all its training data, "
+      "its optimizer and seed; no servers, network or sync): the "
+      "single-process reference of the job");
+  commands->local
+      ->add_option("FILE", flags->config, "job file (text-format JobConfig)")
+      ->required();
+  commands->local->add_option(
+      "--samples", flags->local_samples,
+      "training samples to process (default: train for the job's "
+      "time_budget_s)");
 
   commands->compare = app->add_subcommand(
       "compare",
@@ -828,6 +867,7 @@ int Dispatch(const Commands& commands, const Flags& flags) {
   if (*commands.validate) return Validate(flags.config);
   if (*commands.run) return Run(flags.config, flags.out_dir, flags.run);
   if (*commands.compare) return Compare(flags.compare_dirs);
+  if (*commands.local) return Local(flags.config, flags.local_samples);
   if (*commands.site) {
     return Site(flags);
   }

@@ -176,9 +176,9 @@ def layers(preset):
 def parameter_count(preset):
     """Weights + biases + norm affine parameters, from the layer specs (no
     torch needed); BatchNorm running statistics are not parameters. mf:
-    both factor tables, both bias tables and the global bias."""
+    both factor tables and both bias tables."""
     if preset == "mf":
-        return (MF_USERS + MF_ITEMS) * (MF_RANK + 1) + 1
+        return (MF_USERS + MF_ITEMS) * (MF_RANK + 1)
     total = 0
     for spec in layers(preset):
         if spec[0] == "conv":
@@ -222,8 +222,9 @@ def variants(preset):
 
 def _build_mf(sparse):
     """The mf model: an nn.Module whose forward(users, items, ratings)
-    returns the regularised mean loss. Factors N(0, 0.1), biases 0, global
-    bias 3."""
+    returns the regularised mean loss. Factors N(0, 0.1), biases 0;
+    predictions are centred on 3 (no trained global bias, as in Meridian's
+    src/train/mf.cc)."""
     torch = require_torch()
     nn = torch.nn
 
@@ -234,7 +235,6 @@ def _build_mf(sparse):
             self.item_factors = nn.Embedding(MF_ITEMS, MF_RANK, sparse=sparse)
             self.user_bias = nn.Embedding(MF_USERS, 1, sparse=sparse)
             self.item_bias = nn.Embedding(MF_ITEMS, 1, sparse=sparse)
-            self.global_bias = nn.Parameter(torch.full((1,), 3.0))
             with torch.no_grad():
                 self.user_factors.weight.normal_(0.0, 0.1)
                 self.item_factors.weight.normal_(0.0, 0.1)
@@ -246,7 +246,7 @@ def _build_mf(sparse):
             v = self.item_factors(items)
             bu = self.user_bias(users).squeeze(1)
             bi = self.item_bias(items).squeeze(1)
-            prediction = self.global_bias + bu + bi + (u * v).sum(1)
+            prediction = 3.0 + bu + bi + (u * v).sum(1)
             error = prediction - ratings
             penalty = (u.square().sum(1) + v.square().sum(1) + bu.square()
                        + bi.square())

@@ -140,8 +140,9 @@ Result<std::unique_ptr<Model>> MakeModel(const pb::ModelConfig& config,
 
 // MATRIX_FACTORIZATION over a users x items rating matrix (config.rank
 // factors, config.l2). Tensors: "user_factors" [users, rank],
-// "item_factors" [items, rank], "user_bias" [users], "item_bias" [items],
-// "global_bias" [1]. Its samples are ratings: a feature column is (user,
+// "item_factors" [items, rank], "user_bias" [users], "item_bias" [items];
+// predictions are 3 + b_u + b_i + u . v (no global bias: see mf.cc). Its
+// samples are ratings: a feature column is (user,
 // item) as exact floats, the label the rating (1..5). Its metric is RMSE
 // (predictions clamped to [1, 5]); accuracy is the share of ratings the
 // rounded prediction hits exactly. InvalidArgument for users or items

@@ -1,8 +1,14 @@
 // Matrix factorisation (Gaia's MF workload): a rating is predicted as
-// global_bias + user_bias[u] + item_bias[i] + user_factors[u] .
+// kRatingOffset + user_bias[u] + item_bias[i] + user_factors[u] .
 // item_factors[i]. A minibatch touches a few rows of the factor and bias
 // tensors, so the gradient is sparse: only those rows are written, and the
 // worker steps and commits them alone (Model::SparseRows).
+//
+// No trained global bias: every rating would move it, so it is the one
+// dense parameter, and the changes of many workers added up (apply rule SUM,
+// which sparse rows want: a row is usually touched by one worker at a
+// time) would overshoot it. The user and item biases learn the data's mean
+// offset from the fixed centre instead.
 
 #include <algorithm>
 #include <cmath>
@@ -25,9 +31,8 @@ constexpr uint32_t kMaxRows = uint32_t{1} << 24;  // exact as a float
 constexpr uint32_t kMaxRank = 1024;
 constexpr float kMinRating = 1.0f;
 constexpr float kMaxRating = 5.0f;
-// Initial global bias: the middle of the rating scale (the data's mean is
-// learnt within a few steps, since every rating moves it).
-constexpr float kInitialGlobalBias = 3.0f;
+// The centre predictions start from: the middle of the rating scale.
+constexpr float kRatingOffset = 3.0f;
 // Initial factors: uniform in [-kFactorInit, kFactorInit) / sqrt(rank), so
 // that initial dot products are small whatever the rank.
 constexpr float kFactorInit = 0.1f;
@@ -46,12 +51,10 @@ class MatrixFactorization final : public Model {
     (void)layout_.Add("item_factors", {items, rank});
     (void)layout_.Add("user_bias", {users});
     (void)layout_.Add("item_bias", {items});
-    (void)layout_.Add("global_bias", {1});
     user_factors_ = layout_.Find("user_factors")->offset;
     item_factors_ = layout_.Find("item_factors")->offset;
     user_bias_ = layout_.Find("user_bias")->offset;
     item_bias_ = layout_.Find("item_bias")->offset;
-    global_bias_ = layout_.Find("global_bias")->offset;
   }
 
   const ModelLayout& layout() const override { return layout_; }
@@ -85,12 +88,16 @@ class MatrixFactorization final : public Model {
                 0.0f);
     std::fill_n(params.begin() + static_cast<ptrdiff_t>(item_bias_), items_,
                 0.0f);
-    params[global_bias_] = kInitialGlobalBias;
   }
 
-  // Mean squared error of the batch (before regularisation); the gradient
-  // is that of the mean of (prediction - rating)^2 / 2 plus each rating's
-  // l2 / 2 * (|u|^2 + |v|^2 + b_u^2 + b_i^2).
+  // Mean squared error of the batch (before regularisation). Each rating's
+  // loss is (prediction - rating)^2 / 2 + l2 / 2 * (|u|^2 + |v|^2 + b_u^2 +
+  // b_i^2); a touched row's gradient is the mean of that loss's gradient
+  // over the batch's ratings of the row (not over the whole batch): each
+  // row takes a step as if it had a minibatch of its own. A popular item in
+  // every batch then moves no faster than a rare one touched once, so one
+  // learning rate suits both (with the batch mean, the rate a rare row
+  // needs makes a popular one overshoot).
   float LossAndGradient(std::span<const float> params,
                         const Eigen::Ref<const Eigen::MatrixXf>& features,
                         std::span<const uint8_t> labels,
@@ -105,26 +112,28 @@ class MatrixFactorization final : public Model {
     // Rows the batch touches, each once, and their gradient zeroed.
     touched_users_.clear();
     touched_items_.clear();
+    user_count_.clear();
+    item_count_.clear();
     for (int64_t j = 0; j < n; ++j) {
       const auto u = static_cast<uint32_t>(features(0, j));
       const auto i = static_cast<uint32_t>(features(1, j));
       if (user_slot_[u] < 0) {
         user_slot_[u] = static_cast<int32_t>(touched_users_.size());
         touched_users_.push_back(u);
+        user_count_.push_back(0);
         ZeroRow(grad, user_factors_ + uint64_t{u} * rank_);
         grad[user_bias_ + u] = 0;
       }
       if (item_slot_[i] < 0) {
         item_slot_[i] = static_cast<int32_t>(touched_items_.size());
         touched_items_.push_back(i);
+        item_count_.push_back(0);
         ZeroRow(grad, item_factors_ + uint64_t{i} * rank_);
         grad[item_bias_ + i] = 0;
       }
     }
-    const float inv_n = 1.0f / static_cast<float>(n);
-    const float l2 = l2_ * inv_n;
+    const float l2 = l2_;
     double squared_error = 0;
-    float global_grad = 0;
     for (int64_t j = 0; j < n; ++j) {
       const auto u = static_cast<uint32_t>(features(0, j));
       const auto i = static_cast<uint32_t>(features(1, j));
@@ -133,7 +142,9 @@ class MatrixFactorization final : public Model {
       const float err = Predict(params, u, i) -
                         static_cast<float>(labels[static_cast<size_t>(j)]);
       squared_error += static_cast<double>(err) * err;
-      const float e = err * inv_n;
+      const float e = err;
+      ++user_count_[static_cast<size_t>(user_slot_[u])];
+      ++item_count_[static_cast<size_t>(item_slot_[i])];
       float* gu = grad.data() + user_factors_ + uint64_t{u} * rank_;
       float* gv = grad.data() + item_factors_ + uint64_t{i} * rank_;
       for (uint32_t k = 0; k < rank_; ++k) {
@@ -142,9 +153,16 @@ class MatrixFactorization final : public Model {
       }
       grad[user_bias_ + u] += e + l2 * params[user_bias_ + u];
       grad[item_bias_ + i] += e + l2 * params[item_bias_ + i];
-      global_grad += e;
     }
-    grad[global_bias_] = global_grad;
+    // Sums to means per row.
+    for (size_t k = 0; k < touched_users_.size(); ++k) {
+      ScaleRow(grad, touched_users_[k], user_factors_, user_bias_,
+               1.0f / static_cast<float>(user_count_[k]));
+    }
+    for (size_t k = 0; k < touched_items_.size(); ++k) {
+      ScaleRow(grad, touched_items_[k], item_factors_, item_bias_,
+               1.0f / static_cast<float>(item_count_[k]));
+    }
     // The ranges, ascending (tensor order, then row order), adjacent bias
     // elements merged; the slots are reset for the next batch.
     std::sort(touched_users_.begin(), touched_users_.end());
@@ -153,7 +171,6 @@ class MatrixFactorization final : public Model {
     AddRows(touched_items_, item_factors_, rank_);
     AddRows(touched_users_, user_bias_, 1);
     AddRows(touched_items_, item_bias_, 1);
-    AddRange(global_bias_, global_bias_ + 1);
     for (uint32_t u : touched_users_) user_slot_[u] = -1;
     for (uint32_t i : touched_items_) item_slot_[i] = -1;
     return static_cast<float>(squared_error / static_cast<double>(n));
@@ -203,7 +220,7 @@ class MatrixFactorization final : public Model {
     const float* pv = params.data() + item_factors_ + uint64_t{i} * rank_;
     float dot = 0;
     for (uint32_t k = 0; k < rank_; ++k) dot += pu[k] * pv[k];
-    return params[global_bias_] + params[user_bias_ + u] +
+    return kRatingOffset + params[user_bias_ + u] +
            params[item_bias_ + i] + dot;
   }
 
@@ -229,6 +246,13 @@ class MatrixFactorization final : public Model {
     // NaN fails both comparisons.
     return value >= 0.0f && value < static_cast<float>(limit) &&
            value == std::floor(value);
+  }
+
+  void ScaleRow(std::span<float> grad, uint32_t row, uint64_t factors,
+                uint64_t bias, float scale) const {
+    float* g = grad.data() + factors + uint64_t{row} * rank_;
+    for (uint32_t k = 0; k < rank_; ++k) g[k] *= scale;
+    grad[bias + row] *= scale;
   }
 
   void ZeroRow(std::span<float> grad, uint64_t offset) const {
@@ -260,7 +284,6 @@ class MatrixFactorization final : public Model {
   uint64_t item_factors_ = 0;
   uint64_t user_bias_ = 0;
   uint64_t item_bias_ = 0;
-  uint64_t global_bias_ = 0;
   // Scratch of one LossAndGradient: each row's slot in touched_* (-1: not
   // touched; reset after every batch, so O(batch) per step, O(users +
   // items) memory once).
@@ -268,6 +291,9 @@ class MatrixFactorization final : public Model {
   std::vector<int32_t> item_slot_;
   std::vector<uint32_t> touched_users_;
   std::vector<uint32_t> touched_items_;
+  // Ratings of the batch per touched row (by slot).
+  std::vector<uint32_t> user_count_;
+  std::vector<uint32_t> item_count_;
   std::vector<ElementRange> ranges_;
 };
 
@@ -290,7 +316,7 @@ Result<std::unique_ptr<Model>> MakeMatrixFactorization(
                                 std::to_string(config.l2()));
   }
   const uint64_t params =
-      (uint64_t{users} + items) * (uint64_t{config.rank()} + 1) + 1;
+      (uint64_t{users} + items) * (uint64_t{config.rank()} + 1);
   if (params > model_internal::kMaxParams) {
     return InvalidArgumentError(
         "matrix factorisation of " + std::to_string(users) + " users x " +

@@ -437,7 +437,7 @@ TEST_F(IntegrationTest, CnnWithBatchNormOverThreeSitesConverges) {
 TEST_F(IntegrationTest, MatrixFactorizationOverThreeSitesReachesItsRmse) {
   pb::JobConfig job = ThreeSitesThroughWanem();
   job.set_target_accuracy(0);
-  job.set_target_metric(0.85);
+  job.set_target_metric(0.80);
   job.set_stop_at_target(false);
   job.set_time_budget_s(8);
   pb::ModelConfig* model = job.mutable_model();
@@ -452,7 +452,8 @@ TEST_F(IntegrationTest, MatrixFactorizationOverThreeSitesReachesItsRmse) {
   ratings->set_rank(4);
   ratings->set_ratings(100000);
   ratings->set_noise_stddev(0.3);
-  job.mutable_optimizer()->set_learning_rate(0.5);
+  // The MEAN of six workers' changes: about 0.03 per worker.
+  job.mutable_optimizer()->set_learning_rate(0.2);
   job.mutable_optimizer()->set_momentum(0);
   job.mutable_optimizer()->set_batch_size(32);
   job.mutable_policy()->set_kind(pb::ASYNC);
@@ -465,11 +466,11 @@ TEST_F(IntegrationTest, MatrixFactorizationOverThreeSitesReachesItsRmse) {
   EXPECT_FALSE(report.metric_higher_is_better());
   EXPECT_TRUE(report.reached_target()) << report.outcome();
   ASSERT_EQ(report.sites_size(), 3);
-  // Model bytes: (10000 + 400) x (8 + 1) + 1 floats.
-  const double model_bytes = (10400.0 * 9 + 1) * 4;
+  // Model bytes: (10000 + 400) x (8 + 1) floats.
+  const double model_bytes = 10400.0 * 9 * 4;
   for (const pb::SiteSummary& site : report.sites()) {
     EXPECT_TRUE(site.reached_target()) << site.name();
-    EXPECT_LE(site.final_metric(), 0.85) << site.name();
+    EXPECT_LE(site.final_metric(), 0.80) << site.name();
     ASSERT_GE(site.timeline_size(), 2) << site.name();
     // It learned: the first evaluation (within the first eval_period_s)
     // is well above the end.
@@ -479,10 +480,10 @@ TEST_F(IntegrationTest, MatrixFactorizationOverThreeSitesReachesItsRmse) {
     for (const pb::WorkerSummary& worker : site.workers()) {
       ASSERT_GT(worker.commits(), 0u) << site.name();
       // A commit of 4 steps of 32 ratings touches at most 128 users and
-      // 128 items: rows of 8 factors plus their biases and the global
-      // bias, with a 4-byte index each: far below the whole model.
+      // 128 items: rows of 8 factors plus their biases, with a 4-byte
+      // index each (and a 4-byte count per tensor): far below the model.
       const double per_commit = worker.commit_bytes() / worker.commits();
-      const double most = 5 * 4 + 2 * 128 * (8 + 1 + 2) * 4 + 2 * 4;
+      const double most = 4 * 4 + 2 * 128 * (8 + 1 + 2) * 4;
       EXPECT_LE(per_commit, most)
           << site.name() << " worker " << worker.index();
       EXPECT_GT(per_commit, 0);

@@ -177,7 +177,6 @@ double Objective(const std::vector<float>& p, const ModelLayout& layout,
   const uint64_t vf = layout.Find("item_factors")->offset;
   const uint64_t ub = layout.Find("user_bias")->offset;
   const uint64_t vb = layout.Find("item_bias")->offset;
-  const uint64_t g = layout.Find("global_bias")->offset;
   double total = 0;
   for (Eigen::Index j = 0; j < features.cols(); ++j) {
     const auto u = static_cast<uint64_t>(features(0, j));
@@ -191,7 +190,7 @@ double Objective(const std::vector<float>& p, const ModelLayout& layout,
     }
     norms += double{p[ub + u]} * p[ub + u] + double{p[vb + i]} * p[vb + i];
     const double err =
-        p[g] + p[ub + u] + p[vb + i] + dot - labels[static_cast<size_t>(j)];
+        3.0 + p[ub + u] + p[vb + i] + dot - labels[static_cast<size_t>(j)];
     total += err * err / 2 + l2 / 2 * norms;
   }
   return total / static_cast<double>(features.cols());
@@ -220,8 +219,7 @@ TEST(MatrixFactorizationTest, LayoutNamesAndShapesTheFactorsAndBiases) {
   std::unique_ptr<Model> model = BuildMf(7, 5, 3, 0.1);
   ASSERT_NE(model, nullptr);
   EXPECT_EQ(model->layout().DebugString(),
-            "user_factors[7,3] item_factors[5,3] user_bias[7] item_bias[5] "
-            "global_bias[1]");
+            "user_factors[7,3] item_factors[5,3] user_bias[7] item_bias[5]");
   EXPECT_EQ(model->input_dim(), 2);
   EXPECT_EQ(model->metric().name, "rmse");
   EXPECT_FALSE(model->metric().higher_is_better);
@@ -230,7 +228,7 @@ TEST(MatrixFactorizationTest, LayoutNamesAndShapesTheFactorsAndBiases) {
   EXPECT_EQ(ModelMetric(MfConfig(3, 0.1)).name, "rmse");
 }
 
-TEST(MatrixFactorizationTest, GradientMatchesFiniteDifferencesOnTouchedRows) {
+TEST(MatrixFactorizationTest, RowGradientsMatchFiniteDifferencesOnTouchedRows) {
   constexpr uint32_t kUsers = 7, kItems = 5, kRank = 3;
   constexpr double kL2 = 0.1;
   std::unique_ptr<Model> model = BuildMf(kUsers, kItems, kRank, kL2);
@@ -259,6 +257,28 @@ TEST(MatrixFactorizationTest, GradientMatchesFiniteDifferencesOnTouchedRows) {
     if (r > 0) ASSERT_LT((*rows)[r - 1].end, range.begin + 1);
     for (uint64_t e = range.begin; e < range.end; ++e) written[e] = true;
   }
+  // The batch's ratings of the row element e belongs to.
+  const ModelLayout& layout = model->layout();
+  auto RatingsOf = [&](uint64_t e) {
+    int row_kind = 0;  // 0 user, 1 item
+    uint64_t row = 0;
+    if (e < layout.Find("item_factors")->offset) {
+      row = e / kRank;
+    } else if (e < layout.Find("user_bias")->offset) {
+      row_kind = 1;
+      row = (e - layout.Find("item_factors")->offset) / kRank;
+    } else if (e < layout.Find("item_bias")->offset) {
+      row = e - layout.Find("user_bias")->offset;
+    } else {
+      row_kind = 1;
+      row = e - layout.Find("item_bias")->offset;
+    }
+    int count = 0;
+    for (Eigen::Index j = 0; j < batch.features.cols(); ++j) {
+      count += static_cast<uint64_t>(batch.features(row_kind, j)) == row;
+    }
+    return count;
+  };
   const double h = 1e-3;
   for (uint64_t e = 0; e < n; ++e) {
     std::vector<float> plus = params, minus = params;
@@ -270,7 +290,10 @@ TEST(MatrixFactorizationTest, GradientMatchesFiniteDifferencesOnTouchedRows) {
                                       batch.features, batch.labels)) /
                            (2 * h);
     if (written[e]) {
-      EXPECT_NEAR(grad[e], numeric, 2e-3 + 2e-3 * std::abs(numeric))
+      // A row's gradient is the mean over its own ratings: the batch
+      // mean's scaled by batch size / the row's ratings in the batch.
+      const double expected = numeric * batch.labels.size() / RatingsOf(e);
+      EXPECT_NEAR(grad[e], expected, 2e-3 + 2e-3 * std::abs(expected))
           << "element " << e;
     } else {
       // Not a row of the batch: no gradient, and left untouched.
@@ -278,8 +301,8 @@ TEST(MatrixFactorizationTest, GradientMatchesFiniteDifferencesOnTouchedRows) {
       EXPECT_EQ(grad[e], 123.0f) << "element " << e;
     }
   }
-  // The rows are those of the batch: users 0..3, items 0..2 and the
-  // global bias; users 4..6 and items 3..4 are not touched.
+  // The rows are those of the batch: users 0..3 and items 0..2; users
+  // 4..6 and items 3..4 are not touched.
   const uint64_t user_bias = model->layout().Find("user_bias")->offset;
   EXPECT_FALSE(written[user_bias + 5]);
 }
@@ -346,10 +369,8 @@ TEST(MatrixFactorizationTest, EvaluatesRmseOnClampedPredictions) {
   std::unique_ptr<Model> model = BuildMf(3, 2, 2, 0);
   ASSERT_NE(model, nullptr);
   std::vector<float> params(model->layout().num_elements(), 0.0f);
-  const uint64_t global = model->layout().Find("global_bias")->offset;
   const uint64_t item_bias = model->layout().Find("item_bias")->offset;
-  params[global] = 3.0f;
-  params[item_bias + 1] = 9.0f;  // item 1 predicted 12, clamped to 5
+  params[item_bias + 1] = 9.0f;  // item 1 predicted 3 + 9, clamped to 5
   Dataset data;
   data.features.resize(2, 3);
   data.features << 0, 1, 2,  //
@@ -380,7 +401,7 @@ TEST(MatrixFactorizationTest, SgdOnGeneratedRatingsLearnsThePlantedStructure) {
   model->Initialize(1, params);
   std::vector<float> grad(params.size());
   pb::OptimizerConfig config;
-  config.set_learning_rate(0.5);
+  config.set_learning_rate(0.05);
   config.set_momentum(0);
   SgdOptimizer optimizer(config, params.size());
   const double before = model->Evaluate(params, test).metric;
