@@ -1,0 +1,63 @@
+// TrainLocally, the single-process reference of a job (`meridian local`).
+
+#include "meridian/local_training.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "meridian/job.pb.h"
+
+namespace meridian {
+namespace {
+
+pb::JobConfig SmallMatrixFactorizationJob() {
+  pb::JobConfig job;
+  job.set_seed(3);
+  pb::ModelConfig* model = job.mutable_model();
+  model->set_kind(pb::MATRIX_FACTORIZATION);
+  model->set_rank(4);
+  pb::RatingsConfig* ratings = job.mutable_data()->mutable_ratings();
+  ratings->set_users(400);
+  ratings->set_items(100);
+  ratings->set_rank(3);
+  ratings->set_ratings(10000);
+  ratings->set_noise_stddev(0.3);
+  job.mutable_optimizer()->set_learning_rate(0.03);
+  job.mutable_optimizer()->set_momentum(0);
+  job.mutable_optimizer()->set_batch_size(50);
+  return job;
+}
+
+TEST(TrainLocallyTest, TrainsTheJobsModelForTheAskedSamples) {
+  const pb::JobConfig job = SmallMatrixFactorizationJob();
+  Result<LocalTrainingResult> none = TrainLocally(job, 1);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->steps, 1u);  // whole batches
+  EXPECT_EQ(none->samples, 50u);
+  Result<LocalTrainingResult> trained = TrainLocally(job, 400000);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_EQ(trained->steps, 8000u);
+  EXPECT_EQ(trained->test.samples, 1000u);  // the 10% held out
+  EXPECT_LT(trained->test.metric, none->test.metric - 0.2)
+      << "from " << none->test.metric;
+  // Deterministic in the job's seed.
+  Result<LocalTrainingResult> again = TrainLocally(job, 400000);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->test.metric, trained->test.metric);
+}
+
+TEST(TrainLocallyTest, ReportsDivergenceAndBadDataAsErrors) {
+  pb::JobConfig job = SmallMatrixFactorizationJob();
+  job.mutable_optimizer()->set_learning_rate(50);
+  Result<LocalTrainingResult> diverged = TrainLocally(job, 400000);
+  ASSERT_FALSE(diverged.ok());
+  EXPECT_NE(diverged.status().message().find("diverged"), std::string::npos)
+      << diverged.status();
+  job = SmallMatrixFactorizationJob();
+  job.mutable_data()->mutable_ratings()->set_ratings(1);
+  EXPECT_FALSE(TrainLocally(job, 100).ok());
+}
+
+}  // namespace
+}  // namespace meridian
