@@ -107,6 +107,11 @@ std::vector<uint32_t> ClassesOfPartition(const pb::PartitionConfig& config,
 std::string DescribePartition(const pb::PartitionConfig& config,
                               int num_classes, int num_parts, int part);
 
+// Limits of rating matrices and their factorisation: users and items are
+// exact as floats (a rating's features), ranks stay small.
+inline constexpr uint32_t kMaxMatrixRows = uint32_t{1} << 24;
+inline constexpr uint32_t kMaxFactorRank = 1024;
+
 // The raw training and test sets of a job, read once per process.
 struct RawData {
   IdxImages train_images;

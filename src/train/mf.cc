@@ -27,8 +27,6 @@
 namespace meridian {
 namespace {
 
-constexpr uint32_t kMaxRows = uint32_t{1} << 24;  // exact as a float
-constexpr uint32_t kMaxRank = 1024;
 constexpr float kMinRating = 1.0f;
 constexpr float kMaxRating = 5.0f;
 // The centre predictions start from: the middle of the rating scale.
@@ -71,9 +69,7 @@ class MatrixFactorization final : public Model {
   }
 
   void Initialize(uint64_t seed, std::span<float> params) const override {
-    if (params.size() != layout_.num_elements()) {
-      std::fill(params.begin(), params.end(),
-                std::numeric_limits<float>::quiet_NaN());
+    if (!model_internal::SizedForInitialize(params, layout_.num_elements())) {
       return;
     }
     std::mt19937_64 rng(seed);
@@ -220,8 +216,8 @@ class MatrixFactorization final : public Model {
     const float* pv = params.data() + item_factors_ + uint64_t{i} * rank_;
     float dot = 0;
     for (uint32_t k = 0; k < rank_; ++k) dot += pu[k] * pv[k];
-    return kRatingOffset + params[user_bias_ + u] +
-           params[item_bias_ + i] + dot;
+    return kRatingOffset + params[user_bias_ + u] + params[item_bias_ + i] +
+           dot;
   }
 
   // Whether the parameters and samples are this model's: every column a
@@ -301,13 +297,14 @@ class MatrixFactorization final : public Model {
 
 Result<std::unique_ptr<Model>> MakeMatrixFactorization(
     const pb::ModelConfig& config, uint32_t users, uint32_t items) {
-  if (users < 1 || users > kMaxRows || items < 1 || items > kMaxRows) {
+  if (users < 1 || users > kMaxMatrixRows || items < 1 ||
+      items > kMaxMatrixRows) {
     return InvalidArgumentError(
         "matrix factorisation needs 1 to 2^24 users and items, got " +
         std::to_string(users) + " users and " + std::to_string(items) +
         " items");
   }
-  if (config.rank() < 1 || config.rank() > kMaxRank) {
+  if (config.rank() < 1 || config.rank() > kMaxFactorRank) {
     return InvalidArgumentError("model.rank must be in [1, 1024], got " +
                                 std::to_string(config.rank()));
   }

@@ -74,10 +74,7 @@ class Mlp final : public Model {
   int num_classes() const override { return num_classes_; }
 
   void Initialize(uint64_t seed, std::span<float> params) const override {
-    if (params.size() != layout_.num_elements()) {
-      // Precondition violated: make the misuse loud rather than silent.
-      std::fill(params.begin(), params.end(),
-                std::numeric_limits<float>::quiet_NaN());
+    if (!model_internal::SizedForInitialize(params, layout_.num_elements())) {
       return;
     }
     std::mt19937_64 rng(seed);

@@ -28,6 +28,16 @@ inline float UniformSymmetric(std::mt19937_64& rng, float limit) {
   return (2.0f * unit - 1.0f) * limit;
 }
 
+// Initialize's precondition: `params` holds the model's `size` parameters.
+// When it does not, fills it with NaN (the misuse is loud rather than
+// silent) and returns false.
+inline bool SizedForInitialize(std::span<float> params, uint64_t size) {
+  if (params.size() == size) return true;
+  std::fill(params.begin(), params.end(),
+            std::numeric_limits<float>::quiet_NaN());
+  return false;
+}
+
 // A batch of logits in memory: logit c of sample j is
 // data[c * class_stride + j * sample_stride].
 struct LogitsView {

@@ -19,8 +19,6 @@ using random_draws::StandardNormal;
 using random_draws::UniformBelow;
 using random_draws::UniformUnit;
 
-constexpr uint32_t kMaxRows = uint32_t{1} << 24;  // exact as a float
-constexpr uint32_t kMaxRank = 1024;
 // Rounds of drawing more pairs before giving up on distinct ones.
 constexpr int kMaxDrawRounds = 64;
 // The planted ratings: mean, bias spreads, and the variance of the planted
@@ -70,15 +68,15 @@ Status CheckRatingsConfig(const pb::RatingsConfig& c) {
   auto bad = [](const std::string& field, const std::string& why) {
     return InvalidArgumentError("data.ratings." + field + " " + why);
   };
-  if (c.users() < 1 || c.users() > kMaxRows) {
+  if (c.users() < 1 || c.users() > kMaxMatrixRows) {
     return bad("users",
                "must be in [1, 2^24], got " + std::to_string(c.users()));
   }
-  if (c.items() < 1 || c.items() > kMaxRows) {
+  if (c.items() < 1 || c.items() > kMaxMatrixRows) {
     return bad("items",
                "must be in [1, 2^24], got " + std::to_string(c.items()));
   }
-  if (c.rank() < 1 || c.rank() > kMaxRank) {
+  if (c.rank() < 1 || c.rank() > kMaxFactorRank) {
     return bad("rank", "must be in [1, 1024], got " + std::to_string(c.rank()));
   }
   const uint64_t cells = uint64_t{c.users()} * c.items();
