@@ -399,6 +399,26 @@ Blocks AccuracyBlocks(const std::vector<Run>& runs) {
   return blocks;
 }
 
+// How the plots name the runs' metric (the first run's; the runs of one
+// report train one kind of model): "accuracy", or e.g. "rmse" with its
+// axis label "test rmse (lower is better)".
+struct MetricWords {
+  std::string name = "accuracy";
+  std::string axis = "test accuracy (fraction correct)";
+  std::string title = "Accuracy";
+};
+
+MetricWords WordsFor(const pb::RunReport& report) {
+  MetricWords words;
+  if (report.metric().empty() || report.metric() == "accuracy") return words;
+  words.name = report.metric();
+  words.title = "Test " + report.metric();
+  words.axis = "test " + report.metric() +
+               (report.metric_higher_is_better() ? " (higher is better)"
+                                                 : " (lower is better)");
+  return words;
+}
+
 // Accuracy over training time, per site. `out` ends with '/'.
 Status AddAccuracyPlot(const std::vector<Run>& runs, const std::string& out,
                        Figures* figures) {
@@ -409,15 +429,9 @@ Status AddAccuracyPlot(const std::vector<Run>& runs, const std::string& out,
   }
   MERIDIAN_RETURN_IF_ERROR(WriteText(out + blocks.file(), blocks.data()));
   // The file keeps its name whatever the metric (scripts look for it).
-  const std::string metric = runs.front().report.metric();
-  const bool accuracy = metric.empty() || metric == "accuracy";
-  const std::string what = accuracy ? "accuracy" : metric;
-  const std::string axis =
-      accuracy ? "test accuracy (fraction correct)"
-               : "test " + metric +
-                     (runs.front().report.metric_higher_is_better()
-                          ? " (higher is better)"
-                          : " (lower is better)");
+  const MetricWords words = WordsFor(runs.front().report);
+  const std::string& what = words.name;
+  const std::string& axis = words.axis;
   figures->script += "\n# Test " + what + " per site over training time\n" +
                      Terminal(1100, 650) +
                      "set output \"accuracy_vs_time.png\"\n"
@@ -432,8 +446,10 @@ Status AddAccuracyPlot(const std::vector<Run>& runs, const std::string& out,
                      "xfixmax\n"
                      "set yrange [*:*]\nset format x \"%g\"\n" +
                      blocks.Plot();
-  figures->plots.push_back({"accuracy_vs_time.png",
-                            "test accuracy of every site over training time"});
+  figures->plots.push_back(
+      {"accuracy_vs_time.png",
+
+       "test " + what + " of every site over training time"});
   return Status::Ok();
 }
 
@@ -552,6 +568,7 @@ std::vector<std::string> AccuracyVsBytesRows(const Run& run) {
 Status AddAccuracyVsBytesPlot(const std::vector<const Run*>& with_traffic,
                               const std::string& out, Figures* figures) {
   Blocks curve("accuracy_vs_wan_bytes.dat");
+  const MetricWords words = WordsFor(with_traffic.front()->report);
   for (const Run* run : with_traffic) {
     const std::vector<std::string> rows = AccuracyVsBytesRows(*run);
     if (rows.empty()) continue;
@@ -565,16 +582,21 @@ Status AddAccuracyVsBytesPlot(const std::vector<const Run*>& with_traffic,
       "bytes (runs overlaid)\n" +
       Terminal(1100, 650) +
       "set output \"accuracy_vs_wan_bytes.png\"\n"
-      "set title \"Accuracy against WAN traffic\"\n"
+      "set title \"" +
+      words.title +
+      " against WAN traffic\"\n"
       "set xlabel \"cumulative WAN bytes (MB, log scale)\"\n"
-      "set ylabel \"mean test accuracy over sites (fraction)\"\n"
+      "set ylabel \"mean " +
+      words.axis +
+      " over sites\"\n"
       "set xrange [*:*]\nset logscale x 10\nset format x \"%g\"\n"
       "set yrange [*:*]\n" +
       curve.Plot() + "unset logscale x\n";
   figures->plots.push_back({"accuracy_vs_wan_bytes.png",
-                            "mean test accuracy over sites against the WAN "
-                            "megabytes sent so far, runs overlaid (log x): "
-                            "the traffic-reduction picture"});
+                            "mean test " + words.name +
+                                " over sites against the WAN "
+                                "megabytes sent so far, runs overlaid (log x): "
+                                "the traffic-reduction picture"});
   return Status::Ok();
 }
 
