@@ -109,6 +109,13 @@ struct DecodedRows {
 Verdict DecodeRows(const pb::TensorSlice& slice, const TensorInfo& tensor,
                    std::span<const std::byte> payload, DecodedRows* out);
 
+// A COMMIT's Commit.reads checked against `layout`: every tensor known and
+// listed once, with rows strictly ascending below its shape[0]. On success
+// `rows` has one entry per tensor of the layout: the rows to answer with,
+// or nullopt for a tensor answered whole (all nullopt without reads).
+Verdict ParseRowReads(const pb::Commit& commit, const ModelLayout& layout,
+                      std::vector<std::optional<std::vector<uint32_t>>>* rows);
+
 // "COMMIT from site-a/worker#3 seq 17 (2 slices)".
 std::string DescribeHeader(const pb::Header& header);
 

@@ -70,6 +70,15 @@ class Model {
     return nullptr;
   }
 
+  // Sparse models: the element ranges a LossAndGradient on these samples
+  // would write (what SparseRows would then report), ascending and
+  // disjoint; samples that are not the model's are skipped. Dense models:
+  // none. A worker asks its server for these rows of its next batches.
+  virtual void SampleRows(const Eigen::Ref<const Eigen::MatrixXf>& /*features*/,
+                          std::vector<ElementRange>* ranges) const {
+    ranges->clear();
+  }
+
   // Writes initial parameters (He-uniform for ReLU layers, Glorot-uniform
   // for the output layer, zero biases). Deterministic in `seed`. A `params`
   // of the wrong size is filled with NaN instead.

@@ -135,6 +135,7 @@ class CommitTrigger {
   // commit (the step count or the interval is reached, whichever first).
   bool OnStep(Duration now);
   uint32_t steps_since_commit() const { return steps_; }
+  const pb::CommitPlan& plan() const { return plan_; }
 
  private:
   pb::CommitPlan plan_;

@@ -311,6 +311,40 @@ float* AddRowsSlice(const TensorInfo& tensor, std::span<const uint32_t> rows,
                                   sizeof(uint32_t) * (rows.size() + 1));
 }
 
+Verdict ParseRowReads(const pb::Commit& commit, const ModelLayout& layout,
+                      std::vector<std::optional<std::vector<uint32_t>>>* rows) {
+  rows->assign(layout.tensors().size(), std::nullopt);
+  for (int r = 0; r < commit.reads_size(); ++r) {
+    const pb::RowRead& read = commit.reads(r);
+    const std::string where = "reads[" + std::to_string(r) + "] ('" +
+                              Sanitized(read.tensor(), 64) + "')";
+    const TensorInfo* tensor = layout.Find(read.tensor());
+    if (tensor == nullptr) {
+      return Reject(pb::ERROR_OUT_OF_RANGE, where + ": unknown tensor");
+    }
+    const auto t = static_cast<size_t>(tensor - layout.tensors().data());
+    if ((*rows)[t].has_value()) {
+      return Reject(pb::ERROR_MALFORMED, where + ": tensor listed twice");
+    }
+    if (RowLength(*tensor) == 0) {
+      return Reject(pb::ERROR_MALFORMED, where + ": the tensor has no rows");
+    }
+    std::vector<uint32_t>& list = (*rows)[t].emplace();
+    list.reserve(static_cast<size_t>(read.rows_size()));
+    for (int k = 0; k < read.rows_size(); ++k) {
+      const uint32_t row = read.rows(k);
+      if (row >= tensor->shape[0] || (k > 0 && row <= list.back())) {
+        return Reject(pb::ERROR_MALFORMED,
+                      where + ": row " + std::to_string(k) + " (" +
+                          std::to_string(row) +
+                          ") is out of range or not ascending");
+      }
+      list.push_back(row);
+    }
+  }
+  return std::nullopt;
+}
+
 Verdict DecodeRows(const pb::TensorSlice& slice, const TensorInfo& tensor,
                    std::span<const std::byte> payload, DecodedRows* out) {
   const std::string where = "rows of '" + Sanitized(slice.tensor(), 64) + "'";

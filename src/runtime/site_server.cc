@@ -1003,6 +1003,10 @@ class SiteServer::Impl {
       if (verdict) return Refuse(message.routing_id, message.header, *verdict);
     }
     const pb::Commit& commit = message.header.commit();
+    std::vector<std::optional<std::vector<uint32_t>>> read_rows;
+    if (Verdict verdict = ParseRowReads(commit, model_->layout(), &read_rows)) {
+      return Refuse(message.routing_id, message.header, *verdict);
+    }
     if (workers_.IsDuplicate(worker, commit.commit_id())) {
       // Sent again after a reconnect although it was applied: answer it
       // with the model, never apply it twice.
@@ -1013,6 +1017,7 @@ class SiteServer::Impl {
       slot->stats = commit.stats();
       slot->pending = Pending::kCommit;
       slot->read_ranges.clear();
+      slot->read_rows = std::move(read_rows);
       return Answer(worker);
     }
     if (commit.base_version() > store_.version()) {
@@ -1027,7 +1032,9 @@ class SiteServer::Impl {
     staleness_.Add(store_.version() - commit.base_version());
     slot->stats = commit.stats();
     slot->pending = Pending::kCommit;
-    slot->read_ranges.clear();  // a commit is answered with the whole model
+    slot->read_ranges.clear();
+    // The whole model, or the rows the worker's next batches read.
+    slot->read_rows = std::move(read_rows);
 
     if (finished_) {
       // The job is over, but the worker's last update is real work: apply
@@ -1054,7 +1061,7 @@ class SiteServer::Impl {
             ReadsAllowed()) {
           // The common asynchronous case: apply and copy the result into
           // the reply in one pass over the model.
-          ModelReply reply = NewModelReply(pb::MODEL);
+          ModelReply reply = NewModelReply(pb::MODEL, {}, slot->read_rows);
           const uint64_t version = store_.Apply(Segments(message), reply.reads);
           ++commits_;
           SendModelReply(worker, version, std::move(reply));
@@ -1107,6 +1114,7 @@ class SiteServer::Impl {
     }
     workers_[*worker].read_ranges.assign(pull.ranges().begin(),
                                          pull.ranges().end());
+    workers_[*worker].read_rows.clear();
     workers_[*worker].pending = Pending::kPull;
     ++pulls_;
     if (finished_ || !training_) return SendReply(*worker);
@@ -1246,6 +1254,19 @@ class SiteServer::Impl {
       const uint64_t begin = tensor->offset + slice.offset();
       ranges.push_back(KeyRange{begin, begin + slice.length()});
     }
+    const auto& rows = workers_[worker].read_rows;
+    for (size_t t = 0; t < rows.size(); ++t) {
+      const TensorInfo& tensor = model_->layout().tensors()[t];
+      if (!rows[t]) {
+        ranges.push_back(KeyRange{tensor.offset, tensor.offset + tensor.size});
+        continue;
+      }
+      const uint64_t length = RowLength(tensor);
+      for (uint32_t row : *rows[t]) {
+        const uint64_t begin = tensor.offset + row * length;
+        ranges.push_back(KeyRange{begin, begin + length});
+      }
+    }
     return sync_->ReadsAllowed(last_clock_, ranges);
   }
 
@@ -1281,11 +1302,15 @@ class SiteServer::Impl {
   };
 
   // `ranges`: the slices wanted (validated); empty: every tensor whole.
-  ModelReply NewModelReply(pb::MessageType type,
-                           std::span<const pb::TensorSlice> ranges = {}) {
+  // `rows` (a commit's validated reads, one entry per tensor): CODEC_ROWS
+  // slices of those rows, other tensors whole.
+  ModelReply NewModelReply(
+      pb::MessageType type, std::span<const pb::TensorSlice> ranges = {},
+      const std::vector<std::optional<std::vector<uint32_t>>>& rows = {}) {
     ModelReply reply;
     reply.header = MakeHeader(type, self_, ++sequence_);
     reply.header.set_clock(last_clock_);
+    if (!rows.empty()) return RowsReply(std::move(reply), rows);
     if (ranges.empty()) {
       AddLayoutSlices(model_->layout(), &reply.header);
     } else {
@@ -1309,6 +1334,45 @@ class SiteServer::Impl {
           tensor->offset + slice.offset(),
           std::span<float>(static_cast<float*>(reply.frames[i].data()),
                            slice.length())});
+    }
+    return reply;
+  }
+
+  // The body of NewModelReply for row reads.
+  ModelReply RowsReply(
+      ModelReply reply,
+      const std::vector<std::optional<std::vector<uint32_t>>>& rows) {
+    const std::vector<TensorInfo>& tensors = model_->layout().tensors();
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if (rows[t]) {
+        reply.frames.emplace_back(
+            RowsPayloadBytes(rows[t]->size(), RowLength(tensors[t])));
+      } else {
+        reply.frames.push_back(MakeFloatFrame(tensors[t].size));
+      }
+    }
+    // The frames are in place: now point into them (see NewModelReply).
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const TensorInfo& tensor = tensors[t];
+      zmq::message_t& frame = reply.frames[t];
+      if (!rows[t]) {
+        AddTensorSlice(tensor, &reply.header);
+        reply.reads.push_back(ReadSegment{
+            tensor.offset,
+            std::span<float>(static_cast<float*>(frame.data()), tensor.size)});
+        continue;
+      }
+      float* values =
+          AddRowsSlice(tensor, *rows[t],
+                       std::span<std::byte>(
+                           static_cast<std::byte*>(frame.data()), frame.size()),
+                       &reply.header);
+      const uint64_t length = RowLength(tensor);
+      for (uint32_t row : *rows[t]) {
+        reply.reads.push_back(ReadSegment{tensor.offset + row * length,
+                                          std::span<float>(values, length)});
+        values += length;
+      }
     }
     return reply;
   }
@@ -1347,7 +1411,8 @@ class SiteServer::Impl {
       Deliver(worker, header, {});
       return;
     }
-    ModelReply reply = NewModelReply(pb::MODEL, workers_[worker].read_ranges);
+    ModelReply reply = NewModelReply(pb::MODEL, workers_[worker].read_ranges,
+                                     workers_[worker].read_rows);
     const uint64_t version = store_.version();  // only this thread applies
     store_.Read(reply.reads);
     SendModelReply(worker, version, std::move(reply));

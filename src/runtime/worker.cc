@@ -39,6 +39,9 @@ constexpr int kMaxConsecutiveRejections = 5;
 constexpr double kEmaWeight = 0.1;
 // How often the training loop updates the metrics registry.
 constexpr double kMetricsPeriodS = 0.5;
+// Most samples a sparse model's worker plans ahead (and asks its server the
+// rows of) at a commit.
+constexpr uint64_t kMaxPlannedSamples = uint64_t{1} << 20;
 
 double Ema(double previous, double sample, bool first) {
   return first ? sample : (1 - kEmaWeight) * previous + kEmaWeight * sample;
@@ -317,8 +320,12 @@ class Worker::Impl {
             reply.header, model_->layout(), /*whole_model=*/true)) {
       return verdict->ToStatus().WithContext("model from the site server");
     }
-    if (Verdict verdict = CheckCodec(reply.header, pb::CODEC_RAW)) {
+    if (Verdict verdict =
+            CheckCodec(reply.header, pb::CODEC_RAW, pb::CODEC_ROWS)) {
       return verdict->ToStatus().WithContext("model from the site server");
+    }
+    for (const pb::TensorSlice& slice : reply.header.slices()) {
+      if (slice.codec() == pb::CODEC_ROWS) return LoadRows(reply, version);
     }
     for (size_t i = 0; i < reply.payload.size(); ++i) {
       const pb::TensorSlice& slice = reply.header.slices(static_cast<int>(i));
@@ -333,6 +340,126 @@ class Worker::Impl {
     base_version_ = version;
     ClearTouched();
     return Status::Ok();
+  }
+
+  // The answer to a commit that asked for rows (Commit.reads): the rows
+  // this worker changed are committed (base_ = params_ there), then the
+  // rows and whole tensors of the reply replace both. Rows neither changed
+  // nor sent keep their last values: the next batches do not read them.
+  Status LoadRows(const Envelope& reply, uint64_t version) {
+    std::vector<DecodedRows> decoded(reply.payload.size());
+    for (size_t i = 0; i < reply.payload.size(); ++i) {
+      const pb::TensorSlice& slice = reply.header.slices(static_cast<int>(i));
+      const std::span<const std::byte> bytes = BytesOf(reply.payload[i]);
+      Verdict verdict = slice.codec() == pb::CODEC_ROWS
+                            ? DecodeRows(slice, model_->layout().tensors()[i],
+                                         bytes, &decoded[i])
+                            : CheckFinite(slice, bytes);
+      if (verdict) {
+        return verdict->ToStatus().WithContext("model from the site server");
+      }
+    }
+    const std::vector<TensorInfo>& tensors = model_->layout().tensors();
+    for (size_t t = 0; t < touched_rows_.size(); ++t) {
+      const uint64_t length = std::max<uint64_t>(RowLength(tensors[t]), 1);
+      for (uint32_t row : touched_rows_[t]) {
+        const uint64_t at = tensors[t].offset + row * length;
+        std::copy_n(params_.begin() + static_cast<ptrdiff_t>(at), length,
+                    base_.begin() + static_cast<ptrdiff_t>(at));
+      }
+    }
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const TensorInfo& tensor = tensors[t];
+      if (reply.header.slices(static_cast<int>(t)).codec() != pb::CODEC_ROWS) {
+        std::memcpy(params_.data() + tensor.offset, reply.payload[t].data(),
+                    reply.payload[t].size());
+        std::memcpy(base_.data() + tensor.offset, reply.payload[t].data(),
+                    reply.payload[t].size());
+        continue;
+      }
+      const DecodedRows& rows = decoded[t];
+      for (size_t k = 0; k < rows.rows.size(); ++k) {
+        const uint64_t at = tensor.offset + rows.rows[k] * rows.row_length;
+        const float* values = rows.values.data() + k * rows.row_length;
+        std::copy_n(values, rows.row_length,
+                    params_.begin() + static_cast<ptrdiff_t>(at));
+        std::copy_n(values, rows.row_length,
+                    base_.begin() + static_cast<ptrdiff_t>(at));
+      }
+    }
+    base_version_ = version;
+    ClearTouched();
+    return Status::Ok();
+  }
+
+  // A sparse model's worker plans its next batches now, at a commit, and
+  // asks the server for their rows (reads_): as many batches as the plan's
+  // local steps (or the steps of the round just ended, when the plan is
+  // time-driven), at most kMaxPlannedSamples samples. Dense models ask for
+  // the whole model (reads_ empty).
+  void PlanReads() {
+    reads_.Clear();
+    if (model_->SparseRows() == nullptr) return;
+    const uint64_t batch = batch_labels_.size();
+    const uint64_t steps = std::max<uint64_t>(
+        {trigger_.plan().local_steps(), trigger_.steps_since_commit(), 1});
+    const uint64_t wanted =
+        std::min<uint64_t>(steps * batch, kMaxPlannedSamples);
+    // Samples planned before and not trained yet stay first.
+    planned_.erase(planned_.begin(),
+                   planned_.begin() + static_cast<ptrdiff_t>(planned_cursor_));
+    planned_cursor_ = 0;
+    while (planned_.size() < wanted) planned_.push_back(DrawSample());
+    Eigen::MatrixXf features(data_.input_dim(),
+                             static_cast<Eigen::Index>(planned_.size()));
+    for (size_t j = 0; j < planned_.size(); ++j) {
+      features.col(static_cast<Eigen::Index>(j)) =
+          data_.features.col(planned_[j]);
+    }
+    std::vector<ElementRange> ranges;
+    model_->SampleRows(features, &ranges);
+    const std::vector<TensorInfo>& tensors = model_->layout().tensors();
+    std::vector<pb::RowRead*> by_tensor(tensors.size(), nullptr);
+    ForEachRow(ranges, [&](size_t t, uint32_t row) {
+      if (by_tensor[t] == nullptr) {
+        by_tensor[t] = reads_.Add();
+        by_tensor[t]->set_tensor(tensors[t].name);
+      }
+      by_tensor[t]->add_rows(row);  // ascending: the ranges are
+    });
+    // Tensors the batches do not read at all come as no rows, not whole.
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if (by_tensor[t] == nullptr && RowLength(tensors[t]) > 0) {
+        reads_.Add()->set_tensor(tensors[t].name);
+      }
+    }
+  }
+
+  // Calls fn(tensor index, row) for every row the ranges (ascending,
+  // disjoint) cover, in order, each once.
+  template <typename Fn>
+  void ForEachRow(const std::vector<ElementRange>& ranges, Fn&& fn) const {
+    const std::vector<TensorInfo>& tensors = model_->layout().tensors();
+    size_t t = 0;
+    int64_t last_row = -1;
+    for (const ElementRange& range : ranges) {
+      while (t < tensors.size() &&
+             range.begin >= tensors[t].offset + tensors[t].size) {
+        ++t;
+        last_row = -1;
+      }
+      if (t == tensors.size()) return;
+      const uint64_t row_length = std::max<uint64_t>(RowLength(tensors[t]), 1);
+      const uint64_t rows = tensors[t].shape.empty() ? 1 : tensors[t].shape[0];
+      const uint64_t first = (range.begin - tensors[t].offset) / row_length;
+      const uint64_t end = std::min<uint64_t>(
+          (range.end - tensors[t].offset + row_length - 1) / row_length, rows);
+      for (uint64_t row = first; row < end; ++row) {
+        if (static_cast<int64_t>(row) <= last_row) continue;
+        fn(t, static_cast<uint32_t>(row));
+        last_row = static_cast<int64_t>(row);
+      }
+    }
   }
 
   // ---- sparse models: the rows changed since the last pull ------------------
@@ -350,26 +477,12 @@ class Worker::Impl {
             tensors[t].shape.empty() ? 1 : tensors[t].shape[0], 0);
       }
     }
-    size_t t = 0;
-    for (const ElementRange& range : ranges) {
-      // Ranges ascend, and so do tensors.
-      while (t < tensors.size() &&
-             range.begin >= tensors[t].offset + tensors[t].size) {
-        ++t;
+    ForEachRow(ranges, [&](size_t t, uint32_t row) {
+      if (touched_flags_[t][row] == 0) {
+        touched_flags_[t][row] = 1;
+        touched_rows_[t].push_back(row);
       }
-      if (t == tensors.size()) return;
-      const uint64_t row_length = std::max<uint64_t>(RowLength(tensors[t]), 1);
-      const uint64_t first = (range.begin - tensors[t].offset) / row_length;
-      const uint64_t end = std::min<uint64_t>(
-          (range.end - tensors[t].offset + row_length - 1) / row_length,
-          touched_flags_[t].size());
-      for (uint64_t row = first; row < end; ++row) {
-        if (touched_flags_[t][row] == 0) {
-          touched_flags_[t][row] = 1;
-          touched_rows_[t].push_back(static_cast<uint32_t>(row));
-        }
-      }
-    }
+    });
   }
 
   void ClearTouched() {
@@ -441,14 +554,21 @@ class Worker::Impl {
     return trigger_.OnStep(clock_->Now());
   }
 
+  // The next sample of the epoch's shuffled order.
+  uint32_t DrawSample() {
+    if (cursor_ >= order_.size()) {
+      std::shuffle(order_.begin(), order_.end(), rng_);
+      cursor_ = 0;
+    }
+    return order_[cursor_++];
+  }
+
   void NextBatch() {
     const auto batch = static_cast<size_t>(batch_labels_.size());
     for (size_t j = 0; j < batch; ++j) {
-      if (cursor_ >= order_.size()) {
-        std::shuffle(order_.begin(), order_.end(), rng_);
-        cursor_ = 0;
-      }
-      const uint32_t sample = order_[cursor_++];
+      const uint32_t sample = planned_cursor_ < planned_.size()
+                                  ? planned_[planned_cursor_++]
+                                  : DrawSample();
       batch_features_.col(static_cast<Eigen::Index>(j)) =
           data_.features.col(sample);
       batch_labels_[j] = data_.labels[sample];
@@ -486,6 +606,7 @@ class Worker::Impl {
     commit->set_base_version(base_version);
     commit->set_local_steps(trigger_.steps_since_commit());
     commit->set_commit_id(commit_id);
+    *commit->mutable_reads() = reads_;
     *commit->mutable_stats() = stats_;
     return {std::move(header), std::move(frames)};
   }
@@ -510,6 +631,7 @@ class Worker::Impl {
   // Sends the accumulated change and loads the reply. Returns false when
   // the job is over (the worker has said BYE).
   Result<bool> Commit() {
+    PlanReads();
     const uint64_t commit_id = ++last_commit_id_;
     const Duration sent = clock_->Now();
     auto [header, frames] = BuildCommit(commit_id, base_version_);
@@ -655,6 +777,11 @@ class Worker::Impl {
   std::vector<std::vector<uint32_t>> touched_rows_;
   std::vector<std::vector<uint8_t>> touched_flags_;
   std::vector<float> row_change_;
+  // Sparse models: the samples of the next batches, planned at the last
+  // commit (trained from planned_cursor_ on), and the rows they read.
+  std::vector<uint32_t> planned_;
+  size_t planned_cursor_ = 0;
+  google::protobuf::RepeatedPtrField<pb::RowRead> reads_;
 
   std::mt19937_64 rng_;
   std::vector<uint32_t> order_;  // epoch permutation of local samples

@@ -150,6 +150,7 @@ Admission WorkerTable::Admit(uint32_t index, uint64_t incarnation,
   if (!admission.request_pending) slot.held = false;
   slot.pending = Pending::kHello;
   slot.read_ranges.clear();  // a WELCOME carries the whole model
+  slot.read_rows.clear();
   return admission;
 }
 

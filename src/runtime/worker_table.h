@@ -75,6 +75,10 @@ struct WorkerSlot {
   double held_since_s = 0;
   // What its pending PULL reads; empty: everything.
   std::vector<pb::TensorSlice> read_ranges;
+  // The rows its pending COMMIT's answer carries, per tensor (Commit.reads;
+  // nullopt for a tensor sent whole); empty: the whole model. Bounded by
+  // the model's rows.
+  std::vector<std::optional<std::vector<uint32_t>>> read_rows;
 
   // Commits.
   uint64_t last_commit_id = 0;     // highest applied id of the incarnation

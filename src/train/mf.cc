@@ -68,6 +68,25 @@ class MatrixFactorization final : public Model {
     return &ranges_;
   }
 
+  void SampleRows(const Eigen::Ref<const Eigen::MatrixXf>& features,
+                  std::vector<ElementRange>* ranges) const override {
+    ranges->clear();
+    if (features.rows() != 2) return;
+    std::vector<uint32_t> users;
+    std::vector<uint32_t> items;
+    for (Eigen::Index j = 0; j < features.cols(); ++j) {
+      if (!IsIndex(features(0, j), users_) || !IsIndex(features(1, j), items_))
+        continue;
+      users.push_back(static_cast<uint32_t>(features(0, j)));
+      items.push_back(static_cast<uint32_t>(features(1, j)));
+    }
+    for (std::vector<uint32_t>* rows : {&users, &items}) {
+      std::sort(rows->begin(), rows->end());
+      rows->erase(std::unique(rows->begin(), rows->end()), rows->end());
+    }
+    RowRanges(users, items, ranges);
+  }
+
   void Initialize(uint64_t seed, std::span<float> params) const override {
     if (!model_internal::SizedForInitialize(params, layout_.num_elements())) {
       return;
@@ -163,10 +182,7 @@ class MatrixFactorization final : public Model {
     // elements merged; the slots are reset for the next batch.
     std::sort(touched_users_.begin(), touched_users_.end());
     std::sort(touched_items_.begin(), touched_items_.end());
-    AddRows(touched_users_, user_factors_, rank_);
-    AddRows(touched_items_, item_factors_, rank_);
-    AddRows(touched_users_, user_bias_, 1);
-    AddRows(touched_items_, item_bias_, 1);
+    RowRanges(touched_users_, touched_items_, &ranges_);
     for (uint32_t u : touched_users_) user_slot_[u] = -1;
     for (uint32_t i : touched_items_) item_slot_[i] = -1;
     return static_cast<float>(squared_error / static_cast<double>(n));
@@ -255,20 +271,26 @@ class MatrixFactorization final : public Model {
     std::fill_n(grad.begin() + static_cast<ptrdiff_t>(offset), rank_, 0.0f);
   }
 
-  void AddRows(const std::vector<uint32_t>& rows, uint64_t offset,
-               uint32_t width) {
-    for (uint32_t row : rows) {
-      const uint64_t begin = offset + uint64_t{row} * width;
-      AddRange(begin, begin + width);
-    }
-  }
-
-  void AddRange(uint64_t begin, uint64_t end) {
-    if (!ranges_.empty() && ranges_.back().end == begin) {
-      ranges_.back().end = end;
-    } else {
-      ranges_.push_back({begin, end});
-    }
+  // The element ranges of `users` and `items` (each sorted, unique) in
+  // every tensor, ascending, adjacent ones merged, appended to `ranges`.
+  void RowRanges(const std::vector<uint32_t>& users,
+                 const std::vector<uint32_t>& items,
+                 std::vector<ElementRange>* ranges) const {
+    auto add_rows = [&](const std::vector<uint32_t>& rows, uint64_t offset,
+                        uint32_t width) {
+      for (uint32_t row : rows) {
+        const uint64_t begin = offset + uint64_t{row} * width;
+        if (!ranges->empty() && ranges->back().end == begin) {
+          ranges->back().end = begin + width;
+        } else {
+          ranges->push_back({begin, begin + width});
+        }
+      }
+    };
+    add_rows(users, user_factors_, rank_);
+    add_rows(items, item_factors_, rank_);
+    add_rows(users, user_bias_, 1);
+    add_rows(items, item_bias_, 1);
   }
 
   const uint32_t users_;

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -160,6 +161,29 @@ void CheckAccepted(const pb::Header& header, std::span<const FrameView> payload,
       Require(slice.length() <= frame / sizeof(float) &&
                   slice.length() * sizeof(float) == frame,
               "accepted length * 4 != frame size");
+    }
+  }
+
+  // A commit's row reads (ParseRowReads): what it accepts is one entry per
+  // tensor, listed rows strictly ascending inside their tensor.
+  if (header.has_commit()) {
+    std::vector<std::optional<std::vector<uint32_t>>> rows;
+    const Verdict reads =
+        meridian::ParseRowReads(header.commit(), layout, &rows);
+    if (reads) {
+      CheckRejection(reads);
+    } else {
+      Require(rows.size() == layout.tensors().size(),
+              "reads: not one entry per tensor");
+      for (size_t t = 0; t < rows.size(); ++t) {
+        if (!rows[t]) continue;
+        for (size_t k = 0; k < rows[t]->size(); ++k) {
+          Require((*rows[t])[k] < layout.tensors()[t].shape[0],
+                  "reads: row out of range");
+          Require(k == 0 || (*rows[t])[k] > (*rows[t])[k - 1],
+                  "reads: rows not ascending");
+        }
+      }
     }
   }
 

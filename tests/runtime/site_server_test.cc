@@ -226,6 +226,84 @@ TEST_F(SiteServerTest, ValidCommitIsAppliedAndAnswered) {
   }
 }
 
+// A sparse commit: rows 1 and 3 of the first tensor as CODEC_ROWS, the
+// other tensors whole; it asks for rows 2 and 3 of the first tensor in the
+// answer, which carries exactly those, current, and the others whole.
+TEST_F(SiteServerTest, RowCommitsApplyTheirRowsAndRowReadsAnswerWithRows) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  const TensorInfo& first = model_->layout().tensors()[0];  // fc0.weight
+  const uint64_t length = RowLength(first);
+  ASSERT_GT(first.shape[0], 4u);
+  pb::Header header;
+  header.set_type(pb::COMMIT);
+  header.mutable_commit()->set_local_steps(1);
+  header.mutable_commit()->set_commit_id(1);
+  std::vector<zmq::message_t> frames;
+  const std::vector<uint32_t> rows = {1, 3};
+  zmq::message_t rows_frame(RowsPayloadBytes(rows.size(), length));
+  float* values = AddRowsSlice(
+      first, rows,
+      std::span<std::byte>(static_cast<std::byte*>(rows_frame.data()),
+                           rows_frame.size()),
+      &header);
+  std::vector<float> update(rows.size() * length, 0.25f);
+  std::memcpy(values, update.data(), update.size() * sizeof(float));
+  frames.push_back(std::move(rows_frame));
+  for (size_t t = 1; t < model_->layout().tensors().size(); ++t) {
+    const TensorInfo& tensor = model_->layout().tensors()[t];
+    AddTensorSlice(tensor, &header);
+    frames.push_back(CopyFloatFrame(std::vector<float>(tensor.size, 0.5f)));
+  }
+  pb::RowRead* read = header.mutable_commit()->add_reads();
+  read->set_tensor(first.name);
+  read->add_rows(2);
+  read->add_rows(3);
+  Result<Envelope> reply = worker->Call(header, std::move(frames), kTimeout);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->header.type(), pb::MODEL) << DescribeHeader(reply->header);
+  ASSERT_EQ(reply->header.slices_size(),
+            static_cast<int>(model_->layout().tensors().size()));
+  EXPECT_EQ(reply->header.slices(0).codec(), pb::CODEC_ROWS);
+  DecodedRows answer;
+  const Verdict decoded = DecodeRows(reply->header.slices(0), first,
+                                     BytesOf(reply->payload[0]), &answer);
+  ASSERT_FALSE(decoded) << decoded->reason;
+  EXPECT_EQ(answer.rows, (std::vector<uint32_t>{2, 3}));
+  for (uint64_t k = 0; k < length; ++k) {
+    // Row 2 unchanged, row 3 moved by its update (MEAN over one worker).
+    EXPECT_FLOAT_EQ(answer.values[k], initial_[first.offset + 2 * length + k]);
+    EXPECT_FLOAT_EQ(answer.values[length + k],
+                    initial_[first.offset + 3 * length + k] + 0.25f);
+  }
+  for (int t = 1; t < reply->header.slices_size(); ++t) {
+    EXPECT_EQ(reply->header.slices(t).codec(), pb::CODEC_RAW);
+    const TensorInfo& tensor = model_->layout().tensors()[t];
+    const float* whole = static_cast<const float*>(reply->payload[t].data());
+    EXPECT_FLOAT_EQ(whole[0], initial_[tensor.offset] + 0.5f);
+  }
+  // The whole model, as a PULL sees it: rows 1 and 3 moved, row 0 not.
+  const std::vector<float> model = ModelValues(Pull(worker));
+  EXPECT_FLOAT_EQ(model[first.offset + length],
+                  initial_[first.offset + length] + 0.25f);
+  EXPECT_FLOAT_EQ(model[first.offset], initial_[first.offset]);
+
+  // Reads of rows out of range or a tensor twice refuse the commit.
+  for (const auto& [tensor, row] :
+       std::vector<std::pair<std::string, uint32_t>>{
+           {first.name, static_cast<uint32_t>(first.shape[0])},
+           {"no-such-tensor", 0}}) {
+    pb::Header bad = CommitHeader(2);
+    bad.mutable_commit()->set_commit_id(2);
+    pb::RowRead* r = bad.mutable_commit()->add_reads();
+    r->set_tensor(tensor);
+    r->add_rows(row);
+    Result<Envelope> refused = worker->Call(bad, UpdateFrames(0.0f), kTimeout);
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    EXPECT_EQ(refused->header.type(), pb::ERROR) << tensor;
+  }
+}
+
 TEST_F(SiteServerTest, GarbageHeaderIsRejected) {
   StartServer(1);
   RpcClient* worker = JoinOneWorker();
