@@ -1,34 +1,89 @@
 """The workloads the end-to-end scenarios run (`--workload NAME`).
 
-Each is the job file's model block plus what a scenario needs to run it
-fairly on one 2-core machine: the emulated device step time (longer than the
-step really takes when every worker of the job shares the machine, so the
-machine is not the bottleneck), the accuracy targets, and a default budget.
+Each carries everything a scenario needs to run it fairly on one 2-core
+machine: the job file's model block, its data, optimizer and server pieces
+(or None: the scenario's own Fashion-MNIST defaults), the local steps of an
+asynchronous commit (None: the scenario's own), the emulated device step
+time (longer than the step really takes when every worker of the job shares
+the machine, so the machine is not the bottleneck), the metric (its name in
+the report and tables, and whether higher is better), the targets (low: the
+easier one, high: "the target"), and a default budget.
 
   mlp      MLP 784-256-10 (the scenarios' original workload)
   cnn      LeNet-5-style CNN (model.preset "lenet5")
   cnn-bn   the same with BatchNorm after each convolution
   cnn-gn   the same with GroupNorm after each convolution
+  mf       matrix factorisation, rank 16, on a generated 50,000 x 5,000
+           rating matrix (deploy/configs/three-regions-mf.pbtxt); metric
+           test RMSE, lower is better
 
 A LeNet step at batch 64 takes ~5 ms of one core (8 ms with a norm layer;
 bench/scenarios/workload_speed), so twelve workers and three evaluating site
-servers need ~70 ms per emulated step to leave the machine headroom.
+servers need ~70 ms per emulated step to leave the machine headroom. An MF
+step of 256 ratings takes ~0.1 ms; what costs is the commit (its reply
+carries the whole 3.7 MB model), hence 32 local steps per commit.
 """
 
 import collections
 
 Workload = collections.namedtuple(
-    "Workload", "name model description step_time_s targets budget_s")
+    "Workload",
+    "name model description step_time_s targets budget_s "
+    # The rest have classifier defaults (see below).
+    "dataset data optimizer_per_worker optimizer_max_lr optimizer server "
+    "local_steps metric metric_name metric_key higher_is_better "
+    "partition_by_label")
+
+# The scenarios' classifier optimizer (unchanged).
+CLASSIFIER_OPTIMIZER = """optimizer {
+  learning_rate: 0.01 momentum: 0.9 weight_decay: 0.0001 batch_size: 64
+  schedule: INVERSE_SQRT step_size: 2000
+}"""
+
+CLASSIFIER_DEFAULTS = dict(
+    dataset="Fashion-MNIST",
+    data=None,                  # the scenario's own data block
+    optimizer_per_worker=None,  # fixed optimizer block below
+    optimizer_max_lr=None,
+    optimizer=CLASSIFIER_OPTIMIZER,
+    server="",                  # extra server fields
+    local_steps=None,           # the scenario's own
+    metric="accuracy",          # report's "metric"
+    metric_name="accuracy",     # in tables
+    metric_key="accuracy",      # timeline point / "final_<key>" in report
+    higher_is_better=True,
+    partition_by_label=True)
+
+
+def _classifier(name, model, description, step_time_s, targets, budget_s):
+    return Workload(name, model, description, step_time_s, targets, budget_s,
+                    **CLASSIFIER_DEFAULTS)
+
+
+MF_DATA = """data { ratings {
+  users: 50000 items: 5000 rank: 8 ratings: 2000000
+  zipf_exponent: 1.0 noise_stddev: 0.5 test_fraction: 0.1
+} }"""
 
 WORKLOADS = collections.OrderedDict((w.name, w) for w in [
-    Workload("mlp", "model { kind: MLP hidden: 256 }",
-             "MLP 784-256-10", 0.02, (0.85, 0.87), 60.0),
-    Workload("cnn", 'model { kind: CNN preset: "lenet5" }',
-             "LeNet-5-style CNN", 0.07, (0.85, 0.88), 120.0),
-    Workload("cnn-bn", 'model { kind: CNN preset: "lenet5-bn" }',
-             "LeNet-5-style CNN with BatchNorm", 0.07, (0.85, 0.88), 120.0),
-    Workload("cnn-gn", 'model { kind: CNN preset: "lenet5-gn" }',
-             "LeNet-5-style CNN with GroupNorm", 0.07, (0.85, 0.88), 120.0),
+    _classifier("mlp", "model { kind: MLP hidden: 256 }",
+                "MLP 784-256-10", 0.02, (0.85, 0.87), 60.0),
+    _classifier("cnn", 'model { kind: CNN preset: "lenet5" }',
+                "LeNet-5-style CNN", 0.07, (0.85, 0.88), 120.0),
+    _classifier("cnn-bn", 'model { kind: CNN preset: "lenet5-bn" }',
+                "LeNet-5-style CNN with BatchNorm", 0.07, (0.85, 0.88), 120.0),
+    _classifier("cnn-gn", 'model { kind: CNN preset: "lenet5-gn" }',
+                "LeNet-5-style CNN with GroupNorm", 0.07, (0.85, 0.88), 120.0),
+    # Plain SGD; the learning rate is 0.03 per worker whose changes the
+    # site averages (apply rule MEAN), at most 0.15 (at 0.3 a worker's own
+    # steps diverge; README "Workloads").
+    Workload("mf", "model { kind: MATRIX_FACTORIZATION rank: 16 l2: 0.05 }",
+             "Matrix factorisation (rank 16)", 0.005, (0.75, 0.70), 100.0,
+             dataset="a generated 50,000 x 5,000 rating matrix (2 M ratings)",
+             data=MF_DATA, optimizer_per_worker=0.03, optimizer_max_lr=0.15,
+             optimizer=None, server="apply_rule: MEAN", local_steps=32,
+             metric="rmse", metric_name="RMSE", metric_key="metric",
+             higher_is_better=False, partition_by_label=False),
 ])
 
 
@@ -40,3 +95,41 @@ def add_argument(parser):
 
 def get(name):
     return WORKLOADS[name]
+
+
+def optimizer_block(w, workers):
+    """The optimizer block for `workers` workers whose changes a site
+    averages."""
+    if w.optimizer is not None:
+        return w.optimizer
+    lr = min(w.optimizer_per_worker * workers, w.optimizer_max_lr)
+    return (f"optimizer {{ learning_rate: {lr:g} momentum: 0 "
+            "batch_size: 256 }")
+
+
+def target_field(w):
+    """The job file's target field."""
+    return "target_accuracy" if w.metric == "accuracy" else "target_metric"
+
+
+def value(w, point):
+    """The metric of a timeline point."""
+    return point.get(w.metric_key, point.get("metric"))
+
+
+def final(w, report):
+    """The report's final metric."""
+    return report.get("final_" + w.metric_key, 0.0)
+
+
+def reached(w, v, target):
+    """Whether metric value `v` reaches `target` in the metric's direction."""
+    if v is None:
+        return False
+    return v >= target if w.higher_is_better else v <= target
+
+
+def row_key(w):
+    """The key of the final metric in a scenario's rows (final_accuracy for
+    the classifiers, as before; final_rmse for MF)."""
+    return "final_" + (w.metric if w.metric != "accuracy" else "accuracy")
