@@ -111,8 +111,9 @@ Verdict DecodeRows(const pb::TensorSlice& slice, const TensorInfo& tensor,
 
 // A COMMIT's Commit.reads checked against `layout`: every tensor known and
 // listed once, with rows strictly ascending below its shape[0]. On success
-// `rows` has one entry per tensor of the layout: the rows to answer with,
-// or nullopt for a tensor answered whole (all nullopt without reads).
+// `rows` is empty without reads (the whole model is the answer), else has
+// one entry per tensor of the layout: the rows to answer with, or nullopt
+// for a tensor answered whole.
 Verdict ParseRowReads(const pb::Commit& commit, const ModelLayout& layout,
                       std::vector<std::optional<std::vector<uint32_t>>>* rows);
 

@@ -313,6 +313,8 @@ float* AddRowsSlice(const TensorInfo& tensor, std::span<const uint32_t> rows,
 
 Verdict ParseRowReads(const pb::Commit& commit, const ModelLayout& layout,
                       std::vector<std::optional<std::vector<uint32_t>>>* rows) {
+  rows->clear();
+  if (commit.reads_size() == 0) return std::nullopt;  // the whole model
   rows->assign(layout.tensors().size(), std::nullopt);
   for (int r = 0; r < commit.reads_size(); ++r) {
     const pb::RowRead& read = commit.reads(r);

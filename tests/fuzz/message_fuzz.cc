@@ -173,8 +173,10 @@ void CheckAccepted(const pb::Header& header, std::span<const FrameView> payload,
     if (reads) {
       CheckRejection(reads);
     } else {
-      Require(rows.size() == layout.tensors().size(),
-              "reads: not one entry per tensor");
+      Require(rows.size() == (header.commit().reads_size() == 0
+                                  ? 0
+                                  : layout.tensors().size()),
+              "reads: not one entry per tensor (none without reads)");
       for (size_t t = 0; t < rows.size(); ++t) {
         if (!rows[t]) continue;
         for (size_t k = 0; k < rows[t]->size(); ++k) {
