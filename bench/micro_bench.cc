@@ -49,6 +49,7 @@
 #include <zmq_addon.hpp>
 
 #include "bench_util.h"
+#include "meridian/dataset.h"
 #include "meridian/job.pb.h"
 #include "meridian/layout.h"
 #include "meridian/log.h"
@@ -221,30 +222,6 @@ constexpr double kMfLearningRate = 0.05;
 // that a step does not revisit the same few rows every time.
 constexpr int kMfRatingsCycled = 65536;
 
-// `count` ids in [0, n) drawn Zipf(exponent) by rank, each rank mapped
-// through a random permutation of the ids (popular ids are not the low
-// ones).
-std::vector<uint32_t> ZipfIds(uint32_t n, double exponent, int count,
-                              std::mt19937_64& rng) {
-  std::vector<double> cumulative(n);
-  double total = 0;
-  for (uint32_t k = 0; k < n; ++k) {
-    total += 1.0 / std::pow(static_cast<double>(k + 1), exponent);
-    cumulative[k] = total;
-  }
-  std::vector<uint32_t> permutation(n);
-  for (uint32_t k = 0; k < n; ++k) permutation[k] = k;
-  std::shuffle(permutation.begin(), permutation.end(), rng);
-  std::uniform_real_distribution<double> uniform(0.0, total);
-  std::vector<uint32_t> ids(count);
-  for (uint32_t& id : ids) {
-    const auto it =
-        std::upper_bound(cumulative.begin(), cumulative.end(), uniform(rng));
-    id = permutation[std::min<size_t>(it - cumulative.begin(), n - 1)];
-  }
-  return ids;
-}
-
 void RunMfStep(benchmark::State& state, int batch) {
   pb::ModelConfig config;
   config.set_kind(pb::MATRIX_FACTORIZATION);
@@ -266,24 +243,29 @@ void RunMfStep(benchmark::State& state, int batch) {
   optimizer_config.set_momentum(0);  // MF trains with plain SGD
   SgdOptimizer optimizer(optimizer_config, n);
 
-  // Items Zipf(1.0), users Zipf(0.5) (RatingsConfig's defaults), ratings
-  // uniform in 1..5.
+  // Batches of the generated rating matrix jobs train on (GenerateRatings:
+  // Zipf item popularity and user activity), cycled through.
   const int batches = std::max(kBatches, kMfRatingsCycled / batch);
-  std::mt19937_64 rng(11);
-  const std::vector<uint32_t> users =
-      ZipfIds(kMfUsers, 0.5, batches * batch, rng);
-  const std::vector<uint32_t> items =
-      ZipfIds(kMfItems, 1.0, batches * batch, rng);
-  std::uniform_int_distribution<int> rating(1, 5);
-  std::vector<Eigen::MatrixXf> features(batches, Eigen::MatrixXf(2, batch));
-  std::vector<std::vector<uint8_t>> labels(batches,
-                                           std::vector<uint8_t>(batch));
+  pb::RatingsConfig matrix;
+  matrix.set_users(kMfUsers);
+  matrix.set_items(kMfItems);
+  matrix.set_ratings(static_cast<uint64_t>(batches) * batch * 10 / 9 + 2);
+  Result<RawData> raw = GenerateRatings(matrix);
+  if (!raw.ok()) {
+    state.SkipWithError(raw.status().ToString().c_str());
+    return;
+  }
+  const Dataset ratings = MakeTrainDataset(*raw, {}, pb::STANDARDIZE);
+  if (ratings.size() < static_cast<uint64_t>(batches) * batch) {
+    state.SkipWithError("the generated matrix is smaller than the batches");
+    return;
+  }
+  std::vector<Eigen::MatrixXf> features;
+  std::vector<std::vector<uint8_t>> labels;
   for (int b = 0; b < batches; ++b) {
-    for (int j = 0; j < batch; ++j) {
-      features[b](0, j) = static_cast<float>(users[b * batch + j]);
-      features[b](1, j) = static_cast<float>(items[b * batch + j]);
-      labels[b][j] = static_cast<uint8_t>(rating(rng));
-    }
+    features.push_back(ratings.features.middleCols(b * batch, batch));
+    labels.emplace_back(ratings.labels.begin() + b * batch,
+                        ratings.labels.begin() + (b + 1) * batch);
   }
 
   auto step = [&](int b) {

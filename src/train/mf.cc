@@ -132,20 +132,10 @@ class MatrixFactorization final : public Model {
     for (int64_t j = 0; j < n; ++j) {
       const auto u = static_cast<uint32_t>(features(0, j));
       const auto i = static_cast<uint32_t>(features(1, j));
-      if (user_slot_[u] < 0) {
-        user_slot_[u] = static_cast<int32_t>(touched_users_.size());
-        touched_users_.push_back(u);
-        user_count_.push_back(0);
-        ZeroRow(grad, user_factors_ + uint64_t{u} * rank_);
-        grad[user_bias_ + u] = 0;
-      }
-      if (item_slot_[i] < 0) {
-        item_slot_[i] = static_cast<int32_t>(touched_items_.size());
-        touched_items_.push_back(i);
-        item_count_.push_back(0);
-        ZeroRow(grad, item_factors_ + uint64_t{i} * rank_);
-        grad[item_bias_ + i] = 0;
-      }
+      Touch(u, user_factors_, user_bias_, &user_slot_, &touched_users_,
+            &user_count_, grad);
+      Touch(i, item_factors_, item_bias_, &item_slot_, &touched_items_,
+            &item_count_, grad);
     }
     const float l2 = l2_;
     double squared_error = 0;
@@ -258,6 +248,19 @@ class MatrixFactorization final : public Model {
     // NaN fails both comparisons.
     return value >= 0.0f && value < static_cast<float>(limit) &&
            value == std::floor(value);
+  }
+
+  // Gives `row` (of the factor and bias tensors at `factors`, `bias`) a
+  // slot the first time the batch touches it, with a zeroed gradient.
+  void Touch(uint32_t row, uint64_t factors, uint64_t bias,
+             std::vector<int32_t>* slot, std::vector<uint32_t>* touched,
+             std::vector<uint32_t>* count, std::span<float> grad) const {
+    if ((*slot)[row] >= 0) return;
+    (*slot)[row] = static_cast<int32_t>(touched->size());
+    touched->push_back(row);
+    count->push_back(0);
+    ZeroRow(grad, factors + uint64_t{row} * rank_);
+    grad[bias + row] = 0;
   }
 
   void ScaleRow(std::span<float> grad, uint32_t row, uint64_t factors,
