@@ -123,9 +123,20 @@ constexpr int kBatches = 8;
 
 // One training step as a worker takes it (forward, backward, SGD with
 // momentum, the model's state update) on batches of `batch` samples.
+// `threads` > 1: the model on that many threads (MakeParallelModel).
 void RunModelStep(benchmark::State& state, const pb::ModelConfig& config,
-                  int batch) {
-  Result<std::unique_ptr<Model>> made = MakeModel(config, kInputDim, kClasses);
+                  int batch, int threads = 1) {
+  std::vector<std::unique_ptr<Model>> replicas;
+  for (int i = 0; i < threads; ++i) {
+    Result<std::unique_ptr<Model>> replica =
+        MakeModel(config, kInputDim, kClasses);
+    if (!replica.ok()) {
+      state.SkipWithError(replica.status().ToString().c_str());
+      return;
+    }
+    replicas.push_back(std::move(replica).value());
+  }
+  Result<std::unique_ptr<Model>> made = MakeParallelModel(std::move(replicas));
   if (!made.ok()) {
     state.SkipWithError(made.status().ToString().c_str());
     return;
@@ -203,6 +214,21 @@ void RegisterModelSteps() {
           ("ModelStep/" + name + "/batch:" + std::to_string(batch)).c_str(),
           [config = config, batch](benchmark::State& state) {
             RunModelStep(state, config, batch);
+          })
+          ->UseRealTime();
+    }
+  }
+  // ModelStepThreads/<model>/batch:64/threads:<T>: a worker's workers.threads,
+  // against ModelStep/<model>/batch:64 (one thread) measured beside it.
+  for (const auto& [name, config] : models) {
+    if (name != "mlp" && name != "lenet5" && name != "vgg-small-bn") continue;
+    for (int threads : {2, 4}) {
+      benchmark::RegisterBenchmark(
+          ("ModelStepThreads/" + name +
+           "/batch:64/threads:" + std::to_string(threads))
+              .c_str(),
+          [config = config, threads](benchmark::State& state) {
+            RunModelStep(state, config, 64, threads);
           })
           ->UseRealTime();
     }

@@ -132,8 +132,8 @@ int Local(const std::string& path, uint64_t samples) {
       static_cast<unsigned long long>(result->samples), result->seconds,
       result->seconds > 0 ? result->samples / result->seconds : 0.0);
   std::printf("test %s %.4f (accuracy %.4f, loss %.4f) on %llu samples\n",
-              metric.name.c_str(), result->test.metric,
-              result->test.accuracy, result->test.loss,
+              metric.name.c_str(), result->test.metric, result->test.accuracy,
+              result->test.loss,
               static_cast<unsigned long long>(result->test.samples));
   return 0;
 }
@@ -333,12 +333,13 @@ int Keygen(const std::string& site, const std::string& out_dir) {
 }
 
 int WorkerRole(const std::string& path, const std::string& site, uint32_t index,
-               const std::string& connect, const std::string& metrics,
-               const std::string& secret_key) {
+               uint32_t threads, const std::string& connect,
+               const std::string& metrics, const std::string& secret_key) {
   WorkerOptions options;
   if (!LoadJob(path, &options.job)) return kExitBadInput;
   options.site = site;
   options.index = index;
+  options.threads = threads;
   options.connect = FlagOrEnvironment(connect, "MERIDIAN_CONNECT");
   options.metrics_address = metrics;
   options.secret_key_file = secret_key;
@@ -504,6 +505,7 @@ struct Flags {
   std::string mirror_bind;
   std::string metrics;
   uint32_t index = 0;
+  uint32_t threads = 0;  // worker --threads
   int ready_fd = -1;
   std::string secret_key;
   bool with_workers = false;
@@ -740,6 +742,11 @@ void AddKeygenAndWorkerCommands(CLI::App* app, Flags* flags,
       ->required();
   worker->add_option("--index", flags->index, "worker index inside the site")
       ->required();
+  worker
+      ->add_option("--threads", flags->threads,
+                   "compute threads (default: the worker group's "
+                   "workers.threads, 1 unless set)")
+      ->check(CLI::Range(1, kMaxWorkerThreads));
   worker->add_option("--connect", flags->endpoint,
                      "site server endpoint (default: the site's "
                      "address)");
@@ -873,8 +880,8 @@ int Dispatch(const Commands& commands, const Flags& flags) {
   }
   if (*commands.keygen) return Keygen(flags.site, flags.out_dir);
   if (*commands.worker) {
-    return WorkerRole(flags.config, flags.site, flags.index, flags.endpoint,
-                      flags.metrics, flags.secret_key);
+    return WorkerRole(flags.config, flags.site, flags.index, flags.threads,
+                      flags.endpoint, flags.metrics, flags.secret_key);
   }
   if (*commands.top) {
     return Top(flags.config, flags.top_run, flags.top_interval, flags.top_once);

@@ -14,6 +14,9 @@
 
 namespace meridian {
 
+// The most compute threads one worker may train on (workers.threads).
+inline constexpr int kMaxWorkerThreads = 64;
+
 // One problem in a job file. line and column are 1-based; 0 when the
 // problem has no single place (e.g. a required field that is absent).
 struct ConfigIssue {

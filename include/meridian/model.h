@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "meridian/config.h"
 #include "meridian/job.pb.h"
 #include "meridian/layout.h"
 #include "meridian/status.h"
@@ -111,6 +112,11 @@ class Model {
   // preceded, or for a `params` of the wrong size.
   virtual void ApplyStateUpdate(std::span<float> /*params*/) {}
 
+  // Restarts the stream of random numbers training draws (dropout masks)
+  // from `seed`; models that draw none ignore it. Models start from a fixed
+  // seed, so two instances draw the same masks unless seeded apart.
+  virtual void SeedRandom(uint64_t /*seed*/) {}
+
   // Evaluate over all of `data`, also writing per sample whether it was
   // classified correctly (1) or not (0) into `correct` (resized to the
   // samples evaluated; empty when the data does not fit the model). For
@@ -168,6 +174,32 @@ MetricSpec ModelMetric(const pb::ModelConfig& config);
 // input_dim, num_classes).
 Result<std::unique_ptr<Model>> MakeJobModel(const pb::JobConfig& job,
                                             int input_dim, int num_classes);
+
+// A model that computes each LossAndGradient on replicas.size() threads:
+// the batch is split into contiguous column slices, one per replica (each
+// with its own scratch buffers), and the slices' gradients and losses are
+// combined as their sample-weighted mean, which is the whole batch's for
+// per-sample losses. As in PyTorch's DataParallel without SyncBatchNorm,
+// BatchNorm normalises each slice by the slice's own statistics and the
+// running statistics ApplyStateUpdate writes are the first slice's. A slice
+// holds at least kMinSliceSamples samples: small batches use fewer
+// threads. Replicas are seeded apart (SeedRandom). Evaluation runs on the
+// first replica. The threads live as long as the model; the model itself is
+// not thread-safe (one caller at a time). InvalidArgument for no replicas,
+// more than kMaxWorkerThreads, replicas of different layouts or inputs, or
+// a sparse model (SparseRows:
+// matrix factorisation's per-row steps run on one thread).
+inline constexpr int64_t kMinSliceSamples = 4;
+Result<std::unique_ptr<Model>> MakeParallelModel(
+    std::vector<std::unique_ptr<Model>> replicas);
+
+// MakeJobModel on `threads` threads: the model itself for 1, else
+// MakeParallelModel over that many instances. InvalidArgument for threads
+// outside [1, kMaxWorkerThreads] and as the two above.
+Result<std::unique_ptr<Model>> MakeJobModelOnThreads(const pb::JobConfig& job,
+                                                     int input_dim,
+                                                     int num_classes,
+                                                     int threads);
 
 // The CNN presets (model.preset) and the layers each stands for.
 std::vector<std::string> CnnPresetNames();

@@ -54,6 +54,9 @@ struct WorkerOptions {
   pb::JobConfig job;   // validated
   std::string site;    // name of the worker's site
   uint32_t index = 0;  // worker index inside the site
+  // Compute threads (MakeJobModelOnThreads); 0: its group's
+  // workers.threads.
+  uint32_t threads = 0;
   // Site server endpoint; empty: the site's address from the job.
   std::string connect;
   // "HOST:PORT" of the worker's own metrics endpoint; empty or "none": no

@@ -284,6 +284,13 @@ void ValidateSites(const pb::JobConfig& config, const IssueReporter& root) {
       const IssueReporter w = r.Nested("workers", g);
       w.Count("count", site.workers(g).count(), kWorkersPerGroup);
       w.Real("step_time_s", site.workers(g).step_time_s(), kNonNegative);
+      w.Count("threads", site.workers(g).threads(),
+              CountRange{1, kMaxWorkerThreads});
+      w.Check(site.workers(g).threads() <= 1 ||
+                  config.model().kind() != pb::MATRIX_FACTORIZATION,
+              "threads",
+              "matrix factorisation trains on one thread per worker (its "
+              "steps touch a few rows each); leave threads at 1");
     }
   }
   ValidateServerSites(config, root);

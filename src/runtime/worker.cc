@@ -897,7 +897,21 @@ Result<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
         "' has no training samples (partition too small)");
   }
   Dataset data = MakeTrainDataset(raw, indices, job.data().normalization());
-  MERIDIAN_ASSIGN_OR_RETURN(auto model, MakeJobModel(job, raw.input_dim(), 10));
+  const uint32_t threads = options.threads > 0
+                               ? options.threads
+                               : WorkerGroupOf(site, options.index).threads();
+  if (threads > static_cast<uint32_t>(kMaxWorkerThreads)) {
+    return InvalidArgumentError("a worker runs on at most " +
+                                std::to_string(kMaxWorkerThreads) +
+                                " threads, got " + std::to_string(threads));
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(auto model,
+                            MakeJobModelOnThreads(job, raw.input_dim(), 10,
+                                                  static_cast<int>(threads)));
+  // Dropout masks differ between workers (and between a worker's threads).
+  model->SeedRandom(job.seed() ^
+                    (uint64_t{static_cast<uint32_t>(site_index)} << 32) ^
+                    options.index);
   auto impl = std::make_unique<Impl>(std::move(options), site_index,
                                      std::move(data), std::move(model));
   if (curve) MERIDIAN_RETURN_IF_ERROR(impl->SecureClient(*curve));

@@ -1120,6 +1120,8 @@ class Cnn final : public Model {
     return static_cast<float>(loss / static_cast<double>(n));
   }
 
+  void SeedRandom(uint64_t seed) override { rng_.seed(seed); }
+
   void ApplyStateUpdate(std::span<float> params) override {
     if (params.size() != layout_.num_elements()) return;
     for (auto& layer : layers_) layer->ApplyState(params.data());

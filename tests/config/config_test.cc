@@ -883,6 +883,33 @@ bool IsMatrixFactorizationField(const std::string& path) {
          path.starts_with("data.ratings");
 }
 
+TEST(ValidateJobConfigTest, WorkerThreads) {
+  pb::JobConfig config = ValidConfig();
+  pb::WorkerGroup* group = config.mutable_site(0)->mutable_workers(0);
+  group->set_threads(4);
+  EXPECT_TRUE(ValidateJobConfig(config).empty());
+  group->set_threads(0);
+  std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+  ASSERT_EQ(Fields(issues),
+            std::vector<std::string>{"site[0].workers[0].threads"});
+  EXPECT_EQ(issues[0].message, "must be in [1, 64], got 0");
+  group->set_threads(kMaxWorkerThreads + 1);
+  EXPECT_EQ(Fields(ValidateJobConfig(config)),
+            std::vector<std::string>{"site[0].workers[0].threads"});
+  // Matrix factorisation steps a few rows: one thread.
+  group->set_threads(2);
+  config.mutable_data()->mutable_site_partition()->set_kind(pb::IID);
+  config.mutable_data()->mutable_site_partition()->clear_classes();
+  config.mutable_model()->set_kind(pb::MATRIX_FACTORIZATION);
+  config.mutable_data()->mutable_ratings();
+  issues = ValidateJobConfig(config);
+  ASSERT_EQ(Fields(issues),
+            std::vector<std::string>{"site[0].workers[0].threads"});
+  EXPECT_TRUE(Contains(issues[0].message, "one thread")) << issues[0].message;
+  group->set_threads(1);
+  EXPECT_TRUE(ValidateJobConfig(config).empty());
+}
+
 TEST(ValidateJobConfigTest, FaultSettings) {
   pb::JobConfig config = ValidConfig();
   EXPECT_TRUE(ValidateJobConfig(config).empty());  // the defaults

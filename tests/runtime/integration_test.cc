@@ -298,9 +298,11 @@ std::map<std::string, double> LastTrafficSample(const std::string& path) {
 // 100 Mbit/s, 5 ms links): the job converges at every site, every site
 // receives every peer's final flush, and the WAN bytes in report.json are
 // the proxy's own counters, which agree with what the sites handed to
-// ZeroMQ plus the transport's framing.
+// ZeroMQ plus the transport's framing. Site a's workers run on two threads
+// each (workers.threads).
 TEST_F(IntegrationTest, ThreeSitesThroughWanemConvergeAndCountEveryByte) {
-  const pb::JobConfig job = ThreeSitesThroughWanem();
+  pb::JobConfig job = ThreeSitesThroughWanem();
+  job.mutable_site(0)->mutable_workers(0)->set_threads(2);
   const std::string path = WriteJob(job);
   const std::string out = testing::MakeTempDir("integration-out");
   pb::RunReport report;

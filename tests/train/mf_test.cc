@@ -254,7 +254,9 @@ TEST(MatrixFactorizationTest, RowGradientsMatchFiniteDifferencesOnTouchedRows) {
     const ElementRange& range = (*rows)[r];
     ASSERT_LT(range.begin, range.end);
     ASSERT_LE(range.end, n);
-    if (r > 0) ASSERT_LT((*rows)[r - 1].end, range.begin + 1);
+    if (r > 0) {
+      ASSERT_LT((*rows)[r - 1].end, range.begin + 1);
+    }
     for (uint64_t e = range.begin; e < range.end; ++e) written[e] = true;
   }
   // The batch's ratings of the row element e belongs to.
