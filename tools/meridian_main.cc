@@ -224,6 +224,12 @@ int Run(std::string path, std::string out_dir, const RunFlags& flags) {
         report->wan_bytes_total() / 1e6, report->links_size(),
         report->dense_equivalent_bytes() / 1e6, report->wan_reduction());
   }
+  if (report->edge_links_size() > 0) {
+    std::printf(
+        "edge: %.2f MB over %d access-link directions (workers.link; not "
+        "WAN)\n",
+        report->edge_bytes_total() / 1e6, report->edge_links_size());
+  }
   if (!report->events().empty()) {
     std::printf("faults: %d events (report.json \"events\")",
                 report->events_size());

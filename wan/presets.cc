@@ -43,6 +43,29 @@ constexpr RegionPreset kPresets[] = {
     {"ap-southeast-2", "eu-central-1", 265, 0.328},   // Sydney-Frankfurt
 };
 
+// Access networks of edge workers (workers.link.preset): medians or means
+// of published measurements; one_way_ms is half the reported latency, which
+// the sources measure as a round trip (ping) to a nearby test server, so it
+// is a lower bound for reaching a server in a cloud region. None of the
+// sources reports jitter: the presets have none (add workers.link.both
+// .jitter to model it).
+//  home-broadband  Ookla Speedtest Global Index, Q1 2023, global median
+//                  fixed broadband: 79 Mbit/s down, 34.92 up, 9 ms latency.
+//  4g              Opensignal, "State of Mobile: USA", Q1 2019 (LTE 93% of
+//                  the time): 21.3 Mbit/s down, 6.3 up, latency 44.1-66.4 ms
+//                  across operators (midpoint 55.25 ms).
+//  5g              Ookla, "The State of Worldwide Connectivity in 2023" (Q3
+//                  2023): median 5G 203.04 Mbit/s down, 18.93 up, 44 ms
+//                  multi-server latency.
+//  campus          an ESTIMATE, not a measurement: 1 GbE line rate both
+//                  ways and 1 ms round trip inside a campus network.
+constexpr AccessLinkPreset kAccessPresets[] = {
+    {"home-broadband", 79.0, 34.92, 4.5, 0},
+    {"4g", 21.3, 6.3, 27.625, 0},
+    {"5g", 203.04, 18.93, 22.0, 0},
+    {"campus", 1000, 1000, 0.5, 0},
+};
+
 // FNV-1a, for per-direction jitter seeds that do not depend on the STL.
 uint64_t Hash(std::string_view text, uint64_t seed) {
   uint64_t h = 14695981039346656037ull ^ (seed * 0x9E3779B97F4A7C15ull);
@@ -212,6 +235,89 @@ Result<std::string> JobLinkName(const pb::JobConfig& job,
   }
   return job.site(std::min(x, y)).name() + "-" +
          job.site(std::max(x, y)).name();
+}
+
+std::span<const AccessLinkPreset> AccessLinkPresets() { return kAccessPresets; }
+
+std::optional<AccessLinkPreset> FindAccessLinkPreset(std::string_view name) {
+  for (const AccessLinkPreset& preset : kAccessPresets) {
+    if (preset.name == name) return preset;
+  }
+  return std::nullopt;
+}
+
+std::string WorkerLinkEnd(std::string_view site, uint32_t index) {
+  return std::string(site) + "/w" + std::to_string(index);
+}
+
+bool IsWorkerLink(std::string_view link) {
+  return link.find('/') != std::string_view::npos;
+}
+
+Result<std::vector<LinkModel>> ResolveWorkerLinks(const pb::JobConfig& job) {
+  std::vector<LinkModel> links;
+  for (int s = 0; s < job.site_size(); ++s) {
+    const pb::SiteConfig& site = job.site(s);
+    uint32_t index = 0;
+    for (int g = 0; g < site.workers_size(); ++g) {
+      const pb::WorkerGroup& group = site.workers(g);
+      const std::string field = "site[" + std::to_string(s) + "].workers[" +
+                                std::to_string(g) + "].link";
+      if (!group.has_link()) {
+        index += group.count();
+        continue;
+      }
+      const pb::WorkerLinkConfig& config = group.link();
+      DirectionModel up = DefaultDirectionModel();
+      if (!config.preset().empty()) {
+        const std::optional<AccessLinkPreset> preset =
+            FindAccessLinkPreset(config.preset());
+        if (!preset) {
+          std::string known;
+          for (const AccessLinkPreset& p : kAccessPresets) {
+            known += (known.empty() ? "" : ", ") + std::string(p.name);
+          }
+          return InvalidArgumentError(field +
+                                      ".preset: unknown access "
+                                      "network '" +
+                                      config.preset() + "'; known: " + known);
+        }
+        up.latency = FromSeconds(preset->one_way_ms / 1000.0);
+        up.jitter = FromSeconds(preset->jitter_ms / 1000.0);
+        up.bandwidth_bps = preset->up_mbps * 1e6;
+      }
+      DirectionModel down = up;
+      if (!config.preset().empty()) {
+        down.bandwidth_bps =
+            FindAccessLinkPreset(config.preset())->down_mbps * 1e6;
+      }
+      if (config.has_both()) {
+        MERIDIAN_RETURN_IF_ERROR(
+            ApplyDirectionConfig(config.both(), field + ".both", &up));
+        MERIDIAN_RETURN_IF_ERROR(
+            ApplyDirectionConfig(config.both(), field + ".both", &down));
+      }
+      if (config.has_up()) {
+        MERIDIAN_RETURN_IF_ERROR(
+            ApplyDirectionConfig(config.up(), field + ".up", &up));
+      }
+      if (config.has_down()) {
+        MERIDIAN_RETURN_IF_ERROR(
+            ApplyDirectionConfig(config.down(), field + ".down", &down));
+      }
+      for (uint32_t w = 0; w < group.count(); ++w, ++index) {
+        LinkModel link;
+        link.a = WorkerLinkEnd(site.name(), index);
+        link.b = site.name();
+        link.a_to_b = up;
+        link.b_to_a = down;
+        link.a_to_b.seed = Hash(link.name() + ">", job.seed());
+        link.b_to_a.seed = Hash(link.name() + "<", job.seed());
+        links.push_back(std::move(link));
+      }
+    }
+  }
+  return links;
 }
 
 }  // namespace meridian::wan

@@ -147,6 +147,13 @@ Result<WanemOptions> JobWanemOptions(const pb::JobConfig& job,
       }
     }
   }
+  // Workers' access links are shaped whatever wan.emulate says: they model
+  // the workers' own networks, not the WAN between sites.
+  MERIDIAN_ASSIGN_OR_RETURN(std::vector<LinkModel> worker_links,
+                            ResolveWorkerLinks(job));
+  for (LinkModel& link : worker_links) {
+    options.links.push_back(std::move(link));
+  }
   options.control =
       control.empty() ? job.wan().control_address() : std::string(control);
   options.sample_period_s = job.wan().sample_period_s();

@@ -84,6 +84,10 @@ std::vector<WorkerRef> ServedWorkers(const pb::JobConfig& config,
 const pb::WorkerGroup& WorkerGroupOf(const pb::SiteConfig& site,
                                      uint32_t index);
 
+// Whether any worker group of the job sits behind an access link
+// (workers.link).
+bool HasWorkerLinks(const pb::JobConfig& config);
+
 // What SkewScout (sync.skewscout) moves for a job's sync: the density of a
 // top-k selection when GAIA sends every change (threshold 0) through
 // compression.selection TOP_K or TOP_K_SAMPLED (deep gradient

@@ -3,6 +3,7 @@
 #ifndef MERIDIAN_WAN_PRESETS_H_
 #define MERIDIAN_WAN_PRESETS_H_
 
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -54,6 +55,37 @@ Result<std::vector<LinkModel>> ResolveJobLinks(const pb::JobConfig& job);
 Result<std::string> JobLinkName(const pb::JobConfig& job,
                                 std::string_view site_x,
                                 std::string_view site_y);
+
+// ---- workers' access links (workers.link) ----------------------------------
+
+// A typical access network of an edge device (workers.link.preset).
+// `one_way_ms` is ONE-WAY latency (half the measured round trip); down is
+// server -> worker, up is worker -> server. Sources in presets.cc.
+struct AccessLinkPreset {
+  std::string_view name;  // "home-broadband", "4g", "5g", "campus"
+  double down_mbps;
+  double up_mbps;
+  double one_way_ms;
+  double jitter_ms;
+};
+
+std::span<const AccessLinkPreset> AccessLinkPresets();
+std::optional<AccessLinkPreset> FindAccessLinkPreset(std::string_view name);
+
+// The access link of worker `index` of `site`: a = "<site>/w<index>" (the
+// worker's end; '/' never occurs in a site name), b = the site, so its name
+// is "<site>/w<index>-<site>" and a_to_b is the uplink.
+std::string WorkerLinkEnd(std::string_view site, uint32_t index);
+// Whether `link` (a LinkModel name) is a worker's access link.
+bool IsWorkerLink(std::string_view link);
+
+// Every worker access link of a job, site by site, worker by worker, for
+// the groups that have workers.link: each direction starts from
+// DefaultDirectionModel(), takes the preset (bandwidth per direction,
+// one-way latency, uniform jitter), then `both`, then up / down. Jitter
+// seeds derive from job.seed() and the link name. Errors name the field:
+// "site[0].workers[1].link.preset: unknown access network 'x'; ...".
+Result<std::vector<LinkModel>> ResolveWorkerLinks(const pb::JobConfig& job);
 
 }  // namespace meridian::wan
 

@@ -73,8 +73,9 @@ Result<WanemOptions> OneLinkWanemOptions(
 // The job form: every link of `job` (ResolveJobLinks), no routes, control
 // at job.wan().control_address() unless `control` is non-empty, metrics at
 // job.wan().metrics_address(). When
-// job.wan().emulate() is false every link is passthrough (bytes are still
-// counted, nothing is shaped).
+// job.wan().emulate() is false every link between sites is passthrough
+// (bytes are still counted, nothing is shaped). The workers' access links
+// (ResolveWorkerLinks) follow, always shaped.
 Result<WanemOptions> JobWanemOptions(const pb::JobConfig& job,
                                      std::string_view control);
 

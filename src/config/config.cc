@@ -18,6 +18,7 @@
 #include <optional>
 #include <sstream>
 #include <system_error>
+#include <tuple>
 #include <utility>
 
 #include "meridian/metrics.h"
@@ -244,6 +245,46 @@ void ValidateServerSites(const pb::JobConfig& config,
   }
 }
 
+void ReportAtPath(const Status& status, const IssueReporter& root);
+
+// A worker group's access link: a known preset, unit strings that parse,
+// and a place `meridian run` can emulate it (the worker's own site server,
+// not another site's across the WAN; no standalone wanem).
+void ValidateWorkerLink(const pb::JobConfig& config, const pb::SiteConfig& site,
+                        const pb::WorkerLinkConfig& link,
+                        const IssueReporter& group) {
+  const IssueReporter r = group.Nested("link");
+  if (!link.preset().empty() && !wan::FindAccessLinkPreset(link.preset())) {
+    std::string known;
+    for (const wan::AccessLinkPreset& preset : wan::AccessLinkPresets()) {
+      known += (known.empty() ? "" : ", ") + std::string(preset.name);
+    }
+    r.Report("preset", "unknown access network '" + link.preset() +
+                           "'; the presets are " + known);
+  }
+  for (const auto& [name, has, direction] :
+       {std::tuple<const char*, bool, const pb::LinkDirectionConfig*>{
+            "both", link.has_both(), &link.both()},
+        {"up", link.has_up(), &link.up()},
+        {"down", link.has_down(), &link.down()}}) {
+    if (!has) continue;
+    wan::DirectionModel model = wan::DefaultDirectionModel();
+    if (Status status = wan::ApplyDirectionConfig(*direction, "", &model);
+        !status.ok()) {
+      ReportAtPath(status, r.Nested(name));
+    }
+  }
+  group.Check(HasServer(site), "link",
+              "workers of a site without a server of its own (server_site '" +
+                  site.server_site() +
+                  "') reach it over the WAN link already; an access link is "
+                  "for workers of the site's own server");
+  group.Check(config.wan().wanem_host().empty(), "link",
+              "access links are emulated by `meridian run`; with "
+              "wan.wanem_host (standalone roles) shape the workers' network "
+              "yourself");
+}
+
 void ValidateSites(const pb::JobConfig& config, const IssueReporter& root) {
   root.Check(config.site_size() > 0, "site",
              "at least one site is required, e.g. site { name: \"a\" "
@@ -286,6 +327,9 @@ void ValidateSites(const pb::JobConfig& config, const IssueReporter& root) {
       w.Real("step_time_s", site.workers(g).step_time_s(), kNonNegative);
       w.Count("threads", site.workers(g).threads(),
               CountRange{1, kMaxWorkerThreads});
+      if (site.workers(g).has_link()) {
+        ValidateWorkerLink(config, site, site.workers(g).link(), w);
+      }
       w.Check(site.workers(g).threads() <= 1 ||
                   config.model().kind() != pb::MATRIX_FACTORIZATION,
               "threads",
@@ -1169,6 +1213,15 @@ double JobTarget(const pb::JobConfig& config) {
 
 bool HasServer(const pb::SiteConfig& site) {
   return site.server_site().empty();
+}
+
+bool HasWorkerLinks(const pb::JobConfig& config) {
+  for (const pb::SiteConfig& site : config.site()) {
+    for (const pb::WorkerGroup& group : site.workers()) {
+      if (group.has_link()) return true;
+    }
+  }
+  return false;
 }
 
 int ServingSite(const pb::JobConfig& config, int site_index) {

@@ -348,8 +348,14 @@ class JobRun final : private SupervisorHooks {
     size_t workers = 0;
     for (int s = 0; s < job_.site_size(); ++s) {
       const pb::SiteConfig& site = job_.site(s);
-      MERIDIAN_ASSIGN_OR_RETURN(const std::string endpoint, WorkerEndpoint(s));
+      MERIDIAN_ASSIGN_OR_RETURN(const std::string site_endpoint,
+                                WorkerEndpoint(s));
       for (uint32_t w = 0; w < SiteWorkerCount(site); ++w) {
+        std::string endpoint = site_endpoint;
+        if (WorkerGroupOf(site, w).has_link()) {
+          MERIDIAN_ASSIGN_OR_RETURN(
+              endpoint, wanem_control_.RouteWorker(s, w, site_endpoint));
+        }
         Supervised child;
         child.role = Role::kWorker;
         child.name =
@@ -558,7 +564,7 @@ class JobRun final : private SupervisorHooks {
   // as the pairs of sites that talk are known. Every cross-site byte then
   // crosses it and is counted (shaped unless wan.emulate is false).
   Status StartWanem() {
-    if (!HasCrossSiteTraffic()) return Status::Ok();
+    if (!HasCrossSiteTraffic() && !HasWorkerLinks(job_)) return Status::Ok();
     Supervised child;
     child.role = Role::kWanem;
     child.name = "wanem";
@@ -583,8 +589,10 @@ class JobRun final : private SupervisorHooks {
                               supervisor_.ReadReadyLine(i));
     OnWanemReady(line);
     supervisor_.MarkRunning(i);
-    MLOG(INFO) << "wanem shapes every link between sites; control at "
-               << wanem_control_.endpoint();
+    MLOG(INFO) << "wanem shapes every link between sites"
+               << (HasWorkerLinks(job_) ? " and every worker's access link"
+                                        : "")
+               << "; control at " << wanem_control_.endpoint();
     return Status::Ok();
   }
 

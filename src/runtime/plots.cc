@@ -17,6 +17,7 @@
 
 #include "meridian/report.h"
 #include "meridian/report.pb.h"
+#include "meridian/wan_presets.h"
 #include "runtime/process.h"
 
 namespace meridian {
@@ -139,6 +140,8 @@ Status ReadTraffic(const std::string& path, std::vector<TrafficRow>* rows) {
                    if (!ParseNumber(f[0], &row.t_s)) {
                      return InvalidArgumentError("t_s is not a number");
                    }
+                   // Workers' access links are edge traffic, not WAN.
+                   if (wan::IsWorkerLink(f[1])) return Status::Ok();
                    row.from = f[2];
                    row.to = f[3];
                    if (!ParseNumber(f[4], &row.bytes)) {

@@ -12,6 +12,7 @@
 
 #include "meridian/config.h"
 #include "meridian/model.h"
+#include "meridian/wan_presets.h"
 
 namespace meridian {
 namespace {
@@ -184,12 +185,22 @@ void AddWanTraffic(const std::vector<pb::WanIncarnation>& incarnations,
     }
   }
   report->clear_links();
+  report->clear_edge_links();
   double total = 0;
+  double edge_total = 0;
   for (pb::LinkTraffic& link : links) {
-    total += link.bytes();
-    *report->add_links() = std::move(link);
+    if (wan::IsWorkerLink(link.link())) {
+      edge_total += link.bytes();
+      *report->add_edge_links() = std::move(link);
+    } else {
+      total += link.bytes();
+      *report->add_links() = std::move(link);
+    }
   }
   report->set_wan_bytes_total(total);
+  if (edge_total > 0 || report->edge_links_size() > 0) {
+    report->set_edge_bytes_total(edge_total);
+  }
   report->set_wan_reduction(total > 0 ? report->dense_equivalent_bytes() / total
                                       : 0);
   report->set_wan_uncounted_s(uncounted_s);

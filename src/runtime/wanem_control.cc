@@ -1,8 +1,10 @@
 #include "runtime/wanem_control.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "meridian/log.h"
+#include "meridian/wan_presets.h"
 
 namespace meridian {
 
@@ -21,17 +23,30 @@ void WanemControl::Connect(const std::string& endpoint) {
 
 Result<std::string> WanemControl::Route(int from, int to,
                                         const std::string& target) {
+  const int a = std::min(from, to);
+  const int b = std::max(from, to);
+  return AddRoute(job_.site(a).name() + "-" + job_.site(b).name(),
+                  job_.site(from).name(), target);
+}
+
+Result<std::string> WanemControl::RouteWorker(int site, uint32_t index,
+                                              const std::string& target) {
+  const std::string end = wan::WorkerLinkEnd(job_.site(site).name(), index);
+  return AddRoute(end + "-" + job_.site(site).name(), end, target);
+}
+
+Result<std::string> WanemControl::AddRoute(std::string link,
+                                           std::string from_end,
+                                           const std::string& target) {
   if (!client_) return target;
   const std::string prefix = "tcp://";
   if (target.rfind(prefix, 0) != 0) {
     return InvalidArgumentError("cannot route '" + target +
                                 "' through wanem: only tcp:// endpoints");
   }
-  const int a = std::min(from, to);
-  const int b = std::max(from, to);
   RouteRecord route;
-  route.link = job_.site(a).name() + "-" + job_.site(b).name();
-  route.from_site = job_.site(from).name();
+  route.link = std::move(link);
+  route.from_site = std::move(from_end);
   route.forward = target.substr(prefix.size());
   MERIDIAN_ASSIGN_OR_RETURN(route.listen,
                             client_->AddRoute(route.link, route.from_site,

@@ -12,8 +12,9 @@
 // kCounterPollTimeout (50 ms) for wanem, so a dead or frozen wanem does not
 // hold up the monitor loop; the one-time calls (routes, the final counters)
 // wait up to kControlTimeout (2 s).
-// Size: one route per pair of sites that talk, fixed once every role has
-// started; two control clients (setup and counters) of the live process.
+// Size: one route per pair of sites that talk and per worker behind an
+// access link, fixed once every role has started; two control clients (setup
+// and counters) of the live process.
 #ifndef MERIDIAN_RUNTIME_WANEM_CONTROL_H_
 #define MERIDIAN_RUNTIME_WANEM_CONTROL_H_
 
@@ -56,6 +57,10 @@ class WanemControl {
   // of site `to`): a wanem listener forwarding to it, or `target` itself
   // without wanem. The route is recorded to be re-added on a restart.
   Result<std::string> Route(int from, int to, const std::string& target);
+  // The endpoint worker `index` of site `site` uses to reach its server at
+  // `target` over its access link (workers.link), as Route.
+  Result<std::string> RouteWorker(int site, uint32_t index,
+                                  const std::string& target);
   // Every route wanem had, on the same listen address, so the sites'
   // connections find their ports again. Unavailable while one is missing.
   Status ReAddRoutes();
@@ -84,6 +89,9 @@ class WanemControl {
   };
 
   void ReadCounters(wan::ControlClient& client, bool final);
+  // Adds a route on `link` from its end `from_end` to `target`.
+  Result<std::string> AddRoute(std::string link, std::string from_end,
+                               const std::string& target);
 
   const pb::JobConfig& job_;
   RunManifestFile* const manifest_;

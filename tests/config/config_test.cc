@@ -910,6 +910,46 @@ TEST(ValidateJobConfigTest, WorkerThreads) {
   EXPECT_TRUE(ValidateJobConfig(config).empty());
 }
 
+TEST(ValidateJobConfigTest, WorkerAccessLinks) {
+  pb::JobConfig config = ValidConfig();
+  pb::WorkerLinkConfig* link =
+      config.mutable_site(0)->mutable_workers(0)->mutable_link();
+  link->set_preset("5g");
+  link->mutable_up()->set_latency("40ms");
+  EXPECT_TRUE(ValidateJobConfig(config).empty());
+  EXPECT_TRUE(HasWorkerLinks(config));
+  link->set_preset("dial-up");
+  link->mutable_both()->set_bandwidth("fast");
+  std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+  ASSERT_EQ(Fields(issues), (std::vector<std::string>{
+                                "site[0].workers[0].link.preset",
+                                "site[0].workers[0].link.both.bandwidth"}));
+  EXPECT_TRUE(Contains(issues[0].message, "4g")) << issues[0].message;
+  link->clear_preset();
+  link->clear_both();
+  // Emulated by `meridian run`, not by a standalone wanem.
+  config.mutable_wan()->set_wanem_host("10.0.0.9");
+  issues = ValidateJobConfig(config);
+  ASSERT_EQ(Fields(issues),
+            std::vector<std::string>{"site[0].workers[0].link"});
+  EXPECT_TRUE(Contains(issues[0].message, "wanem_host")) << issues[0].message;
+  config.mutable_wan()->clear_wanem_host();
+  // Workers of a site without a server reach theirs over the WAN.
+  config.mutable_data()->mutable_site_partition()->set_kind(pb::IID);
+  config.mutable_data()->mutable_site_partition()->clear_classes();
+  pb::SiteConfig* remote = config.add_site();
+  remote->set_name("remote");
+  remote->set_server_site(config.site(0).name());
+  remote->add_workers()->mutable_link()->set_preset("4g");
+  issues = ValidateJobConfig(config);
+  ASSERT_EQ(Fields(issues),
+            std::vector<std::string>{"site[1].workers[0].link"});
+  EXPECT_TRUE(Contains(issues[0].message, "server_site")) << issues[0].message;
+  config.mutable_site(1)->mutable_workers(0)->clear_link();
+  config.mutable_site(0)->mutable_workers(0)->clear_link();
+  EXPECT_FALSE(HasWorkerLinks(config));
+}
+
 TEST(ValidateJobConfigTest, FaultSettings) {
   pb::JobConfig config = ValidConfig();
   EXPECT_TRUE(ValidateJobConfig(config).empty());  // the defaults

@@ -202,6 +202,47 @@ INSTANTIATE_TEST_SUITE_P(Policies, ConvergenceTest,
                            return pb::PolicyKind_Name(info.param);
                          });
 
+// One site whose two workers sit behind emulated access links
+// (workers.link): `meridian run` starts wanem for them alone, each worker's
+// commits and replies cross its own link, which adds its latency to every
+// round trip, and report.json counts the bytes as edge traffic, apart from
+// WAN bytes (none: there is one site).
+TEST_F(IntegrationTest, WorkersBehindAccessLinksAreShapedAndCountedAsEdge) {
+  pb::JobConfig job = testing::SmallJob(*data_dir_, 2);
+  job.set_target_accuracy(0.9);
+  job.set_time_budget_s(120);
+  pb::LinkDirectionConfig* both =
+      job.mutable_site(0)->mutable_workers(0)->mutable_link()->mutable_both();
+  both->set_bandwidth("20mbit");
+  both->set_latency("25ms");
+  const std::string path = WriteJob(job);
+  const std::string out = testing::MakeTempDir("integration-edge");
+  pb::RunReport report;
+  ASSERT_NO_FATAL_FAILURE(RunToReport(path, out, &report));
+  EXPECT_TRUE(report.reached_target()) << report.outcome();
+  EXPECT_EQ(report.links_size(), 0);
+  EXPECT_EQ(report.wan_bytes_total(), 0);
+  // Two workers, two directions each, every one of them used.
+  ASSERT_EQ(report.edge_links_size(), 4);
+  double sum = 0;
+  for (const pb::LinkTraffic& link : report.edge_links()) {
+    EXPECT_GT(link.bytes(), 0) << link.link() << " from " << link.from_site();
+    EXPECT_DOUBLE_EQ(link.bandwidth_bps(), 20e6) << link.link();
+    sum += link.bytes();
+  }
+  EXPECT_DOUBLE_EQ(report.edge_bytes_total(), sum);
+  // A commit waits for its reply: at least one round trip of 2 x 25 ms
+  // (the emulator never delivers early).
+  ASSERT_EQ(report.workers_size(), 2);
+  for (const pb::WorkerSummary& worker : report.workers()) {
+    ASSERT_GT(worker.commits(), 0u);
+    EXPECT_GE(worker.blocked_s(), 0.045 * worker.commits())
+        << "worker " << worker.index() << ": " << worker.commits()
+        << " commits";
+  }
+  EXPECT_EQ(CountProcesses(path), 0) << "orphaned children";
+}
+
 // With restarts off (fault { max_restarts: 0 }, as --fail-fast), a failed
 // child stops the job; supervision_test.cc covers restarts.
 TEST_F(IntegrationTest, AFailingWorkerStopsTheJobAndIsNamed) {
@@ -456,8 +497,9 @@ TEST_F(IntegrationTest, MatrixFactorizationOverThreeSitesReachesItsRmse) {
   ratings->set_rank(4);
   ratings->set_ratings(100000);
   ratings->set_noise_stddev(0.3);
-  // The MEAN of six workers' changes: about 0.03 per worker.
-  job.mutable_optimizer()->set_learning_rate(0.2);
+  // The MEAN of six workers' changes: about 0.015 per worker. (0.2
+  // diverged in 1 of 4 runs on a loaded machine: staler rows.)
+  job.mutable_optimizer()->set_learning_rate(0.1);
   job.mutable_optimizer()->set_momentum(0);
   job.mutable_optimizer()->set_batch_size(32);
   job.mutable_policy()->set_kind(pb::ASYNC);

@@ -160,5 +160,63 @@ TEST(PresetsTest, ErrorsNameTheField) {
             std::string::npos);
 }
 
+// ---- workers' access links
+// ---------------------------------------------------
+
+TEST(AccessLinkPresetsTest, EveryPresetIsFoundByNameAndPlausible) {
+  ASSERT_EQ(AccessLinkPresets().size(), 4u);
+  for (const AccessLinkPreset& preset : AccessLinkPresets()) {
+    const auto found = FindAccessLinkPreset(preset.name);
+    ASSERT_TRUE(found) << preset.name;
+    EXPECT_GT(preset.up_mbps, 0) << preset.name;
+    EXPECT_GE(preset.down_mbps, preset.up_mbps) << preset.name;
+    EXPECT_GT(preset.one_way_ms, 0) << preset.name;
+    EXPECT_LT(preset.one_way_ms, 100) << preset.name;
+  }
+  EXPECT_FALSE(FindAccessLinkPreset("dial-up"));
+}
+
+TEST(AccessLinkPresetsTest, WorkerLinksFollowTheWorkerNumberingOfTheSite) {
+  // Site a: worker 0 on loopback, workers 1 and 2 behind 4G with a slower
+  // uplink; site b: worker 0 behind its own link.
+  const auto links = ResolveWorkerLinks(Job(R"(
+    seed: 5
+    site { name: 'a'
+      workers { count: 1 }
+      workers { count: 2 link { preset: '4g' up { bandwidth: '1mbit' } } } }
+    site { name: 'b'
+      workers { count: 1 link { both { bandwidth: '20mbit' latency: '30ms' }
+                                down { latency: '10ms' } } } }
+  )"));
+  ASSERT_TRUE(links.ok()) << links.status();
+  ASSERT_EQ(links->size(), 3u);
+  EXPECT_EQ((*links)[0].name(), "a/w1-a");
+  EXPECT_EQ((*links)[1].name(), "a/w2-a");
+  EXPECT_EQ((*links)[2].name(), "b/w0-b");
+  for (const LinkModel& link : *links) EXPECT_TRUE(IsWorkerLink(link.name()));
+  EXPECT_FALSE(IsWorkerLink("a-b"));
+  // a -> b is the uplink (the worker's end is a).
+  const LinkModel& four_g = (*links)[0];
+  EXPECT_EQ(four_g.a, "a/w1");
+  EXPECT_DOUBLE_EQ(four_g.a_to_b.bandwidth_bps, 1e6);     // up, overridden
+  EXPECT_DOUBLE_EQ(four_g.b_to_a.bandwidth_bps, 21.3e6);  // down, preset
+  EXPECT_EQ(four_g.a_to_b.latency, microseconds(27'625));
+  EXPECT_EQ(four_g.b_to_a.latency, microseconds(27'625));
+  EXPECT_NE(four_g.a_to_b.seed, (*links)[1].a_to_b.seed);
+  const LinkModel& custom = (*links)[2];
+  EXPECT_DOUBLE_EQ(custom.a_to_b.bandwidth_bps, 20e6);
+  EXPECT_EQ(custom.a_to_b.latency, milliseconds(30));
+  EXPECT_EQ(custom.b_to_a.latency, milliseconds(10));
+  // No worker links, none resolved; and a bad preset names its field.
+  EXPECT_TRUE(ResolveWorkerLinks(Job("site { name: 'a' }"))->empty());
+  const auto bad = ResolveWorkerLinks(
+      Job("site { name: 'a' workers { link { preset: 'dial-up' } } }"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(
+                "site[0].workers[0].link.preset: unknown access network"),
+            std::string::npos)
+      << bad.status();
+}
+
 }  // namespace
 }  // namespace meridian::wan
