@@ -17,15 +17,27 @@ pb::JobConfig Job(const std::string& text) {
   return job;
 }
 
-TEST(PresetsTest, TableIsSymmetricAndCoversTheTenRegions) {
-  EXPECT_EQ(RegionPresets().size(), 19u);
+TEST(PresetsTest, TableIsSymmetricAndCoversDtFmsAndGaiasRegions) {
+  // DT-FM's 10 regions, every pair (45), and Gaia's 11 (3 more regions,
+  // 27 more pairs).
+  EXPECT_EQ(RegionPresets().size(), 72u);
   const std::vector<std::string> regions = KnownRegions();
-  EXPECT_EQ(regions.size(), 10u);
-  for (const char* region :
-       {"us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-west-2",
-        "eu-central-1", "ap-northeast-1", "ap-northeast-2", "ap-southeast-1",
-        "ap-southeast-2"}) {
-    EXPECT_TRUE(IsKnownRegion(region)) << region;
+  EXPECT_EQ(regions.size(), 13u);
+  const std::vector<std::string> dt_fm = {
+      "us-east-1",      "us-east-2",     "us-west-2",      "eu-west-1",
+      "eu-west-2",      "eu-central-1",  "ap-northeast-1", "ap-northeast-2",
+      "ap-southeast-1", "ap-southeast-2"};
+  const std::vector<std::string> gaia = {
+      "us-east-1",      "us-west-1",      "us-west-2",      "eu-west-1",
+      "eu-central-1",   "ap-northeast-1", "ap-northeast-2", "ap-southeast-1",
+      "ap-southeast-2", "ap-south-1",     "sa-east-1"};
+  for (const auto* set : {&dt_fm, &gaia}) {
+    for (const std::string& a : *set) {
+      EXPECT_TRUE(IsKnownRegion(a)) << a;
+      for (const std::string& b : *set) {
+        if (a != b) EXPECT_TRUE(FindRegionPreset(a, b)) << a << " " << b;
+      }
+    }
   }
   EXPECT_FALSE(IsKnownRegion("mars-north-1"));
   for (const RegionPreset& preset : RegionPresets()) {
@@ -41,7 +53,12 @@ TEST(PresetsTest, TableIsSymmetricAndCoversTheTenRegions) {
   EXPECT_EQ(virginia_ohio->rtt_ms, 11);
   EXPECT_EQ(virginia_ohio->gbps, 1.12);
   EXPECT_FALSE(FindRegionPreset("us-east-1", "us-east-1"));
-  EXPECT_FALSE(FindRegionPreset("eu-west-1", "ap-southeast-2"));  // no entry
+  // Ohio and London are DT-FM's, Sao Paulo is Gaia's: no pair.
+  EXPECT_FALSE(FindRegionPreset("us-east-2", "sa-east-1"));
+  // A pair of the estimated part: cloudping's RTT.
+  auto mumbai_singapore = FindRegionPreset("ap-south-1", "ap-southeast-1");
+  ASSERT_TRUE(mumbai_singapore);
+  EXPECT_EQ(mumbai_singapore->rtt_ms, 56);
 }
 
 TEST(PresetsTest, OneLinkPerPairInSiteOrderWithTheDefault) {
