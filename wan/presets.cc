@@ -316,6 +316,14 @@ std::optional<AccessLinkPreset> FindAccessLinkPreset(std::string_view name) {
   return std::nullopt;
 }
 
+std::string AccessLinkPresetNames() {
+  std::string names;
+  for (const AccessLinkPreset& preset : kAccessPresets) {
+    names += (names.empty() ? "" : ", ") + std::string(preset.name);
+  }
+  return names;
+}
+
 std::string WorkerLinkEnd(std::string_view site, uint32_t index) {
   return std::string(site) + "/w" + std::to_string(index);
 }
@@ -339,27 +347,22 @@ Result<std::vector<LinkModel>> ResolveWorkerLinks(const pb::JobConfig& job) {
       }
       const pb::WorkerLinkConfig& config = group.link();
       DirectionModel up = DefaultDirectionModel();
+      DirectionModel down = up;
       if (!config.preset().empty()) {
         const std::optional<AccessLinkPreset> preset =
             FindAccessLinkPreset(config.preset());
         if (!preset) {
-          std::string known;
-          for (const AccessLinkPreset& p : kAccessPresets) {
-            known += (known.empty() ? "" : ", ") + std::string(p.name);
-          }
           return InvalidArgumentError(field +
                                       ".preset: unknown access "
                                       "network '" +
-                                      config.preset() + "'; known: " + known);
+                                      config.preset() +
+                                      "'; known: " + AccessLinkPresetNames());
         }
         up.latency = FromSeconds(preset->one_way_ms / 1000.0);
         up.jitter = FromSeconds(preset->jitter_ms / 1000.0);
+        down = up;
         up.bandwidth_bps = preset->up_mbps * 1e6;
-      }
-      DirectionModel down = up;
-      if (!config.preset().empty()) {
-        down.bandwidth_bps =
-            FindAccessLinkPreset(config.preset())->down_mbps * 1e6;
+        down.bandwidth_bps = preset->down_mbps * 1e6;
       }
       if (config.has_both()) {
         MERIDIAN_RETURN_IF_ERROR(

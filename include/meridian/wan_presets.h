@@ -73,6 +73,8 @@ struct AccessLinkPreset {
 
 std::span<const AccessLinkPreset> AccessLinkPresets();
 std::optional<AccessLinkPreset> FindAccessLinkPreset(std::string_view name);
+// Their names, ", "-separated, for error messages.
+std::string AccessLinkPresetNames();
 
 // The access link of worker `index` of `site`: a = "<site>/w<index>" (the
 // worker's end; '/' never occurs in a site name), b = the site, so its name

@@ -255,12 +255,9 @@ void ValidateWorkerLink(const pb::JobConfig& config, const pb::SiteConfig& site,
                         const IssueReporter& group) {
   const IssueReporter r = group.Nested("link");
   if (!link.preset().empty() && !wan::FindAccessLinkPreset(link.preset())) {
-    std::string known;
-    for (const wan::AccessLinkPreset& preset : wan::AccessLinkPresets()) {
-      known += (known.empty() ? "" : ", ") + std::string(preset.name);
-    }
     r.Report("preset", "unknown access network '" + link.preset() +
-                           "'; the presets are " + known);
+                           "'; the presets are " +
+                           wan::AccessLinkPresetNames());
   }
   for (const auto& [name, has, direction] :
        {std::tuple<const char*, bool, const pb::LinkDirectionConfig*>{

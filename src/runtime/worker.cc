@@ -900,11 +900,6 @@ Result<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   const uint32_t threads = options.threads > 0
                                ? options.threads
                                : WorkerGroupOf(site, options.index).threads();
-  if (threads > static_cast<uint32_t>(kMaxWorkerThreads)) {
-    return InvalidArgumentError("a worker runs on at most " +
-                                std::to_string(kMaxWorkerThreads) +
-                                " threads, got " + std::to_string(threads));
-  }
   MERIDIAN_ASSIGN_OR_RETURN(auto model,
                             MakeJobModelOnThreads(job, raw.input_dim(), 10,
                                                   static_cast<int>(threads)));
