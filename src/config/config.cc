@@ -698,6 +698,21 @@ void ValidateSkewScout(const pb::SyncConfig& sync, const IssueReporter& r) {
   }
 }
 
+void ValidateDiLoCo(const pb::SyncConfig& sync, const IssueReporter& r) {
+  const pb::DiLoCoConfig& diloco = sync.diloco();
+  r.Real("outer_lr", diloco.outer_lr(), kPositive);
+  r.Real("outer_momentum", diloco.outer_momentum(), kMomentum);
+  r.Count("fragments", diloco.fragments(), kAtLeastOne);
+  if (diloco.fragments() > 0 && sync.averaging_period() > 0) {
+    r.Check(sync.averaging_period() % diloco.fragments() == 0, "fragments",
+            "must divide sync.averaging_period (" +
+                std::to_string(sync.averaging_period()) +
+                "): the fragments' rounds are staggered by period / "
+                "fragments clocks, got " +
+                std::to_string(diloco.fragments()));
+  }
+}
+
 void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
   const pb::SyncConfig& sync = config.sync();
   r.Specified("kind", sync.kind());
@@ -724,9 +739,15 @@ void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
     }
   }
   r.Count("averaging_period", sync.averaging_period(), kAtLeastOne);
+  ValidateDiLoCo(sync, r.Nested("diloco"));
   ValidateSkewScout(sync, r.Nested("skewscout"));
   ValidateCompression(sync.compression(), r.Nested("compression"));
   r.Specified("topology", sync.topology());
+  if (sync.kind() == pb::DILOCO) {
+    r.Check(sync.topology() == pb::FULL_MESH, "topology",
+            "sync.kind DILOCO averages every site's outer gradient at every "
+            "site: it needs FULL_MESH");
+  }
   if (sync.topology() == pb::STAR) {
     CheckTopologySite(config, sync.hub(), "hub", r);
   }

@@ -180,6 +180,7 @@ std::vector<NamedArray> StoreArrays(const ParameterStore& store,
     for (const auto& [peer, id] : sync->Accumulators()) {
       arrays.push_back({"acc/" + peer, store.CopyAccumulator(id)});
     }
+    sync->AppendArrays(&arrays);
   }
   return arrays;
 }

@@ -1700,7 +1700,8 @@ class SiteServer::Impl {
     uint64_t retracted = 0;
     if (sync_) {
       MERIDIAN_ASSIGN_OR_RETURN(
-          retracted, sync_->RestoreState(meta.sync(), recovered.logged));
+          retracted, sync_->RestoreState(meta.sync(), recovered.logged,
+                                         &recovered.checkpoint));
       clock = std::max<int64_t>(clock, sync_->Summary().clock());
     }
     last_clock_ = clock;

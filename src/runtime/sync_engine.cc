@@ -19,6 +19,7 @@
 #include "meridian/wan_presets.h"
 #include "meridian/wan_units.h"
 #include "runtime/mirror_delivery.h"
+#include "runtime/outer_steps.h"
 #include "runtime/update_age.h"
 #include "runtime/update_codec.h"
 
@@ -197,10 +198,21 @@ class SyncEngine::Impl {
                                          incarnation_, delivery);
       peer->delivery = delivery;
       peer->endpoint = PeerMirrorEndpoint(job_, site_index_, site);
-      if (sync_.kind() != pb::MODEL_AVERAGING) {
-        peer->acc = store_->AddAccumulator();
-      }
+      if (UsesAccumulators()) peer->acc = store_->AddAccumulator();
       peers_.push_back(std::move(peer));
+    }
+    if (sync_.kind() == pb::DILOCO) {
+      const pb::DiLoCoConfig& diloco = sync_.diloco();
+      OuterStepOptions outer;
+      outer.period = sync_.averaging_period();
+      outer.fragments = diloco.fragments();
+      outer.lr = diloco.outer_lr();
+      outer.momentum = diloco.outer_momentum();
+      outer.nesterov = diloco.nesterov();
+      outer.peers = static_cast<uint32_t>(peers_.size());
+      MERIDIAN_ASSIGN_OR_RETURN(
+          OuterSteps steps, OuterSteps::Create(outer, store_->num_elements()));
+      outer_.emplace(std::move(steps));
     }
 
     if (sync_.skewscout().enabled()) {
@@ -315,6 +327,12 @@ class SyncEngine::Impl {
     const double now = options_.wall_clock->UnixSeconds();
     for (auto& peer : peers_) peer->window_start_unix_s = now;
     connected_s_ = Now();
+    if (outer_ && !outer_->started()) {
+      // The replicas start from the same model: the first anchor.
+      std::vector<float> model(store_->num_elements());
+      store_->Snapshot(model);
+      outer_->Start(model);
+    }
     return Status::Ok();
   }
 
@@ -340,6 +358,8 @@ class SyncEngine::Impl {
     SampleUnsent();
     if (sync_.kind() == pb::MODEL_AVERAGING) {
       if (clock % sync_.averaging_period() == 0) SendModelForAveraging(clock);
+    } else if (outer_) {
+      StartOuterRoundIfDue(clock);
     } else {
       SendLocalChanges(Theta(clock));
     }
@@ -355,6 +375,7 @@ class SyncEngine::Impl {
     }
     AnnounceClocks();
     MaybeAverage();
+    CloseOuterRounds();
   }
 
   void OnTravelScored(const std::string& site, uint64_t travel_id,
@@ -384,7 +405,7 @@ class SyncEngine::Impl {
     const double now = Now();
     if (now - last_unsent_sample_s_ < kPeriodS) return;
     last_unsent_sample_s_ = now;
-    if (sync_.kind() == pb::MODEL_AVERAGING) return;  // no accumulators
+    if (!UsesAccumulators()) return;
     const uint64_t stride =
         std::max<uint64_t>(1, store_->num_elements() / kUnsentSample);
     const uint64_t offset = unsent_offset_++ % stride;
@@ -419,6 +440,12 @@ class SyncEngine::Impl {
     }
     if (sync_.kind() == pb::MODEL_AVERAGING) {
       return !averaging_round_open_;
+    }
+    if (outer_) {
+      // A round that waits for the previous one of its fragment holds
+      // training either way; without overlap so does every open round.
+      if (outer_deferred_ != 0) return false;
+      return sync_.diloco().overlap() || !outer_->AnyOpen();
     }
     return local_clock - BoundingClock() <=
            static_cast<int64_t>(sync_.max_clock_skew());
@@ -563,6 +590,21 @@ class SyncEngine::Impl {
       }
     }
     FillSkewScout(&summary);
+    if (outer_) {
+      pb::OuterStepSummary* diloco = summary.mutable_diloco();
+      diloco->set_steps(outer_->steps());
+      diloco->set_open_at_end(outer_->open_rounds());
+      diloco->set_deferred(outer_deferred_count_);
+      diloco->set_outer_lr(sync_.diloco().outer_lr());
+      diloco->set_outer_momentum(sync_.diloco().outer_momentum());
+      diloco->set_fragments(sync_.diloco().fragments());
+      diloco->set_period(sync_.averaging_period());
+      double squares = 0;
+      for (float value : outer_->anchor()) {
+        squares += static_cast<double>(value) * value;
+      }
+      diloco->set_anchor_norm(std::sqrt(squares));
+    }
     return summary;
   }
 
@@ -589,6 +631,10 @@ class SyncEngine::Impl {
     out->set_blocked_s(blocked_s_);
     events_.CopyTo(out->mutable_events());
     SaveSkewScout(out);
+    if (outer_) {
+      outer_->SaveTo(out->mutable_outer());
+      out->set_outer_deferred(outer_deferred_);
+    }
     for (const auto& peer : peers_) {
       pb::PeerCheckpoint* saved = out->add_peers();
       saved->set_site(peer->name);
@@ -614,13 +660,26 @@ class SyncEngine::Impl {
 
   std::vector<std::pair<std::string, size_t>> Accumulators() const {
     std::vector<std::pair<std::string, size_t>> out;
-    if (sync_.kind() == pb::MODEL_AVERAGING) return out;
+    if (!UsesAccumulators()) return out;
     for (const auto& peer : peers_) out.emplace_back(peer->name, peer->acc);
     return out;
   }
 
+  void AppendArrays(std::vector<NamedArray>* arrays) const {
+    if (outer_) outer_->AppendArrays(arrays);
+  }
+
   Result<uint64_t> RestoreState(const pb::SyncCheckpoint& state,
-                                std::span<const pb::LoggedMessage> logged) {
+                                std::span<const pb::LoggedMessage> logged,
+                                const Checkpoint* arrays) {
+    if (outer_ && state.has_outer()) {
+      if (arrays == nullptr) {
+        return DataLossError("DiLoCo's outer state needs the checkpoint's "
+                             "arrays");
+      }
+      MERIDIAN_RETURN_IF_ERROR(outer_->RestoreFrom(state.outer(), *arrays));
+      outer_deferred_ = state.outer_deferred();
+    }
     local_clock_ = state.local_clock();
     updates_sent_ = state.updates_sent();
     entries_sent_ = state.entries_sent();
@@ -671,6 +730,12 @@ class SyncEngine::Impl {
       if (header.type() == pb::MIRROR_CLOCK) {
         peer->announced = std::max(peer->announced, header.clock());
         local_clock_ = std::max(local_clock_, header.mirror_clock().clock());
+      } else if (outer_ && header.type() == pb::MIRROR_UPDATE &&
+                 header.mirror_update().average()) {
+        // This site's outer gradient left after the checkpoint: the peers
+        // add it to their round, so it must be in ours too. The workers'
+        // commits from now on are measured from the restored model.
+        MERIDIAN_RETURN_IF_ERROR(RecoverOuterGradient(header, record));
       } else if (header.type() == pb::MIRROR_UPDATE &&
                  !header.mirror_update().average()) {
         MERIDIAN_RETURN_IF_ERROR(
@@ -686,6 +751,35 @@ class SyncEngine::Impl {
       }
     }
     return retracted;
+  }
+
+  Status RecoverOuterGradient(const pb::Header& header,
+                              const pb::LoggedMessage& record) {
+    const int64_t round = header.mirror_update().outer_round();
+    if (outer_->HasOwn(round)) return Status::Ok();  // sent to every peer
+    std::optional<uint32_t> fragment = outer_->FragmentDueAt(round);
+    const std::string where = "the outgoing log's outer gradient " +
+                              std::to_string(record.sequence()) +
+                              " for site '" + record.peer() + "'";
+    if (!fragment) {
+      return DataLossError(where + " names round " + std::to_string(round) +
+                           ", at which no round starts");
+    }
+    MERIDIAN_RETURN_IF_ERROR(
+        DecodeUpdate(header, record.frames()).WithContext(where));
+    const KeyRange range = outer_->RangeOf(*fragment);
+    std::vector<float> decoded;
+    MERIDIAN_RETURN_IF_ERROR(ScatterRange(range, &decoded).WithContext(where));
+    std::vector<float> model(store_->num_elements());
+    store_->Snapshot(model);
+    // The site had reached the round's clock (it may have died before
+    // announcing it).
+    local_clock_ = std::max(local_clock_, round);
+    return outer_
+        ->AddOwn(round, decoded,
+                 std::span<const float>(model).subspan(
+                     range.begin, range.end - range.begin))
+        .WithContext(where);
   }
 
   void NoteDurable(const pb::SyncCheckpoint& saved) {
@@ -1232,7 +1326,7 @@ class SyncEngine::Impl {
   void FlushAndSendFinal(const std::vector<Peer*>& targets) {
     for (Peer* peer : targets) {
       if (peer->final_sent) continue;
-      if (sync_.kind() != pb::MODEL_AVERAGING) {
+      if (UsesAccumulators()) {
         const EncodedSlices update =
             codec_->Take(*store_, peer->acc, 0.0, sync_.threshold_mode(),
                          UpdateCodec::Fidelity::kLossless);
@@ -1728,6 +1822,10 @@ class SyncEngine::Impl {
       return;
     }
     const pb::MirrorUpdate& body = header.mirror_update();
+    if (body.average() && outer_) {
+      AddToOuterRound(message, peer);
+      return;
+    }
     if (body.average()) {
       AddToAveragingRound(header.clock(), site);
       return;
@@ -1788,6 +1886,153 @@ class SyncEngine::Impl {
     ++updates_received_;
     entries_received_ += received.indices.size();
     MaybeAverage();
+  }
+
+  // Whether peers have accumulators of unsent changes (not so when whole
+  // models or outer gradients are exchanged).
+  bool UsesAccumulators() const {
+    return sync_.kind() != pb::MODEL_AVERAGING && sync_.kind() != pb::DILOCO;
+  }
+
+  // DILOCO: at a clock that starts a round, sends this site's outer
+  // gradient of the round's fragment to every peer, unless the previous
+  // round of that fragment is still open: then the round waits (and so do
+  // reads) until it closes.
+  void StartOuterRoundIfDue(int64_t clock) {
+    std::optional<uint32_t> fragment = outer_->FragmentDueAt(clock);
+    if (!fragment) return;
+    if (outer_->Open(*fragment) || outer_deferred_ != 0) {
+      if (outer_deferred_ == 0) {
+        outer_deferred_ = clock;
+        ++outer_deferred_count_;
+      }
+      return;
+    }
+    StartOuterRound(clock, *fragment);
+  }
+
+  void StartOuterRound(int64_t clock, uint32_t fragment) {
+    const KeyRange range = outer_->RangeOf(fragment);
+    std::vector<float> model(store_->num_elements());
+    store_->Snapshot(model);
+    std::vector<float> delta;
+    outer_->OuterGradient(
+        fragment,
+        std::span<const float>(model).subspan(range.begin,
+                                              range.end - range.begin),
+        &delta);
+    const EncodedSlices encoded =
+        codec_->EncodeRange(store_->layout(), range.begin, delta);
+    // What the peers will add is the decoded Δ: use the same here, so that
+    // every site's anchor stays the same.
+    pb::Header header;
+    for (const pb::TensorSlice& slice : encoded.slices) {
+      *header.add_slices() = slice;
+    }
+    std::vector<float> decoded;
+    Status status = DecodeUpdate(header, encoded.frames);
+    if (status.ok()) status = ScatterRange(range, &decoded);
+    if (status.ok()) status = outer_->AddOwn(clock, decoded);
+    if (!status.ok()) {
+      // Our own encoding does not decode: a bug, not a peer's fault.
+      MLOG(ERROR) << "DiLoCo round " << clock
+                  << ": this site's outer gradient does not decode: "
+                  << status;
+      return;
+    }
+    for (auto& peer : peers_) {
+      SendOuterGradient(encoded, clock, *peer);
+    }
+  }
+
+  void SendOuterGradient(const EncodedSlices& update, int64_t round,
+                         Peer& peer) {
+    if (peer.final_sent) return;
+    pb::Header header = MakeHeader(pb::MIRROR_UPDATE, self_, 0);
+    header.set_clock(peer.announced + 1);
+    for (const pb::TensorSlice& slice : update.slices) {
+      *header.add_slices() = slice;
+    }
+    pb::MirrorUpdate* body = header.mutable_mirror_update();
+    body->set_origin_site(name_);
+    body->set_entries(update.entries);
+    body->set_average(true);
+    body->set_outer_round(round);
+    Send(peer, std::move(header), update.frames);
+    ++updates_sent_;
+    entries_sent_ += update.entries;
+  }
+
+  // codec_->decoded() as the dense values of `range` (missing elements
+  // zero); an error when it has an element outside the range.
+  Status ScatterRange(const KeyRange& range, std::vector<float>* out) {
+    const DecodedUpdate& decoded = codec_->decoded();
+    out->assign(range.end - range.begin, 0.0f);
+    for (size_t j = 0; j < decoded.indices.size(); ++j) {
+      const uint64_t index = decoded.indices[j];
+      if (index < range.begin || index >= range.end) {
+        return InvalidArgumentError(
+            "outer gradient has parameter " + std::to_string(index) +
+            " outside its fragment [" + std::to_string(range.begin) + ", " +
+            std::to_string(range.end) + ")");
+      }
+      (*out)[index - range.begin] = decoded.values[j];
+    }
+    return Status::Ok();
+  }
+
+  void AddToOuterRound(const Envelope& message, Peer& peer) {
+    const pb::Header& header = message.header;
+    const int64_t round = header.mirror_update().outer_round();
+    std::optional<uint32_t> fragment = outer_->FragmentDueAt(round);
+    if (!fragment) {
+      return Refuse(message.routing_id, header,
+                    {pb::ERROR_MALFORMED,
+                     "outer gradient tagged with round " +
+                         std::to_string(round) + ", at which no round starts"});
+    }
+    std::vector<float> values;
+    if (Status status = ScatterRange(outer_->RangeOf(*fragment), &values);
+        !status.ok()) {
+      return Refuse(message.routing_id, header,
+                    {pb::ERROR_MALFORMED, status.message()});
+    }
+    uint32_t position = 0;
+    while (position < peers_.size() && peers_[position].get() != &peer) {
+      ++position;
+    }
+    if (Status status = outer_->AddPeer(round, position, values, local_clock_);
+        !status.ok()) {
+      return Refuse(message.routing_id, header,
+                    {pb::ERROR_STALE, status.message()});
+    }
+    ++updates_received_;
+    entries_received_ += codec_->decoded().indices.size();
+    CloseOuterRounds();
+  }
+
+  // Takes every outer step whose round is complete, then starts the round
+  // that waited for one of them.
+  void CloseOuterRounds() {
+    if (!outer_) return;
+    bool closed = false;
+    while (std::optional<OuterSteps::Step> step = outer_->CloseReady()) {
+      std::vector<uint64_t> indices(step->correction.size());
+      for (size_t i = 0; i < indices.size(); ++i) {
+        indices[i] = step->range.begin + i;
+      }
+      store_->ApplyExternalSparse(indices, step->correction);
+      closed = true;
+    }
+    if (closed && outer_deferred_ != 0) {
+      const int64_t clock = outer_deferred_;
+      const uint32_t fragment = *outer_->FragmentDueAt(clock);
+      if (!outer_->Open(fragment)) {
+        outer_deferred_ = 0;
+        StartOuterRound(clock, fragment);
+        CloseOuterRounds();
+      }
+    }
   }
 
   // Averages once this site has reached the round's clock and every peer's
@@ -1868,6 +2113,11 @@ class SyncEngine::Impl {
   uint64_t log_failures_ = 0;
 
   bool averaging_round_open_ = false;
+  // DILOCO's outer state; the round waiting for its fragment's previous
+  // one (0: none) and how many rounds waited.
+  std::optional<OuterSteps> outer_;
+  int64_t outer_deferred_ = 0;
+  uint64_t outer_deferred_count_ = 0;
   int64_t averaging_clock_ = 0;
   std::map<int64_t, std::vector<float>> rounds_;
   std::map<int64_t, std::vector<std::string>> round_sites_;
@@ -1949,9 +2199,12 @@ std::vector<std::pair<std::string, size_t>> SyncEngine::Accumulators() const {
   return impl_->Accumulators();
 }
 Result<uint64_t> SyncEngine::RestoreState(
-    const pb::SyncCheckpoint& state,
-    std::span<const pb::LoggedMessage> logged) {
-  return impl_->RestoreState(state, logged);
+    const pb::SyncCheckpoint& state, std::span<const pb::LoggedMessage> logged,
+    const Checkpoint* arrays) {
+  return impl_->RestoreState(state, logged, arrays);
+}
+void SyncEngine::AppendArrays(std::vector<NamedArray>* arrays) const {
+  impl_->AppendArrays(arrays);
 }
 void SyncEngine::NoteDurable(const pb::SyncCheckpoint& saved) {
   impl_->NoteDurable(saved);

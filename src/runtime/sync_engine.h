@@ -32,6 +32,7 @@
 #include "meridian/report.pb.h"
 #include "meridian/skew_control.h"
 #include "meridian/status.h"
+#include "runtime/checkpoint.h"
 
 namespace meridian {
 
@@ -156,8 +157,13 @@ class SyncEngine {
   // they left this site, while the local changes they came from were lost
   // with the crash, so the peers will receive their reversal, and every
   // replica ends without them. Returns how many updates were taken back.
+  // `arrays`: the checkpoint's arrays (DILOCO's outer state is there).
   Result<uint64_t> RestoreState(const pb::SyncCheckpoint& state,
-                                std::span<const pb::LoggedMessage> logged);
+                                std::span<const pb::LoggedMessage> logged,
+                                const Checkpoint* arrays = nullptr);
+  // The engine's own arrays for a checkpoint (DILOCO: "outer/..."), taken
+  // with SaveState.
+  void AppendArrays(std::vector<NamedArray>* arrays) const;
   // A checkpoint whose state was `saved` (by SaveState) is durable: tells
   // each peer that it may forget what that checkpoint holds.
   void NoteDurable(const pb::SyncCheckpoint& saved);

@@ -87,6 +87,18 @@ EncodedSlices UpdateCodec::EncodeTravel(const ParameterStore& store,
   return EncodeEntries(store.layout(), travel_, /*residuals_to=*/nullptr, 0);
 }
 
+EncodedSlices UpdateCodec::EncodeRange(const ModelLayout& layout,
+                                       uint64_t begin,
+                                       std::span<const float> values) {
+  entries_.clear();
+  entry_values_.clear();
+  for (uint64_t i = 0; i < values.size(); ++i) {
+    entries_.push_back(begin + i);
+    entry_values_.push_back(values[i]);
+  }
+  return EncodeEntries(layout, configured_, /*residuals_to=*/nullptr, 0);
+}
+
 EncodedSlices UpdateCodec::EncodeEntries(const ModelLayout& layout,
                                          UpdateEncoder& encoder,
                                          ParameterStore* residuals_to,

@@ -63,6 +63,11 @@ class UpdateCodec {
   // dropped (the copy is never applied).
   EncodedSlices EncodeTravel(const ParameterStore& store,
                              std::span<const float> model);
+  // `values` as the flat indices [begin, begin + values.size()), through
+  // the configured pipeline; what its coding loses is dropped (DiLoCo's
+  // outer gradient: the caller keeps that part in its model).
+  EncodedSlices EncodeRange(const ModelLayout& layout, uint64_t begin,
+                            std::span<const float> values);
   // The configured pipeline's top-k fraction from now on (SkewScout's
   // density knob); UpdateEncoder::SetTopKFraction's errors.
   Status SetTopKFraction(double fraction) {

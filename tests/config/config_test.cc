@@ -1041,8 +1041,9 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   // worker_timeout_s, server_timeout_s, worker_give_up_s, peer_timeout_s,
   // checkpoint_period_s, restart_backoff_s; sync.skewscout: target_loss,
   // dead_band, smoothing, tighten_factor, loosen_factor, min_theta,
-  // max_theta, significance_z, min_density, max_density.
-  EXPECT_EQ(visited, 41);
+  // max_theta, significance_z, min_density, max_density; sync.diloco:
+  // outer_lr, outer_momentum.
+  EXPECT_EQ(visited, 43);
 }
 
 TEST(ValidateJobConfigTest, SkewScoutOptionsAndWhatItControls) {
@@ -1144,6 +1145,56 @@ TEST(ValidateJobConfigTest, SkewScoutOptionsAndWhatItControls) {
     } else {
       ASSERT_EQ(Fields(issues),
                 std::vector<std::string>{"sync.skewscout." + c.field})
+          << "case #" << index << ": " << FormatConfigIssues("j", issues);
+      EXPECT_TRUE(Contains(issues[0].message, c.message))
+          << "case #" << index << ": " << issues[0].message;
+    }
+    ++index;
+  }
+}
+
+TEST(ValidateJobConfigTest, DiLoCoOptions) {
+  struct Case {
+    std::function<void(pb::SyncConfig*)> mutate;
+    std::string field;    // "" when valid
+    std::string message;  // part of the issue's message
+  };
+  const Case cases[] = {
+      {[](auto*) {}, "", ""},
+      {[](auto* s) {
+         s->mutable_diloco()->set_fragments(4);
+         s->mutable_diloco()->set_overlap(true);
+         s->mutable_compression()->set_value_coding(pb::VALUE_INT4);
+       },
+       "", ""},
+      {[](auto* s) { s->mutable_diloco()->set_fragments(3); },
+       "sync.diloco.fragments", "must divide sync.averaging_period (20)"},
+      {[](auto* s) { s->mutable_diloco()->set_fragments(0); },
+       "sync.diloco.fragments", ""},
+      {[](auto* s) { s->mutable_diloco()->set_outer_lr(0); },
+       "sync.diloco.outer_lr", ""},
+      {[](auto* s) { s->mutable_diloco()->set_outer_momentum(1); },
+       "sync.diloco.outer_momentum", ""},
+      {[](auto* s) {
+         s->set_topology(pb::STAR);
+         s->set_hub("a");
+       },
+       "sync.topology", "needs FULL_MESH"},
+      {[](auto* s) { s->mutable_skewscout()->set_enabled(true); },
+       "sync.skewscout.enabled", "needs sync.kind GAIA"},
+  };
+  int index = 0;
+  for (const Case& c : cases) {
+    pb::JobConfig config = ValidConfig();
+    config.mutable_sync()->set_kind(pb::DILOCO);
+    config.mutable_sync()->set_averaging_period(20);
+    c.mutate(config.mutable_sync());
+    const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+    if (c.field.empty()) {
+      EXPECT_TRUE(issues.empty())
+          << "case #" << index << ": " << FormatConfigIssues("j", issues);
+    } else {
+      ASSERT_EQ(Fields(issues), std::vector<std::string>{c.field})
           << "case #" << index << ": " << FormatConfigIssues("j", issues);
       EXPECT_TRUE(Contains(issues[0].message, c.message))
           << "case #" << index << ": " << issues[0].message;

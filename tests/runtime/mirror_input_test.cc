@@ -50,6 +50,7 @@ class MirrorInputTest : public ::testing::Test {
     job_.set_time_budget_s(60);
     // Plaintext: the test is the peer (CURVE: secure_sync_test.cc).
     job_.mutable_security()->set_curve(false);
+    ConfigureJob(&job_);
     ASSERT_TRUE(ValidateJobConfig(job_).empty());
     SiteServerOptions options_a;
     options_a.job = job_;
@@ -70,6 +71,9 @@ class MirrorInputTest : public ::testing::Test {
     peer_->set(zmq::sockopt::linger, 0);
     peer_->connect(server_->mirror_endpoint());
   }
+
+  // What a derived fixture changes in the job before the site starts.
+  virtual void ConfigureJob(pb::JobConfig*) {}
 
   void TearDown() override {
     if (!thread_.joinable()) return;  // the test already stopped it
@@ -179,6 +183,44 @@ class MirrorInputTest : public ::testing::Test {
   std::unique_ptr<zmq::socket_t> peer_;
   uint64_t sequence_ = 0;
 };
+
+// The same site under DiLoCo (outer rounds every 4 clocks): a peer's outer
+// gradient must name a round that starts at its clock, lie within two
+// periods of this site's clock, and come once per round; else it is
+// refused, and the model is never touched (no round can close: this site
+// has not trained).
+class MirrorInputDiLoCoTest : public MirrorInputTest {
+ protected:
+  void ConfigureJob(pb::JobConfig* job) override {
+    job->mutable_sync()->set_kind(pb::DILOCO);
+    job->mutable_sync()->set_averaging_period(4);
+  }
+
+  pb::Header OuterGradient(int64_t round, std::vector<zmq::message_t>* frames) {
+    pb::Header header = Update("b", 1, 0.5f, frames);
+    header.mutable_mirror_update()->set_average(true);
+    header.mutable_mirror_update()->set_outer_round(round);
+    return header;
+  }
+};
+
+TEST_F(MirrorInputDiLoCoTest, OuterGradientsOutsideTheRoundsAreRefused) {
+  Hello("b", layout_);
+  std::vector<zmq::message_t> frames;
+  pb::Header header = OuterGradient(3, &frames);
+  ExpectRefused(header, pb::ERROR_MALFORMED, "no round starts",
+                std::move(frames));
+  frames.clear();
+  header = OuterGradient(400, &frames);
+  ExpectRefused(header, pb::ERROR_STALE, "ahead", std::move(frames));
+  frames.clear();
+  header = OuterGradient(4, &frames);
+  Send(header, std::move(frames));  // accepted: waits for this site's Δ
+  frames.clear();
+  header = OuterGradient(4, &frames);
+  ExpectRefused(header, pb::ERROR_STALE, "second", std::move(frames));
+  ExpectModelUntouched();
+}
 
 TEST_F(MirrorInputTest, UpdateFromAnUnknownSiteIsRefused) {
   Hello("site-z", layout_);  // refused: answered with an error

@@ -1,0 +1,150 @@
+// DiLoCo's outer optimisation across sites (sync.kind DILOCO; Douillard et
+// al., "DiLoCo: Distributed Low-Communication Training of Language Models",
+// 2023, and "Streaming DiLoCo", 2025). Every site trains its own replica
+// for H clocks (the inner steps: its workers under the job's policy), then
+// sends its outer gradient Δ = anchor - model (anchor: the model after the
+// last outer step, identical at every site), coded like an update (int8,
+// int4, ...). Once a round has every site's Δ, each site averages them and
+// takes an SGD step with (Nesterov) momentum on the anchor:
+//     m ← μ·m + mean(Δ);  anchor ← anchor - lr·(mean(Δ) + μ·m)   (Nesterov)
+//                          anchor ← anchor - lr·m                 (plain)
+// With `fragments` F > 1 the model is cut into F element ranges whose
+// rounds are staggered every H/F clocks (Streaming DiLoCo's fragments).
+//
+// This site's model after a round: new anchor + (model now - base), base =
+// anchor - Δ̂ (Δ̂: its own Δ as the peers decode it). What the workers
+// committed after Δ was taken is kept, and so is what the coding of Δ lost
+// (error feedback: it goes out with the next round's Δ). Nothing the
+// workers committed is dropped.
+//
+// Ownership and threads: owned by the sync engine, used on its event loop
+// only (not thread-safe). Size: anchor and momentum (2 × model), plus per
+// open round a sum and a base of its fragment; rounds accepted lie within
+// two periods of this site's clock, so at most 3 rounds per fragment exist
+// (≤ 8 × model in all, 4 × in practice). Crash: SaveTo/RestoreFrom put all of
+// it in the site server's checkpoint (arrays "outer/..."); a round's Δ sent
+// after the checkpoint is recovered from the outgoing log (AddOwn with the
+// restored model as base), so the anchor every site computes stays the same.
+#ifndef MERIDIAN_RUNTIME_OUTER_STEPS_H_
+#define MERIDIAN_RUNTIME_OUTER_STEPS_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "meridian/checkpoint.pb.h"
+#include "meridian/param_store.h"
+#include "meridian/status.h"
+#include "runtime/checkpoint.h"
+
+namespace meridian {
+
+struct OuterStepOptions {
+  uint32_t period = 50;  // H: clocks between two rounds of one fragment
+  uint32_t fragments = 1;
+  double lr = 0.7;        // outer learning rate
+  double momentum = 0.9;  // μ
+  bool nesterov = true;
+  uint32_t peers = 0;  // other sites whose Δ every round needs
+};
+
+class OuterSteps {
+ public:
+  // Refuses period 0, fragments that do not divide the period or exceed
+  // the model, a non-positive lr, momentum outside [0, 1), no peers.
+  static Result<OuterSteps> Create(const OuterStepOptions& options,
+                                   uint64_t num_elements);
+
+  // The anchor starts as `model` (the replicas' common initial model).
+  void Start(std::span<const float> model);
+  bool started() const { return started_; }
+
+  // The fragment whose round starts at `clock`, if one does (clocks
+  // H/F, 2H/F, ...; fragment (clock / (H/F) - 1) mod F).
+  std::optional<uint32_t> FragmentDueAt(int64_t clock) const;
+  KeyRange RangeOf(uint32_t fragment) const;
+  // Whether `fragment` has a round this site sent its Δ for and that has
+  // not closed (its next round must wait: the base would be lost).
+  bool Open(uint32_t fragment) const;
+  bool AnyOpen() const;
+  bool HasOwn(int64_t clock) const;
+
+  // Δ = anchor - model over the range of `fragment`; `model_range` is the
+  // local model's values in that range.
+  void OuterGradient(uint32_t fragment, std::span<const float> model_range,
+                     std::vector<float>* out) const;
+  // This site's Δ of the round at `clock` as the peers decode it. `base`
+  // (the range's values the workers' later commits are measured from):
+  // default anchor - Δ̂; after a crash, the restored model.
+  Status AddOwn(int64_t clock, std::span<const float> decoded,
+                std::span<const float> base = {});
+  // Peer `peer`'s Δ of the round at `clock`; this site is at
+  // `local_clock`. Refused (nothing changes) when `clock` starts no round,
+  // lies more than two periods ahead of `local_clock` (an honest peer is
+  // at most one ahead: its next round of a fragment waits for this site's
+  // Δ of the previous one; the second covers a site restored to a clock
+  // just before the one its logged Δ was sent at), belongs to a round
+  // that closed, repeats the peer, or has the wrong size.
+  Status AddPeer(int64_t clock, uint32_t peer, std::span<const float> decoded,
+                 int64_t local_clock);
+
+  // One outer step taken: add `correction` (new anchor - base) to the
+  // local model's `range`.
+  struct Step {
+    int64_t clock = 0;
+    KeyRange range;
+    std::vector<float> correction;
+  };
+  // Takes the outer step of the oldest round that has every Δ (nullopt:
+  // none has).
+  std::optional<Step> CloseReady();
+
+  uint64_t steps() const { return steps_; }
+  uint32_t open_rounds() const;  // rounds this site sent its Δ for
+  size_t rounds() const { return rounds_.size(); }
+  std::span<const float> anchor() const { return anchor_; }
+  std::span<const float> momentum() const { return momentum_; }
+
+  // Checkpoint: the rounds' bookkeeping into `out`; the arrays (anchor,
+  // momentum, each round's sum and base) appended to `arrays`. Take both
+  // at once (between two calls of the event loop).
+  void SaveTo(pb::OuterStepCheckpoint* out) const;
+  void AppendArrays(std::vector<NamedArray>* arrays) const;
+  // Replaces the state with a checkpoint's (errors name what is missing or
+  // inconsistent; nothing is changed then).
+  Status RestoreFrom(const pb::OuterStepCheckpoint& saved,
+                     const Checkpoint& arrays);
+
+ private:
+  struct Round {
+    uint32_t fragment = 0;
+    std::vector<float> sum;  // of the Δ received (own included)
+    std::vector<bool> from_peer;
+    uint32_t contributions = 0;
+    bool own = false;
+    std::vector<float> base;  // with own
+  };
+
+  OuterSteps(const OuterStepOptions& options, uint64_t num_elements)
+      : options_(options), num_elements_(num_elements) {}
+  uint32_t FragmentOf(int64_t clock) const;
+  Status CheckRound(int64_t clock, size_t size, const char* whose) const;
+  Round& RoundAt(int64_t clock);
+
+  OuterStepOptions options_;
+  uint64_t num_elements_ = 0;
+  bool started_ = false;
+  std::vector<float> anchor_;
+  std::vector<float> momentum_;
+  std::map<int64_t, Round> rounds_;
+  // Per fragment: the clock of its last closed round (0: none).
+  std::vector<int64_t> closed_;
+  uint64_t steps_ = 0;
+};
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_RUNTIME_OUTER_STEPS_H_

@@ -1,0 +1,191 @@
+// DiLoCo's outer steps (runtime/outer_steps.h): the Nesterov arithmetic
+// against a hand computation, round bookkeeping, what a peer may not
+// send, fragments, and the checkpoint round trip.
+
+#include "runtime/outer_steps.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace meridian {
+namespace {
+
+OuterStepOptions Options(uint32_t peers, uint32_t period = 10,
+                         uint32_t fragments = 1) {
+  OuterStepOptions options;
+  options.period = period;
+  options.fragments = fragments;
+  options.lr = 0.5;
+  options.momentum = 0.9;
+  options.nesterov = true;
+  options.peers = peers;
+  return options;
+}
+
+OuterSteps Make(const OuterStepOptions& options, uint64_t elements) {
+  Result<OuterSteps> steps = OuterSteps::Create(options, elements);
+  EXPECT_TRUE(steps.ok()) << steps.status();
+  return std::move(*steps);
+}
+
+TEST(OuterStepsTest, RefusesBadOptions) {
+  EXPECT_FALSE(OuterSteps::Create(Options(1, 0), 8).ok());
+  EXPECT_FALSE(OuterSteps::Create(Options(1, 10, 3), 8).ok());   // 3 ∤ 10
+  EXPECT_FALSE(OuterSteps::Create(Options(1, 10, 10), 8).ok());  // > model
+  EXPECT_FALSE(OuterSteps::Create(Options(0), 8).ok());
+  OuterStepOptions options = Options(1);
+  options.momentum = 1.0;
+  EXPECT_FALSE(OuterSteps::Create(options, 8).ok());
+  options = Options(1);
+  options.lr = 0;
+  EXPECT_FALSE(OuterSteps::Create(options, 8).ok());
+}
+
+TEST(OuterStepsTest, TwoRoundsOfNesterovMatchAHandComputation) {
+  OuterSteps steps = Make(Options(/*peers=*/1), 2);
+  steps.Start(std::vector<float>{1.0f, -2.0f});
+  ASSERT_FALSE(steps.FragmentDueAt(5));
+  ASSERT_EQ(steps.FragmentDueAt(10), 0u);
+
+  // Round 10: this site moved to {0.8, -1.9}, the peer to {0.6, -2.3}.
+  std::vector<float> delta;
+  steps.OuterGradient(0, std::vector<float>{0.8f, -1.9f}, &delta);
+  EXPECT_FLOAT_EQ(delta[0], 0.2f);
+  EXPECT_FLOAT_EQ(delta[1], -0.1f);
+  ASSERT_TRUE(steps.AddOwn(10, delta).ok());
+  EXPECT_TRUE(steps.Open(0));
+  EXPECT_FALSE(steps.CloseReady());  // the peer's Δ is missing
+  ASSERT_TRUE(steps.AddPeer(10, 0, std::vector<float>{0.4f, 0.3f}, 10).ok());
+  std::optional<OuterSteps::Step> step = steps.CloseReady();
+  ASSERT_TRUE(step);
+  // mean Δ = {0.3, 0.1}; m = {0.3, 0.1}; direction = mean + 0.9 m =
+  // {0.57, 0.19}; anchor = {1 - 0.285, -2 - 0.095}.
+  EXPECT_NEAR(steps.anchor()[0], 0.715f, 1e-6);
+  EXPECT_NEAR(steps.anchor()[1], -2.095f, 1e-6);
+  EXPECT_NEAR(steps.momentum()[0], 0.3f, 1e-6);
+  // Correction = new anchor - base, base = anchor - Δ = own model.
+  EXPECT_NEAR(step->correction[0], 0.715f - 0.8f, 1e-6);
+  EXPECT_NEAR(step->correction[1], -2.095f + 1.9f, 1e-6);
+  EXPECT_EQ(steps.steps(), 1u);
+  EXPECT_FALSE(steps.Open(0));
+
+  // Round 20: both Δ = {0.1, 0}: m = 0.9 m + 0.1 = {0.37, 0.09}.
+  ASSERT_TRUE(steps.AddPeer(20, 0, std::vector<float>{0.1f, 0.0f}, 15).ok());
+  ASSERT_TRUE(steps.AddOwn(20, std::vector<float>{0.1f, 0.0f}).ok());
+  step = steps.CloseReady();
+  ASSERT_TRUE(step);
+  EXPECT_NEAR(steps.momentum()[0], 0.37f, 1e-6);
+  EXPECT_NEAR(steps.momentum()[1], 0.09f, 1e-6);
+  EXPECT_NEAR(steps.anchor()[0], 0.715f - 0.5f * (0.1f + 0.9f * 0.37f), 1e-6);
+  EXPECT_NEAR(steps.anchor()[1], -2.095f - 0.5f * (0.9f * 0.09f), 1e-6);
+}
+
+TEST(OuterStepsTest, PlainMomentumWithoutNesterov) {
+  OuterStepOptions options = Options(1);
+  options.nesterov = false;
+  OuterSteps steps = Make(options, 1);
+  steps.Start(std::vector<float>{0.0f});
+  ASSERT_TRUE(steps.AddOwn(10, std::vector<float>{1.0f}).ok());
+  ASSERT_TRUE(steps.AddPeer(10, 0, std::vector<float>{1.0f}, 10).ok());
+  ASSERT_TRUE(steps.CloseReady());
+  EXPECT_NEAR(steps.anchor()[0], -0.5f, 1e-6);  // lr × m, m = 1
+}
+
+TEST(OuterStepsTest, WhatTheCodingLostAndLaterCommitsStayLocal) {
+  OuterSteps steps = Make(Options(1), 1);
+  steps.Start(std::vector<float>{0.0f});
+  // The model was at -1 (Δ = 1) but Δ decodes as 0.9.
+  ASSERT_TRUE(steps.AddOwn(10, std::vector<float>{0.9f}).ok());
+  ASSERT_TRUE(steps.AddPeer(10, 0, std::vector<float>{0.9f}, 10).ok());
+  std::optional<OuterSteps::Step> step = steps.CloseReady();
+  ASSERT_TRUE(step);
+  // new anchor = -0.5 × (0.9 + 0.81) = -0.855; base = 0 - 0.9 = -0.9. A
+  // model now at -1.2 (-0.2 committed since) becomes -1.2 + 0.045 =
+  // -1.155 = anchor + (-0.1 lost by the coding) + (-0.2 committed).
+  const float model = -1.2f + step->correction[0];
+  EXPECT_NEAR(model, -0.855f - 0.1f - 0.2f, 1e-6);
+}
+
+TEST(OuterStepsTest, RefusesWhatNoHonestPeerSends) {
+  OuterSteps steps = Make(Options(2), 3);
+  steps.Start(std::vector<float>(3, 0.0f));
+  const std::vector<float> delta(3, 0.1f);
+  EXPECT_FALSE(steps.AddPeer(7, 0, delta, 5).ok());   // no round at 7
+  EXPECT_FALSE(steps.AddPeer(30, 0, delta, 5).ok());  // > 2 periods ahead
+  EXPECT_FALSE(steps.AddPeer(10, 2, delta, 5).ok());  // no such peer
+  EXPECT_FALSE(steps.AddPeer(10, 0, std::vector<float>(2), 5).ok());  // size
+  ASSERT_TRUE(steps.AddPeer(10, 0, delta, 5).ok());   // within a period
+  EXPECT_FALSE(steps.AddPeer(10, 0, delta, 5).ok());  // the same peer again
+  ASSERT_TRUE(steps.AddPeer(10, 1, delta, 5).ok());
+  EXPECT_FALSE(steps.CloseReady());  // this site's Δ is missing
+  ASSERT_TRUE(steps.AddOwn(10, delta).ok());
+  EXPECT_FALSE(steps.AddOwn(10, delta).ok());
+  ASSERT_TRUE(steps.CloseReady());
+  EXPECT_FALSE(steps.AddPeer(10, 0, delta, 12).ok());  // closed
+  EXPECT_EQ(steps.rounds(), 0u);
+}
+
+TEST(OuterStepsTest, FragmentsAreStaggeredAndCoverTheModel) {
+  OuterSteps steps = Make(Options(1, 12, 3), 10);
+  EXPECT_EQ(steps.FragmentDueAt(4), 0u);
+  EXPECT_EQ(steps.FragmentDueAt(8), 1u);
+  EXPECT_EQ(steps.FragmentDueAt(12), 2u);
+  EXPECT_EQ(steps.FragmentDueAt(16), 0u);
+  EXPECT_FALSE(steps.FragmentDueAt(6));
+  uint64_t covered = 0;
+  for (uint32_t f = 0; f < 3; ++f) {
+    const KeyRange range = steps.RangeOf(f);
+    EXPECT_EQ(range.begin, covered);
+    covered = range.end;
+  }
+  EXPECT_EQ(covered, 10u);
+  steps.Start(std::vector<float>(10, 1.0f));
+  const KeyRange second = steps.RangeOf(1);
+  const std::vector<float> delta(second.end - second.begin, 0.5f);
+  ASSERT_TRUE(steps.AddOwn(8, delta).ok());
+  ASSERT_TRUE(steps.AddPeer(8, 0, delta, 8).ok());
+  std::optional<OuterSteps::Step> step = steps.CloseReady();
+  ASSERT_TRUE(step);
+  EXPECT_EQ(step->range.begin, second.begin);
+  for (uint64_t i = 0; i < 10; ++i) {
+    const bool inside = i >= second.begin && i < second.end;
+    EXPECT_EQ(steps.anchor()[i] != 1.0f, inside) << i;
+  }
+}
+
+TEST(OuterStepsTest, CheckpointRoundTripKeepsOpenRounds) {
+  OuterSteps steps = Make(Options(2), 4);
+  steps.Start(std::vector<float>{1, 2, 3, 4});
+  ASSERT_TRUE(steps.AddOwn(10, std::vector<float>{0.1f, 0, 0, 0}).ok());
+  ASSERT_TRUE(steps.AddPeer(10, 1, std::vector<float>{0.2f, 0, 0, 0}, 10).ok());
+  pb::OuterStepCheckpoint meta;
+  Checkpoint arrays;
+  steps.SaveTo(&meta);
+  steps.AppendArrays(&arrays.arrays);
+
+  OuterSteps restored = Make(Options(2), 4);
+  ASSERT_TRUE(restored.RestoreFrom(meta, arrays).ok());
+  EXPECT_TRUE(restored.HasOwn(10));
+  // Peer 1 already counted; peer 0 completes the round in both.
+  EXPECT_FALSE(restored.AddPeer(10, 1, std::vector<float>(4), 10).ok());
+  ASSERT_TRUE(
+      restored.AddPeer(10, 0, std::vector<float>{0.3f, 0, 0, 0}, 10).ok());
+  ASSERT_TRUE(steps.AddPeer(10, 0, std::vector<float>{0.3f, 0, 0, 0}, 10).ok());
+  std::optional<OuterSteps::Step> a = steps.CloseReady();
+  std::optional<OuterSteps::Step> b = restored.CloseReady();
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->correction, b->correction);
+  EXPECT_EQ(
+      std::vector<float>(steps.anchor().begin(), steps.anchor().end()),
+      std::vector<float>(restored.anchor().begin(), restored.anchor().end()));
+
+  // A checkpoint without the arrays it names is refused, state unchanged.
+  Checkpoint empty;
+  OuterSteps fresh = Make(Options(2), 4);
+  EXPECT_FALSE(fresh.RestoreFrom(meta, empty).ok());
+  EXPECT_FALSE(fresh.started());
+}
+
+}  // namespace
+}  // namespace meridian
