@@ -115,10 +115,10 @@ int Validate(const std::string& path) {
   return 0;
 }
 
-int Local(const std::string& path, uint64_t samples) {
+int Local(const std::string& path, uint64_t samples, int threads) {
   pb::JobConfig job;
   if (!LoadJob(path, &job) || !CheckModelFitsData(job)) return kExitBadInput;
-  Result<LocalTrainingResult> result = TrainLocally(job, samples);
+  Result<LocalTrainingResult> result = TrainLocally(job, samples, threads);
   if (!result.ok()) {
     std::fprintf(stderr, "meridian local: %s\n",
                  result.status().message().c_str());
@@ -526,6 +526,7 @@ struct Flags {
   double top_interval = 2.0;
   bool top_once = false;
   uint64_t local_samples = 0;  // local --samples
+  int local_threads = 1;       // local --threads
   WanemFlags wanem;
   WanemCtlFlags ctl;
 };
@@ -645,6 +646,11 @@ void AddJobCommands(CLI::App* app, Flags* flags, Commands* commands) {
       "--samples", flags->local_samples,
       "training samples to process (default: train for the job's "
       "time_budget_s)");
+  commands->local
+      ->add_option("--threads", flags->local_threads,
+                   "compute threads per step (default 1; as a worker's "
+                   "workers.threads)")
+      ->check(CLI::Range(1, kMaxWorkerThreads));
 
   commands->compare = app->add_subcommand(
       "compare",
@@ -880,7 +886,7 @@ int Dispatch(const Commands& commands, const Flags& flags) {
   if (*commands.validate) return Validate(flags.config);
   if (*commands.run) return Run(flags.config, flags.out_dir, flags.run);
   if (*commands.compare) return Compare(flags.compare_dirs);
-  if (*commands.local) return Local(flags.config, flags.local_samples);
+  if (*commands.local) return Local(flags.config, flags.local_samples, flags.local_threads);
   if (*commands.site) {
     return Site(flags);
   }

@@ -21,13 +21,15 @@ struct LocalTrainingResult {
 };
 
 // Trains for `samples` training samples (rounded up to whole batches), or
-// for the job's time_budget_s seconds when `samples` is 0. The initial
+// for the job's time_budget_s seconds when `samples` is 0, computing each
+// step on `threads` threads (MakeJobModelOnThreads: the batch in slices,
+// the gradient their sample-weighted mean; its errors). The initial
 // model is the site servers' (Initialize(job.seed())); minibatches are
 // drawn epoch by epoch from a shuffle seeded by job.seed(). Errors of the
 // data and the model pass through; FailedPrecondition when training
 // diverges (a non-finite loss), naming the step.
 Result<LocalTrainingResult> TrainLocally(const pb::JobConfig& job,
-                                         uint64_t samples);
+                                         uint64_t samples, int threads = 1);
 
 }  // namespace meridian
 

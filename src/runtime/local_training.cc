@@ -14,15 +14,16 @@
 namespace meridian {
 
 Result<LocalTrainingResult> TrainLocally(const pb::JobConfig& job,
-                                         uint64_t samples) {
+                                         uint64_t samples, int threads) {
   MERIDIAN_ASSIGN_OR_RETURN(RawData raw, LoadRawData(job.data(), true, true));
   const Dataset train = MakeTrainDataset(raw, {}, job.data().normalization());
   const Dataset test = MakeTestDataset(raw, job.data().normalization());
   if (train.size() == 0) {
     return FailedPreconditionError("the job has no training samples");
   }
-  MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                            MakeJobModel(job, raw.input_dim(), 10));
+  MERIDIAN_ASSIGN_OR_RETURN(
+      std::unique_ptr<Model> model,
+      MakeJobModelOnThreads(job, raw.input_dim(), 10, threads));
   const uint64_t n = model->layout().num_elements();
   std::vector<float> params(n);
   std::vector<float> grad(n);

@@ -77,7 +77,7 @@ void OutboundChannel::Pump(double now) {
   if (last_send_s_ < 0 || now - last_send_s_ >= options_.heartbeat_interval_s) {
     pb::Header heartbeat = MakeHeader(pb::HEARTBEAT, self_, 0);
     heartbeat.mutable_heartbeat()->set_last_sequence(last_sent_sequence_);
-    SendControl(heartbeat, now);
+    if (SendControl(heartbeat, now)) ++heartbeats_sent_;
   }
 }
 

@@ -153,6 +153,8 @@ class OutboundChannel {
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t messages_resent() const { return messages_resent_; }
   uint64_t resend_requests() const { return resend_requests_; }
+  // HEARTBEATs handed to ZeroMQ.
+  uint64_t heartbeats_sent() const { return heartbeats_sent_; }
 
   // ---- checkpoints -----------------------------------------------------
   // The channel's state for a checkpoint: next sequence number and every
@@ -210,6 +212,7 @@ class OutboundChannel {
   uint64_t bytes_sent_ = 0;
   uint64_t delivered_bytes_ = 0;
   uint64_t messages_resent_ = 0;
+  uint64_t heartbeats_sent_ = 0;
   uint64_t resend_requests_ = 0;
 };
 

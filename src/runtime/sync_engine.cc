@@ -590,6 +590,14 @@ class SyncEngine::Impl {
       }
     }
     FillSkewScout(&summary);
+    std::map<pb::MessageType, uint64_t> sent = messages_sent_;
+    for (const auto& peer : peers_) sent[pb::HEARTBEAT] += peer->out.heartbeats_sent();
+    for (const auto& [type, count] : sent) {
+      if (count == 0) continue;
+      pb::MessageCount* out = summary.add_messages_sent();
+      out->set_type(pb::MessageType_Name(type));
+      out->set_count(count);
+    }
     if (outer_) {
       pb::OuterStepSummary* diloco = summary.mutable_diloco();
       diloco->set_steps(outer_->steps());
@@ -1032,7 +1040,9 @@ class SyncEngine::Impl {
     pb::Header header = MakeHeader(pb::MIRROR_ACK, self_, 0);
     *header.mutable_mirror_ack() = ack;
     // Best effort: a lost or unroutable ack is sent again later.
-    (void)SendMessage(mirror_, header, {}, peer.routing_id);
+    if (SendMessage(mirror_, header, {}, peer.routing_id).ok()) {
+      ++messages_sent_[pb::MIRROR_ACK];
+    }
   }
 
   // ---- thresholds and budgets -------------------------------------------
@@ -1162,6 +1172,7 @@ class SyncEngine::Impl {
       }
     }
     if (outgoing_log_) LogOutgoing(peer, &header, frames);
+    ++messages_sent_[header.type()];
     peer.out.Enqueue(std::move(header), std::move(frames), Now());
   }
 
@@ -2116,6 +2127,9 @@ class SyncEngine::Impl {
   // DILOCO's outer state; the round waiting for its fragment's previous
   // one (0: none) and how many rounds waited.
   std::optional<OuterSteps> outer_;
+  // Mirror messages sent by kind (Summary's messages_sent); heartbeats
+  // are counted by the channels.
+  std::map<pb::MessageType, uint64_t> messages_sent_;
   int64_t outer_deferred_ = 0;
   uint64_t outer_deferred_count_ = 0;
   int64_t averaging_clock_ = 0;

@@ -227,6 +227,17 @@ TEST_F(IntegrationTest, DiLoCoOverThreeSitesConvergesWithEqualAnchors) {
     EXPECT_GE(diloco.steps(), 10u) << site.name();
     EXPECT_EQ(site.sync().rejected(), 0) << site.name();
     EXPECT_TRUE(site.sync().flushed()) << site.name();
+    // The messages it sent, by kind: one outer gradient per peer and round.
+    std::map<std::string, uint64_t> sent;
+    for (const pb::MessageCount& count : site.sync().messages_sent()) {
+      sent[count.type()] = count.count();
+    }
+    EXPECT_EQ(static_cast<double>(sent["MIRROR_UPDATE"]),
+              site.sync().updates_sent())
+        << site.name();
+    EXPECT_GE(sent["MIRROR_UPDATE"], 2 * diloco.steps()) << site.name();
+    EXPECT_GT(sent["MIRROR_CLOCK"], 0u) << site.name();
+    EXPECT_GT(sent["MIRROR_ACK"], 0u) << site.name();
     // Rounds that closed everywhere: the same anchor (a round one site
     // still had open at the end is the only way to differ).
     if (diloco.steps() == report.sites(0).sync().diloco().steps()) {

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "meridian/job.pb.h"
+#include "testing/test_data.h"
 
 namespace meridian {
 namespace {
@@ -45,6 +46,30 @@ TEST(TrainLocallyTest, TrainsTheJobsModelForTheAskedSamples) {
   Result<LocalTrainingResult> again = TrainLocally(job, 400000);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->test.metric, trained->test.metric);
+}
+
+// On two threads the MLP's step is the batch's (the slices' gradients
+// weighted by their samples), so the same samples end at the same model up
+// to float summation order; matrix factorisation refuses threads.
+TEST(TrainLocallyTest, ThreadsTrainTheSameModel) {
+  const std::string dir = testing::MakeTempDir("local-threads");
+  testing::SyntheticDataOptions options;
+  options.train_samples = 600;
+  options.test_samples = 200;
+  ASSERT_TRUE(testing::WriteSyntheticIdx(dir, options).ok());
+  const pb::JobConfig job = testing::SmallJob(dir, 1);
+  Result<LocalTrainingResult> one = TrainLocally(job, 3200, 1);
+  Result<LocalTrainingResult> two = TrainLocally(job, 3200, 2);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(one->steps, two->steps);
+  EXPECT_NEAR(one->test.loss, two->test.loss, 1e-3 * one->test.loss + 1e-4);
+  EXPECT_NEAR(one->test.accuracy, two->test.accuracy, 0.011);
+  Result<LocalTrainingResult> mf =
+      TrainLocally(SmallMatrixFactorizationJob(), 100, 2);
+  ASSERT_FALSE(mf.ok());
+  EXPECT_NE(mf.status().message().find("thread"), std::string::npos)
+      << mf.status();
 }
 
 TEST(TrainLocallyTest, ReportsDivergenceAndBadDataAsErrors) {

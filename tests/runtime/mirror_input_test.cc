@@ -451,7 +451,20 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   testing::AckingPeer b_mirror(b_mirror_.get(), "b");
   pb::Header final_clock = Clock("b", 1);
   final_clock.mutable_mirror_clock()->set_final(true);
+  const uint64_t final_sequence = final_clock.sequence();
   Send(final_clock);
+  // The workers leave only once the site has taken b's final (it
+  // acknowledges it); before, "every worker left" could end the job first.
+  bool final_taken = false;
+  const auto ack_deadline = std::chrono::steady_clock::now() + kTimeout;
+  while (!final_taken && std::chrono::steady_clock::now() < ack_deadline) {
+    Result<Received> reply = ReceiveMessage(*peer_, false, milliseconds(100));
+    final_taken = reply.ok() && reply->message &&
+                  reply->message->header.type() == pb::MIRROR_ACK &&
+                  reply->message->header.mirror_ack().applied_sequence() >=
+                      final_sequence;
+  }
+  EXPECT_TRUE(final_taken) << "the site never acknowledged b's final clock";
   for (RpcClient* client : {&w0, &w1}) {
     pb::Header bye;
     bye.set_type(pb::BYE);
