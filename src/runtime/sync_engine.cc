@@ -1198,9 +1198,11 @@ class SyncEngine::Impl {
   }
 
   // Sends `update` to `peer` as a MIRROR_UPDATE (or MIRROR_INDICES), tagged
-  // with the clock it belongs to (the one after the last announced).
+  // with the clock it belongs to (the one after the last announced);
+  // `outer_round`: the DiLoCo round of an outer gradient (0: none).
   void SendUpdate(const EncodedSlices& update, pb::MessageType type,
-                  const std::string& origin, bool average, Peer& peer) {
+                  const std::string& origin, bool average, Peer& peer,
+                  int64_t outer_round = 0) {
     if (update.empty() || peer.final_sent) return;
     pb::Header header = MakeHeader(type, self_, 0);
     header.set_clock(peer.announced + 1);
@@ -1211,6 +1213,7 @@ class SyncEngine::Impl {
     body->set_origin_site(origin);
     body->set_entries(update.entries);
     body->set_average(average);
+    if (outer_round != 0) body->set_outer_round(outer_round);
     if (type == pb::MIRROR_UPDATE) {
       const double now = options_.wall_clock->UnixSeconds();
       body->set_sent_unix_us(static_cast<int64_t>(now * 1e6));
@@ -1952,26 +1955,9 @@ class SyncEngine::Impl {
       return;
     }
     for (auto& peer : peers_) {
-      SendOuterGradient(encoded, clock, *peer);
+      SendUpdate(encoded, pb::MIRROR_UPDATE, name_, /*average=*/true, *peer,
+                 clock);
     }
-  }
-
-  void SendOuterGradient(const EncodedSlices& update, int64_t round,
-                         Peer& peer) {
-    if (peer.final_sent) return;
-    pb::Header header = MakeHeader(pb::MIRROR_UPDATE, self_, 0);
-    header.set_clock(peer.announced + 1);
-    for (const pb::TensorSlice& slice : update.slices) {
-      *header.add_slices() = slice;
-    }
-    pb::MirrorUpdate* body = header.mutable_mirror_update();
-    body->set_origin_site(name_);
-    body->set_entries(update.entries);
-    body->set_average(true);
-    body->set_outer_round(round);
-    Send(peer, std::move(header), update.frames);
-    ++updates_sent_;
-    entries_sent_ += update.entries;
   }
 
   // codec_->decoded() as the dense values of `range` (missing elements

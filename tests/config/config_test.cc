@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -1046,13 +1047,41 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   EXPECT_EQ(visited, 43);
 }
 
+// A change of the sync block and what validation says of it.
+struct SyncCase {
+  std::function<void(pb::SyncConfig*)> mutate;
+  std::string field;    // "" when valid
+  std::string message;  // part of the issue's message
+};
+
+// Each case on ValidConfig() with `kind` and `setup` applied first: valid,
+// or exactly one issue at `prefix` + its field, mentioning its message.
+void ExpectSyncCases(pb::SyncKind kind,
+                     const std::function<void(pb::SyncConfig*)>& setup,
+                     const std::string& prefix,
+                     std::span<const SyncCase> cases) {
+  int index = 0;
+  for (const SyncCase& c : cases) {
+    pb::JobConfig config = ValidConfig();
+    config.mutable_sync()->set_kind(kind);
+    setup(config.mutable_sync());
+    c.mutate(config.mutable_sync());
+    const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+    if (c.field.empty()) {
+      EXPECT_TRUE(issues.empty())
+          << "case #" << index << ": " << FormatConfigIssues("j", issues);
+    } else {
+      ASSERT_EQ(Fields(issues), std::vector<std::string>{prefix + c.field})
+          << "case #" << index << ": " << FormatConfigIssues("j", issues);
+      EXPECT_TRUE(Contains(issues[0].message, c.message))
+          << "case #" << index << ": " << issues[0].message;
+    }
+    ++index;
+  }
+}
+
 TEST(ValidateJobConfigTest, SkewScoutOptionsAndWhatItControls) {
-  struct Case {
-    std::function<void(pb::SyncConfig*)> mutate;
-    std::string field;    // "" when valid
-    std::string message;  // part of the issue's message
-  };
-  const Case cases[] = {
+  const SyncCase cases[] = {
       {[](auto* s) { s->mutable_skewscout()->set_enabled(true); }, "", ""},
       {[](auto* s) {
          s->set_kind(pb::DENSE);
@@ -1132,34 +1161,13 @@ TEST(ValidateJobConfigTest, SkewScoutOptionsAndWhatItControls) {
        },
        "enabled", "top_k_fraction (0.5), which must lie in [0.001, 0.25]"},
   };
-  int index = 0;
-  for (const Case& c : cases) {
-    pb::JobConfig config = ValidConfig();
-    config.mutable_sync()->set_kind(pb::GAIA);
-    config.mutable_sync()->set_threshold(0.05);
-    c.mutate(config.mutable_sync());
-    const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
-    if (c.field.empty()) {
-      EXPECT_TRUE(issues.empty())
-          << "case #" << index << ": " << FormatConfigIssues("j", issues);
-    } else {
-      ASSERT_EQ(Fields(issues),
-                std::vector<std::string>{"sync.skewscout." + c.field})
-          << "case #" << index << ": " << FormatConfigIssues("j", issues);
-      EXPECT_TRUE(Contains(issues[0].message, c.message))
-          << "case #" << index << ": " << issues[0].message;
-    }
-    ++index;
-  }
+  ExpectSyncCases(
+      pb::GAIA, [](pb::SyncConfig* s) { s->set_threshold(0.05); },
+      "sync.skewscout.", cases);
 }
 
 TEST(ValidateJobConfigTest, DiLoCoOptions) {
-  struct Case {
-    std::function<void(pb::SyncConfig*)> mutate;
-    std::string field;    // "" when valid
-    std::string message;  // part of the issue's message
-  };
-  const Case cases[] = {
+  const SyncCase cases[] = {
       {[](auto*) {}, "", ""},
       {[](auto* s) {
          s->mutable_diloco()->set_fragments(4);
@@ -1183,24 +1191,9 @@ TEST(ValidateJobConfigTest, DiLoCoOptions) {
       {[](auto* s) { s->mutable_skewscout()->set_enabled(true); },
        "sync.skewscout.enabled", "needs sync.kind GAIA"},
   };
-  int index = 0;
-  for (const Case& c : cases) {
-    pb::JobConfig config = ValidConfig();
-    config.mutable_sync()->set_kind(pb::DILOCO);
-    config.mutable_sync()->set_averaging_period(20);
-    c.mutate(config.mutable_sync());
-    const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
-    if (c.field.empty()) {
-      EXPECT_TRUE(issues.empty())
-          << "case #" << index << ": " << FormatConfigIssues("j", issues);
-    } else {
-      ASSERT_EQ(Fields(issues), std::vector<std::string>{c.field})
-          << "case #" << index << ": " << FormatConfigIssues("j", issues);
-      EXPECT_TRUE(Contains(issues[0].message, c.message))
-          << "case #" << index << ": " << issues[0].message;
-    }
-    ++index;
-  }
+  ExpectSyncCases(
+      pb::DILOCO, [](pb::SyncConfig* s) { s->set_averaging_period(20); }, "",
+      cases);
 }
 
 // ---------------------------------------------------------------------------

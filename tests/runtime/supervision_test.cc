@@ -436,6 +436,24 @@ class SupervisionTest : public ::testing::Test {
            PeerClock("b", "a") >= 2;
   }
 
+  // Runs the job of WriteJob (TwoSiteJob's sites) and SIGKILLs site a's
+  // server once the sites synced and checkpointed; the run must succeed
+  // (`output`: its output).
+  void RunAndKillSiteA(std::string* output) {
+    BackgroundRun run(path_ + " --out " + out_);
+    ASSERT_TRUE(
+        WaitFor([&] { return SitesSynced(); }, std::chrono::seconds(120)))
+        << "the sites never synced";
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // checkpoints
+    const std::vector<pid_t> site_a =
+        Pids(" site --config ", {dir_, "--site a"});
+    ASSERT_EQ(site_a.size(), 1u);
+    ::kill(site_a[0], SIGKILL);
+    const CommandResult& result = run.Wait();
+    *output = result.output;
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+  }
+
   pb::RunReport ReadReport() {
     pb::RunReport report;
     EXPECT_TRUE(ReadJsonFile(out_ + "/report.json", &report).ok());
@@ -763,19 +781,12 @@ TEST_F(SupervisionTest, ResumeContinuesAJobWhoseEveryProcessWasKilled) {
 // it again what it had not durably received, and the replicas end equal.
 TEST_F(SupervisionTest, KilledSiteServerResumesFromItsCheckpoint) {
   WriteJob(TwoSiteJob(25));
-  BackgroundRun run(path_ + " --out " + out_);
-  ASSERT_TRUE(WaitFor([&] { return SitesSynced(); }, std::chrono::seconds(120)))
-      << "the sites never synced";
-  std::this_thread::sleep_for(std::chrono::seconds(3));  // checkpoints
-  const std::vector<pid_t> site_a = Pids(" site --config ", {dir_, "--site a"});
-  ASSERT_EQ(site_a.size(), 1u);
-  ::kill(site_a[0], SIGKILL);
-  const CommandResult& result = run.Wait();
-  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::string output;
+  ASSERT_NO_FATAL_FAILURE(RunAndKillSiteA(&output));
   const pb::RunReport report = ReadReport();
   EXPECT_EQ(EventsOf(report, pb::PROCESS_FAILED, "site 'a'").size(), 1u);
   EXPECT_EQ(EventsOf(report, pb::PROCESS_RESTARTED, "site 'a'").size(), 1u)
-      << result.output;
+      << output;
   ASSERT_EQ(report.sites_size(), 2);
   for (const pb::SiteSummary& site : report.sites()) {
     EXPECT_TRUE(site.sync().flushed()) << site.name();
@@ -805,18 +816,11 @@ TEST_F(SupervisionTest, KilledSiteServerResumesItsDiLoCoRounds) {
   sync->set_averaging_period(5);
   sync->mutable_compression()->set_value_coding(pb::VALUE_INT8);
   WriteJob(job);
-  BackgroundRun run(path_ + " --out " + out_);
-  ASSERT_TRUE(WaitFor([&] { return SitesSynced(); }, std::chrono::seconds(120)))
-      << "the sites never synced";
-  std::this_thread::sleep_for(std::chrono::seconds(3));  // checkpoints
-  const std::vector<pid_t> site_a = Pids(" site --config ", {dir_, "--site a"});
-  ASSERT_EQ(site_a.size(), 1u);
-  ::kill(site_a[0], SIGKILL);
-  const CommandResult& result = run.Wait();
-  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::string output;
+  ASSERT_NO_FATAL_FAILURE(RunAndKillSiteA(&output));
   const pb::RunReport report = ReadReport();
   EXPECT_EQ(EventsOf(report, pb::PROCESS_RESTARTED, "site 'a'").size(), 1u)
-      << result.output;
+      << output;
   ASSERT_EQ(report.sites_size(), 2);
   const pb::OuterStepSummary& a = report.sites(0).sync().diloco();
   const pb::OuterStepSummary& b = report.sites(1).sync().diloco();
