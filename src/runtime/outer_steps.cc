@@ -13,6 +13,18 @@ std::string RoundName(int64_t clock) {
 
 }  // namespace
 
+OuterStepOptions OuterStepOptionsFrom(const pb::SyncConfig& sync,
+                                      uint32_t peers) {
+  OuterStepOptions options;
+  options.period = sync.averaging_period();
+  options.fragments = sync.diloco().fragments();
+  options.lr = sync.diloco().outer_lr();
+  options.momentum = sync.diloco().outer_momentum();
+  options.nesterov = sync.diloco().nesterov();
+  options.peers = peers;
+  return options;
+}
+
 Result<OuterSteps> OuterSteps::Create(const OuterStepOptions& options,
                                       uint64_t num_elements) {
   if (options.period == 0) {

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "meridian/checkpoint.pb.h"
+#include "meridian/job.pb.h"
 #include "meridian/param_store.h"
 #include "meridian/status.h"
 #include "runtime/checkpoint.h"
@@ -50,6 +51,11 @@ struct OuterStepOptions {
   bool nesterov = true;
   uint32_t peers = 0;  // other sites whose Δ every round needs
 };
+
+// The options of `sync` (averaging_period and sync.diloco) for a site
+// with `peers` other sites.
+OuterStepOptions OuterStepOptionsFrom(const pb::SyncConfig& sync,
+                                      uint32_t peers);
 
 class OuterSteps {
  public:

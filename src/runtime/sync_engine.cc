@@ -202,16 +202,11 @@ class SyncEngine::Impl {
       peers_.push_back(std::move(peer));
     }
     if (sync_.kind() == pb::DILOCO) {
-      const pb::DiLoCoConfig& diloco = sync_.diloco();
-      OuterStepOptions outer;
-      outer.period = sync_.averaging_period();
-      outer.fragments = diloco.fragments();
-      outer.lr = diloco.outer_lr();
-      outer.momentum = diloco.outer_momentum();
-      outer.nesterov = diloco.nesterov();
-      outer.peers = static_cast<uint32_t>(peers_.size());
       MERIDIAN_ASSIGN_OR_RETURN(
-          OuterSteps steps, OuterSteps::Create(outer, store_->num_elements()));
+          OuterSteps steps,
+          OuterSteps::Create(
+              OuterStepOptionsFrom(sync_, static_cast<uint32_t>(peers_.size())),
+              store_->num_elements()));
       outer_.emplace(std::move(steps));
     }
 
