@@ -456,19 +456,20 @@ TEST_F(IntegrationTest, ThreeSitesThroughWanemConvergeAndCountEveryByte) {
   EXPECT_EQ(CountProcesses(out + "/job.pbtxt"), 0) << "orphaned children";
 }
 
-// Label skew across three sites (disjoint classes: {0,1,2}, {3,4,5},
-// {6,...,9}), the same job twice for the same time: DENSE sync, then Gaia
-// with SkewScout. SkewScout's models travel, are scored at the peers and
-// move θ; the job ends within the controller's accuracy target of dense
-// sync (plus the noise of a 1000-sample test set), having sent fewer
-// bytes, and report.json carries the skew, the decisions and the age of
-// remote updates.
 // A CNN with BatchNorm (its running statistics are tensors of the model,
 // committed by workers and synchronised by sites like weights) over three
 // sites through wanem: every site learns, and evaluation, which normalises
 // with the running statistics, reaches the target at each.
+// The job runs for a fixed time rather than stopping at the target: a stop
+// at the first site's target ends the others wherever they are, and the
+// merged final models sit a few points either side of any one site's
+// evaluation (in CI a stop at 0.90 ended every site at 0.82). Idle, the
+// sites pass 0.90 in about 2.5 s and keep rising.
 TEST_F(IntegrationTest, CnnWithBatchNormOverThreeSitesConverges) {
   pb::JobConfig job = ThreeSitesThroughWanem();
+  job.set_stop_at_target(false);
+  job.set_target_accuracy(0.85);
+  job.set_time_budget_s(8);
   pb::ModelConfig* model = job.mutable_model();
   model->Clear();
   model->set_kind(pb::CNN);
@@ -585,6 +586,13 @@ TEST_F(IntegrationTest, MatrixFactorizationOverThreeSitesReachesItsRmse) {
   EXPECT_EQ(CountProcesses(path), 0) << "orphaned children";
 }
 
+// Label skew across three sites (disjoint classes: {0,1,2}, {3,4,5},
+// {6,...,9}), the same job twice for the same time: DENSE sync, then Gaia
+// with SkewScout. SkewScout's models travel, are scored at the peers and
+// move θ; the job ends within the controller's accuracy target of dense
+// sync (plus the noise of a 1000-sample test set), having sent fewer
+// bytes, and report.json carries the skew, the decisions and the age of
+// remote updates.
 TEST_F(IntegrationTest, SkewedSitesWithSkewScoutEndWithinTheTargetOfDense) {
   pb::JobConfig job = testing::SmallJob(*data_dir_, 2);
   job.set_time_budget_s(15);
