@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -23,6 +26,7 @@
 #include "meridian/site_server.h"
 #include "meridian/top.h"
 #include "meridian/wan_control.h"
+#include "meridian/wan_presets.h"
 #include "meridian/wanem.h"
 #include "meridian/worker.h"
 
@@ -338,6 +342,63 @@ int Keygen(const std::string& site, const std::string& out_dir) {
   return 0;
 }
 
+// The built-in link presets: every measured region pair and every access
+// network, as a table or (--json) as JSON for scripts, so that none keeps
+// a copy of wan/presets.cc.
+int Presets(bool json) {
+  if (!json) {
+    std::printf("Region pairs (round trip; the bandwidth applies to each "
+                "direction):\n");
+    for (const wan::RegionPreset& pair : wan::RegionPresets()) {
+      std::printf("  %-15s %-15s %7.1f ms RTT %6.3f Gbit/s\n",
+                  std::string(pair.region_a).c_str(),
+                  std::string(pair.region_b).c_str(), pair.rtt_ms, pair.gbps);
+    }
+    std::printf("Access networks (workers.link.preset; down = to the "
+                "worker, up = to its site, one-way latency):\n");
+    for (const wan::AccessLinkPreset& access : wan::AccessLinkPresets()) {
+      std::printf("  %-15s down %8.2f Mbit/s  up %8.2f Mbit/s  %7.3f ms  "
+                  "jitter %.1f ms\n",
+                  std::string(access.name).c_str(), access.down_mbps,
+                  access.up_mbps, access.one_way_ms, access.jitter_ms);
+    }
+    return 0;
+  }
+  google::protobuf::Struct all;
+  auto& fields = *all.mutable_fields();
+  google::protobuf::ListValue* regions =
+      fields["region_pairs"].mutable_list_value();
+  for (const wan::RegionPreset& pair : wan::RegionPresets()) {
+    auto& entry =
+        *regions->add_values()->mutable_struct_value()->mutable_fields();
+    entry["region_a"].set_string_value(std::string(pair.region_a));
+    entry["region_b"].set_string_value(std::string(pair.region_b));
+    entry["rtt_ms"].set_number_value(pair.rtt_ms);
+    entry["gbps"].set_number_value(pair.gbps);
+  }
+  google::protobuf::ListValue* access_networks =
+      fields["access_networks"].mutable_list_value();
+  for (const wan::AccessLinkPreset& access : wan::AccessLinkPresets()) {
+    auto& entry = *access_networks->add_values()
+                       ->mutable_struct_value()
+                       ->mutable_fields();
+    entry["name"].set_string_value(std::string(access.name));
+    entry["down_mbps"].set_number_value(access.down_mbps);
+    entry["up_mbps"].set_number_value(access.up_mbps);
+    entry["one_way_ms"].set_number_value(access.one_way_ms);
+    entry["jitter_ms"].set_number_value(access.jitter_ms);
+  }
+  std::string text;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  if (!google::protobuf::util::MessageToJsonString(all, &text, options).ok()) {
+    std::fprintf(stderr, "meridian presets: cannot print JSON\n");
+    return kExitFailure;
+  }
+  std::fputs(text.c_str(), stdout);
+  return 0;
+}
+
 int WorkerRole(const std::string& path, const std::string& site, uint32_t index,
                uint32_t threads, const std::string& connect,
                const std::string& metrics, const std::string& secret_key) {
@@ -527,6 +588,7 @@ struct Flags {
   bool top_once = false;
   uint64_t local_samples = 0;  // local --samples
   int local_threads = 1;       // local --threads
+  bool presets_json = false;   // presets --json
   WanemFlags wanem;
   WanemCtlFlags ctl;
 };
@@ -601,6 +663,7 @@ struct Commands {
   CLI::App* report = nullptr;
   CLI::App* site = nullptr;
   CLI::App* keygen = nullptr;
+  CLI::App* presets = nullptr;
   CLI::App* worker = nullptr;
   CLI::App* wanem = nullptr;
   CLI::App* wanem_ctl = nullptr;
@@ -690,6 +753,12 @@ void AddObserveCommands(CLI::App* app, Flags* flags, Commands* commands) {
   report->add_option("--out", flags->out_dir,
                      "directory for the plots (default: DIR/plots of the "
                      "first DIR)");
+
+  CLI::App* presets = commands->presets = app->add_subcommand(
+      "presets",
+      "The built-in link presets: measured region pairs (site.region) and "
+      "access networks (workers.link.preset)");
+  presets->add_flag("--json", flags->presets_json, "print them as JSON");
 }
 
 CLI::App* AddSiteCommand(CLI::App* app, Flags* flags) {
@@ -899,6 +968,7 @@ int Dispatch(const Commands& commands, const Flags& flags) {
     return Top(flags.config, flags.top_run, flags.top_interval, flags.top_once);
   }
   if (*commands.report) return Report(flags.report_dirs, flags.out_dir);
+  if (*commands.presets) return Presets(flags.presets_json);
   if (*commands.wanem) {
     if (*commands.wanem_ctl) {
       std::string command;

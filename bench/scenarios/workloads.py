@@ -10,6 +10,11 @@ the report and tables, and whether higher is better), the targets (low: the
 easier one, high: "the target"), and a default budget.
 
   mlp      MLP 784-256-10 (the scenarios' original workload)
+  mlp-small
+           MLP 784-64-10 on 50 ms device steps: the eleven-region job's
+           model (deploy/configs/eleven-regions.pbtxt), light enough that
+           eleven site servers, their workers and wanem leave two cores
+           headroom (geo_vs_lan --regions 11 saturates them with mlp)
   cnn      LeNet-5-style CNN (model.preset "lenet5")
   cnn-bn   the same with BatchNorm after each convolution
   cnn-gn   the same with GroupNorm after each convolution
@@ -68,6 +73,8 @@ MF_DATA = """data { ratings {
 WORKLOADS = collections.OrderedDict((w.name, w) for w in [
     _classifier("mlp", "model { kind: MLP hidden: 256 }",
                 "MLP 784-256-10", 0.02, (0.85, 0.87), 60.0),
+    _classifier("mlp-small", "model { kind: MLP hidden: 64 }",
+                "MLP 784-64-10", 0.05, (0.83, 0.85), 80.0),
     _classifier("cnn", 'model { kind: CNN preset: "lenet5" }',
                 "LeNet-5-style CNN", 0.07, (0.85, 0.88), 120.0),
     _classifier("cnn-bn", 'model { kind: CNN preset: "lenet5-bn" }',

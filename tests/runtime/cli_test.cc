@@ -1,4 +1,6 @@
 // The command line's answers to bad input: clear errors, no crash.
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,6 +10,7 @@
 #include "meridian/job.pb.h"
 #include "meridian/report.h"
 #include "meridian/report.pb.h"
+#include "meridian/wan_presets.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
 
@@ -246,6 +249,42 @@ TEST(CliTest, BadCommandLinesAreUsageErrors) {
   const CommandResult help = Meridian("--help");
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.output.find("run"), std::string::npos);
+}
+
+// `meridian presets --json` is what scripts read instead of copying
+// wan/presets.cc: every region pair and access network, with its numbers.
+TEST(CliTest, PresetsPrintsEveryPresetAsTextAndJson) {
+  const CommandResult text = Meridian("presets");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  for (const wan::AccessLinkPreset& access : wan::AccessLinkPresets()) {
+    EXPECT_NE(text.output.find(std::string(access.name)), std::string::npos)
+        << access.name;
+  }
+  const CommandResult json = Meridian("presets --json");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  google::protobuf::Struct parsed;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(json.output, &parsed).ok())
+      << json.output;
+  const auto& access =
+      parsed.fields().at("access_networks").list_value().values();
+  ASSERT_EQ(access.size(), wan::AccessLinkPresets().size());
+  for (int i = 0; i < access.size(); ++i) {
+    const auto& fields = access[i].struct_value().fields();
+    const wan::AccessLinkPreset& want = wan::AccessLinkPresets()[i];
+    EXPECT_EQ(fields.at("name").string_value(), want.name);
+    EXPECT_EQ(fields.at("down_mbps").number_value(), want.down_mbps);
+    EXPECT_EQ(fields.at("up_mbps").number_value(), want.up_mbps);
+    EXPECT_EQ(fields.at("one_way_ms").number_value(), want.one_way_ms);
+    EXPECT_EQ(fields.at("jitter_ms").number_value(), want.jitter_ms);
+  }
+  const auto& regions =
+      parsed.fields().at("region_pairs").list_value().values();
+  ASSERT_EQ(regions.size(), wan::RegionPresets().size());
+  const auto& first = regions[0].struct_value().fields();
+  EXPECT_EQ(first.at("region_a").string_value(),
+            wan::RegionPresets()[0].region_a);
+  EXPECT_EQ(first.at("rtt_ms").number_value(), wan::RegionPresets()[0].rtt_ms);
 }
 
 }  // namespace
