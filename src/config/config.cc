@@ -743,10 +743,11 @@ void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
   ValidateSkewScout(sync, r.Nested("skewscout"));
   ValidateCompression(sync.compression(), r.Nested("compression"));
   r.Specified("topology", sync.topology());
-  if (sync.kind() == pb::DILOCO) {
+  if (sync.kind() == pb::DILOCO || sync.kind() == pb::MODEL_AVERAGING) {
     r.Check(sync.topology() == pb::FULL_MESH, "topology",
-            "sync.kind DILOCO averages every site's outer gradient at every "
-            "site: it needs FULL_MESH");
+            "sync.kind " + pb::SyncKind_Name(sync.kind()) +
+                " averages every site's outer gradient at every site: it "
+                "needs FULL_MESH");
   }
   if (sync.topology() == pb::STAR) {
     CheckTopologySite(config, sync.hub(), "hub", r);

@@ -13,10 +13,23 @@ std::string RoundName(int64_t clock) {
 
 }  // namespace
 
+bool HasOuterRounds(pb::SyncKind kind) {
+  return kind == pb::DILOCO || kind == pb::MODEL_AVERAGING;
+}
+
 OuterStepOptions OuterStepOptionsFrom(const pb::SyncConfig& sync,
                                       uint32_t peers) {
   OuterStepOptions options;
   options.period = sync.averaging_period();
+  options.peers = peers;
+  if (sync.kind() == pb::MODEL_AVERAGING) {
+    // anchor - mean(anchor - model) = mean(model).
+    options.fragments = 1;
+    options.lr = 1;
+    options.momentum = 0;
+    options.nesterov = false;
+    return options;
+  }
   options.fragments = sync.diloco().fragments();
   options.lr = sync.diloco().outer_lr();
   options.momentum = sync.diloco().outer_momentum();

@@ -10,6 +10,8 @@
 //                          anchor ← anchor - lr·m                 (plain)
 // With `fragments` F > 1 the model is cut into F element ranges whose
 // rounds are staggered every H/F clocks (Streaming DiLoCo's fragments).
+// MODEL_AVERAGING (FedAvg) is the special case lr 1, no momentum, one
+// fragment: the new anchor is the mean of the sites' models.
 //
 // This site's model after a round: new anchor + (model now - base), base =
 // anchor - Δ̂ (Δ̂: its own Δ as the peers decode it). What the workers
@@ -52,8 +54,13 @@ struct OuterStepOptions {
   uint32_t peers = 0;  // other sites whose Δ every round needs
 };
 
-// The options of `sync` (averaging_period and sync.diloco) for a site
-// with `peers` other sites.
+// Whether sites of this sync kind exchange outer gradients in rounds:
+// DILOCO and MODEL_AVERAGING.
+bool HasOuterRounds(pb::SyncKind kind);
+
+// The options of `sync` (averaging_period and sync.diloco; for
+// MODEL_AVERAGING lr 1, no momentum, one fragment) for a site with `peers`
+// other sites.
 OuterStepOptions OuterStepOptionsFrom(const pb::SyncConfig& sync,
                                       uint32_t peers);
 
@@ -67,6 +74,7 @@ class OuterSteps {
   // The anchor starts as `model` (the replicas' common initial model).
   void Start(std::span<const float> model);
   bool started() const { return started_; }
+  const OuterStepOptions& options() const { return options_; }
 
   // The fragment whose round starts at `clock`, if one does (clocks
   // H/F, 2H/F, ...; fragment (clock / (H/F) - 1) mod F).

@@ -111,7 +111,7 @@ struct Peer {
   // Its channel's connection to our mirror socket (acks go back on it).
   std::string routing_id;
   // Changes not sent to it yet (a ParameterStore accumulator); unused
-  // under MODEL_AVERAGING.
+  // under MODEL_AVERAGING and DILOCO.
   size_t acc = 0;
   int64_t announced = 0;  // last clock sent to it
   bool final_sent = false;
@@ -190,9 +190,6 @@ class SyncEngine::Impl {
     // not been sent while the others go on. A hub also adds to a peer's
     // accumulator what it receives from others that the peer should get
     // (RelayTargets).
-    if (sync_.kind() == pb::MODEL_AVERAGING) {
-      averaging_acc_ = store_->AddAccumulator();
-    }
     for (int site : role_.Peers()) {
       auto peer = std::make_unique<Peer>(site, job_.site(site).name(), self_,
                                          incarnation_, delivery);
@@ -201,7 +198,7 @@ class SyncEngine::Impl {
       if (UsesAccumulators()) peer->acc = store_->AddAccumulator();
       peers_.push_back(std::move(peer));
     }
-    if (sync_.kind() == pb::DILOCO) {
+    if (HasOuterRounds(sync_.kind())) {
       MERIDIAN_ASSIGN_OR_RETURN(
           OuterSteps steps,
           OuterSteps::Create(
@@ -351,9 +348,7 @@ class SyncEngine::Impl {
   void OnLocalClock(int64_t clock) {
     local_clock_ = clock;
     SampleUnsent();
-    if (sync_.kind() == pb::MODEL_AVERAGING) {
-      if (clock % sync_.averaging_period() == 0) SendModelForAveraging(clock);
-    } else if (outer_) {
+    if (outer_) {
       StartOuterRoundIfDue(clock);
     } else {
       SendLocalChanges(Theta(clock));
@@ -369,7 +364,6 @@ class SyncEngine::Impl {
       }
     }
     AnnounceClocks();
-    MaybeAverage();
     CloseOuterRounds();
   }
 
@@ -433,14 +427,13 @@ class SyncEngine::Impl {
         if (blocked_.Intersects(range.begin, range.end)) return false;
       }
     }
-    if (sync_.kind() == pb::MODEL_AVERAGING) {
-      return !averaging_round_open_;
-    }
     if (outer_) {
       // A round that waits for the previous one of its fragment holds
-      // training either way; without overlap so does every open round.
+      // training either way; without overlap (MODEL_AVERAGING never
+      // overlaps) so does every open round.
       if (outer_deferred_ != 0) return false;
-      return sync_.diloco().overlap() || !outer_->AnyOpen();
+      return (sync_.kind() == pb::DILOCO && sync_.diloco().overlap()) ||
+             !outer_->AnyOpen();
     }
     return local_clock - BoundingClock() <=
            static_cast<int64_t>(sync_.max_clock_skew());
@@ -598,10 +591,11 @@ class SyncEngine::Impl {
       diloco->set_steps(outer_->steps());
       diloco->set_open_at_end(outer_->open_rounds());
       diloco->set_deferred(outer_deferred_count_);
-      diloco->set_outer_lr(sync_.diloco().outer_lr());
-      diloco->set_outer_momentum(sync_.diloco().outer_momentum());
-      diloco->set_fragments(sync_.diloco().fragments());
-      diloco->set_period(sync_.averaging_period());
+      const OuterStepOptions& options = outer_->options();
+      diloco->set_outer_lr(options.lr);
+      diloco->set_outer_momentum(options.momentum);
+      diloco->set_fragments(options.fragments);
+      diloco->set_period(options.period);
       double squares = 0;
       for (float value : outer_->anchor()) {
         squares += static_cast<double>(value) * value;
@@ -677,8 +671,8 @@ class SyncEngine::Impl {
                                 const Checkpoint* arrays) {
     if (outer_ && state.has_outer()) {
       if (arrays == nullptr) {
-        return DataLossError("DiLoCo's outer state needs the checkpoint's "
-                             "arrays");
+        return DataLossError("the outer rounds' state (DILOCO, "
+                             "MODEL_AVERAGING) needs the checkpoint's arrays");
       }
       MERIDIAN_RETURN_IF_ERROR(outer_->RestoreFrom(state.outer(), *arrays));
       outer_deferred_ = state.outer_deferred();
@@ -1194,7 +1188,8 @@ class SyncEngine::Impl {
 
   // Sends `update` to `peer` as a MIRROR_UPDATE (or MIRROR_INDICES), tagged
   // with the clock it belongs to (the one after the last announced);
-  // `outer_round`: the DiLoCo round of an outer gradient (0: none).
+  // `outer_round`: the round of an outer gradient (DILOCO, MODEL_AVERAGING;
+  // 0: none).
   void SendUpdate(const EncodedSlices& update, pb::MessageType type,
                   const std::string& origin, bool average, Peer& peer,
                   int64_t outer_round = 0) {
@@ -1259,25 +1254,6 @@ class SyncEngine::Impl {
                  peer);
     }
     SendUpdate(update, pb::MIRROR_UPDATE, name_, false, peer);
-  }
-
-  void SendModelForAveraging(int64_t clock) {
-    // The whole model, losslessly, for this round's average.
-    std::vector<float> model(store_->num_elements());
-    store_->Snapshot(model);
-    const EncodedSlices encoded =
-        codec_->EncodeModel(*store_, averaging_acc_, model);
-    // The accumulator is not used by averaging: keep it empty.
-    store_->VisitAccumulator(
-        averaging_acc_,
-        [](const KeyRange&, std::span<const float>, std::span<float> a) {
-          std::fill(a.begin(), a.end(), 0.0f);
-        });
-    for (auto& peer : peers_) {
-      SendUpdate(encoded, pb::MIRROR_UPDATE, name_, /*average=*/true, *peer);
-    }
-    averaging_round_open_ = true;
-    averaging_clock_ = clock;
   }
 
   // Sends the clock announcement that became due on each channel (one
@@ -1808,7 +1784,6 @@ class SyncEngine::Impl {
     UpdateCatchingUp(peer);
     // A hub's announcements depend on what it hears.
     if (role_.kind == SyncRole::Kind::kHub) AnnounceClocks();
-    MaybeAverage();
   }
 
   void HandleUpdate(Envelope& message, Peer& peer) {
@@ -1831,12 +1806,11 @@ class SyncEngine::Impl {
       return;
     }
     const pb::MirrorUpdate& body = header.mirror_update();
-    if (body.average() && outer_) {
+    if (body.average() || outer_) {
+      // An outer gradient, or (under DILOCO and MODEL_AVERAGING) anything
+      // else where only outer gradients belong: AddToOuterRound refuses
+      // it.
       AddToOuterRound(message, peer);
-      return;
-    }
-    if (body.average()) {
-      AddToAveragingRound(header.clock(), site);
       return;
     }
     const DecodedUpdate& received = codec_->decoded();
@@ -1884,26 +1858,11 @@ class SyncEngine::Impl {
     return codec_->Decode(store_->layout(), header, bytes);
   }
 
-  void AddToAveragingRound(int64_t clock, const std::string& site) {
-    std::vector<float>& sum = rounds_[clock];
-    if (sum.empty()) sum.assign(store_->num_elements(), 0.0f);
-    const DecodedUpdate& received = codec_->decoded();
-    for (size_t j = 0; j < received.indices.size(); ++j) {
-      sum[received.indices[j]] += received.values[j];
-    }
-    round_sites_[clock].push_back(site);
-    ++updates_received_;
-    entries_received_ += received.indices.size();
-    MaybeAverage();
-  }
-
   // Whether peers have accumulators of unsent changes (not so when whole
   // models or outer gradients are exchanged).
-  bool UsesAccumulators() const {
-    return sync_.kind() != pb::MODEL_AVERAGING && sync_.kind() != pb::DILOCO;
-  }
+  bool UsesAccumulators() const { return !HasOuterRounds(sync_.kind()); }
 
-  // DILOCO: at a clock that starts a round, sends this site's outer
+  // DILOCO and MODEL_AVERAGING: at a clock that starts a round, sends this site's outer
   // gradient of the round's fragment to every peer, unless the previous
   // round of that fragment is still open: then the round waits (and so do
   // reads) until it closes.
@@ -1944,7 +1903,7 @@ class SyncEngine::Impl {
     if (status.ok()) status = outer_->AddOwn(clock, decoded);
     if (!status.ok()) {
       // Our own encoding does not decode: a bug, not a peer's fault.
-      MLOG(ERROR) << "DiLoCo round " << clock
+      MLOG(ERROR) << "outer round " << clock
                   << ": this site's outer gradient does not decode: "
                   << status;
       return;
@@ -2027,21 +1986,6 @@ class SyncEngine::Impl {
     }
   }
 
-  // Averages once this site has reached the round's clock and every peer's
-  // model of that round arrived.
-  void MaybeAverage() {
-    if (!averaging_round_open_) return;
-    auto it = rounds_.find(averaging_clock_);
-    if (it == rounds_.end() ||
-        round_sites_[averaging_clock_].size() < peers_.size()) {
-      return;
-    }
-    store_->AverageWith(it->second, static_cast<uint32_t>(peers_.size()));
-    rounds_.erase(it);
-    round_sites_.erase(averaging_clock_);
-    averaging_round_open_ = false;
-  }
-
   SyncEngineOptions options_;
   const pb::JobConfig& job_;
   const pb::SyncConfig& sync_;
@@ -2069,7 +2013,6 @@ class SyncEngine::Impl {
   uint64_t error_sequence_ = 0;
 
   std::optional<UpdateCodec> codec_;  // set by Init
-  size_t averaging_acc_ = 0;          // MODEL_AVERAGING's encoding scratch
 
   int64_t local_clock_ = 0;
   uint64_t unsent_offset_ = 0;  // SampleUnsent's rotating offset
@@ -2104,18 +2047,14 @@ class SyncEngine::Impl {
   SyncEngine::OutgoingLog outgoing_log_;  // empty: no log
   uint64_t log_failures_ = 0;
 
-  bool averaging_round_open_ = false;
-  // DILOCO's outer state; the round waiting for its fragment's previous
-  // one (0: none) and how many rounds waited.
+  // The outer rounds' state (DILOCO, MODEL_AVERAGING); the round waiting
+  // for its fragment's previous one (0: none) and how many rounds waited.
   std::optional<OuterSteps> outer_;
   // Mirror messages sent by kind (Summary's messages_sent); heartbeats
   // are counted by the channels.
   std::map<pb::MessageType, uint64_t> messages_sent_;
   int64_t outer_deferred_ = 0;
   uint64_t outer_deferred_count_ = 0;
-  int64_t averaging_clock_ = 0;
-  std::map<int64_t, std::vector<float>> rounds_;
-  std::map<int64_t, std::vector<std::string>> round_sites_;
 
   // Counters.
   uint64_t updates_sent_ = 0;

@@ -1196,6 +1196,24 @@ TEST(ValidateJobConfigTest, DiLoCoOptions) {
       cases);
 }
 
+// FedAvg is DiLoCo's outer step with lr 1 and no momentum: the same rounds,
+// the same full mesh.
+TEST(ValidateJobConfigTest, ModelAveragingNeedsAFullMesh) {
+  const SyncCase cases[] = {
+      {[](auto*) {}, "", ""},
+      {[](auto* s) {
+         s->set_topology(pb::STAR);
+         s->set_hub("a");
+       },
+       "sync.topology", "MODEL_AVERAGING averages every site's"},
+      {[](auto* s) { s->set_averaging_period(0); }, "sync.averaging_period",
+       ""},
+  };
+  ExpectSyncCases(
+      pb::MODEL_AVERAGING,
+      [](pb::SyncConfig* s) { s->set_averaging_period(10); }, "", cases);
+}
+
 // ---------------------------------------------------------------------------
 // FormatConfigIssues.
 

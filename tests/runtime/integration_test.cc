@@ -247,6 +247,41 @@ TEST_F(IntegrationTest, DiLoCoOverThreeSitesConvergesWithEqualAnchors) {
   EXPECT_GT(report.wan_bytes_total(), 0);
 }
 
+// FedAvg (MODEL_AVERAGING) across three sites: DiLoCo's rounds with outer
+// lr 1 and no momentum, so every round makes the anchor the mean of the
+// sites' models. It converges, every site takes the same rounds (equal
+// anchors) and nothing is refused.
+TEST_F(IntegrationTest, ModelAveragingOverThreeSitesAgreesOnEveryMean) {
+  pb::JobConfig job = ThreeSitesThroughWanem();
+  job.set_stop_at_target(false);
+  job.set_time_budget_s(20);
+  pb::SyncConfig* sync = job.mutable_sync();
+  sync->set_kind(pb::MODEL_AVERAGING);
+  sync->set_averaging_period(10);
+  sync->clear_compression();  // FedAvg's models, losslessly (fp32)
+  const std::string path = WriteJob(job);
+  const std::string out = testing::MakeTempDir("integration-out");
+  pb::RunReport report;
+  ASSERT_NO_FATAL_FAILURE(RunToReport(path, out, &report));
+  EXPECT_TRUE(report.reached_target()) << report.final_accuracy();
+  ASSERT_EQ(report.sites_size(), 3);
+  const pb::OuterStepSummary& first = report.sites(0).sync().diloco();
+  EXPECT_GT(first.anchor_norm(), 0);
+  for (const pb::SiteSummary& site : report.sites()) {
+    const pb::OuterStepSummary& rounds = site.sync().diloco();
+    EXPECT_GE(rounds.steps(), 5u) << site.name();
+    EXPECT_EQ(rounds.outer_lr(), 1.0) << site.name();
+    EXPECT_EQ(rounds.outer_momentum(), 0.0) << site.name();
+    EXPECT_EQ(site.sync().rejected(), 0) << site.name();
+    EXPECT_TRUE(site.sync().flushed()) << site.name();
+    if (rounds.steps() == first.steps()) {
+      EXPECT_NEAR(rounds.anchor_norm(), first.anchor_norm(),
+                  1e-5 * first.anchor_norm())
+          << site.name();
+    }
+  }
+}
+
 // One site whose two workers sit behind emulated access links
 // (workers.link): `meridian run` starts wanem for them alone, each worker's
 // commits and replies cross its own link, which adds its latency to every

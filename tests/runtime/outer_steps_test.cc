@@ -1,5 +1,5 @@
 // DiLoCo's outer steps (runtime/outer_steps.h): the Nesterov arithmetic
-// against a hand computation, round bookkeeping, what a peer may not
+// against a hand computation, MODEL_AVERAGING as its special case, round bookkeeping, what a peer may not
 // send, fragments, and the checkpoint round trip.
 
 #include "runtime/outer_steps.h"
@@ -40,6 +40,48 @@ TEST(OuterStepsTest, RefusesBadOptions) {
   options = Options(1);
   options.lr = 0;
   EXPECT_FALSE(OuterSteps::Create(options, 8).ok());
+}
+
+// MODEL_AVERAGING's options: one round replaces the anchor by the mean of
+// the three sites' models, and this site's model becomes that mean plus
+// what its workers committed after the round started.
+TEST(OuterStepsTest, ModelAveragingMakesTheAnchorTheMeanOfTheModels) {
+  pb::SyncConfig sync;
+  sync.set_kind(pb::MODEL_AVERAGING);
+  sync.set_averaging_period(4);
+  sync.mutable_diloco()->set_outer_lr(0.7);  // not DiLoCo's: ignored
+  ASSERT_TRUE(HasOuterRounds(pb::MODEL_AVERAGING));
+  ASSERT_FALSE(HasOuterRounds(pb::GAIA));
+  OuterSteps steps = Make(OuterStepOptionsFrom(sync, /*peers=*/2), 2);
+  EXPECT_EQ(steps.options().lr, 1.0);
+  EXPECT_EQ(steps.options().momentum, 0.0);
+  EXPECT_EQ(steps.options().fragments, 1u);
+  steps.Start(std::vector<float>{1.0f, 1.0f});
+  ASSERT_EQ(steps.FragmentDueAt(4), 0u);
+  const std::vector<float> own = {2.0f, 0.0f};
+  std::vector<float> delta;
+  steps.OuterGradient(0, own, &delta);
+  ASSERT_TRUE(steps.AddOwn(4, delta).ok());
+  // The peers' models: {0, 3} and {4, 0}; Δ = anchor - model.
+  ASSERT_TRUE(steps.AddPeer(4, 0, std::vector<float>{1.0f, -2.0f}, 4).ok());
+  ASSERT_TRUE(steps.AddPeer(4, 1, std::vector<float>{-3.0f, 1.0f}, 4).ok());
+  std::optional<OuterSteps::Step> step = steps.CloseReady();
+  ASSERT_TRUE(step);
+  // mean = {(2 + 0 + 4) / 3, (0 + 3 + 0) / 3} = {2, 1}.
+  EXPECT_NEAR(steps.anchor()[0], 2.0f, 1e-6);
+  EXPECT_NEAR(steps.anchor()[1], 1.0f, 1e-6);
+  // A commit of {+0.5, 0} after the round started is kept.
+  const std::vector<float> now = {own[0] + 0.5f, own[1]};
+  EXPECT_NEAR(now[0] + step->correction[0], 2.5f, 1e-6);
+  EXPECT_NEAR(now[1] + step->correction[1], 1.0f, 1e-6);
+  // No momentum carries into the next round: equal models stay put.
+  steps.OuterGradient(0, steps.anchor(), &delta);
+  ASSERT_TRUE(steps.AddOwn(8, delta).ok());
+  ASSERT_TRUE(steps.AddPeer(8, 0, std::vector<float>{0.0f, 0.0f}, 8).ok());
+  ASSERT_TRUE(steps.AddPeer(8, 1, std::vector<float>{0.0f, 0.0f}, 8).ok());
+  ASSERT_TRUE(steps.CloseReady());
+  EXPECT_NEAR(steps.anchor()[0], 2.0f, 1e-6);
+  EXPECT_NEAR(steps.anchor()[1], 1.0f, 1e-6);
 }
 
 TEST(OuterStepsTest, TwoRoundsOfNesterovMatchAHandComputation) {

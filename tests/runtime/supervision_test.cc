@@ -804,21 +804,14 @@ TEST_F(SupervisionTest, KilledSiteServerResumesFromItsCheckpoint) {
             kRecoveredReplicaTolerance);
 }
 
-// DiLoCo's outer state survives a killed site server: the restarted site
-// resumes its anchor, momentum and open rounds from its checkpoint (and
-// its outer gradient sent after it from the outgoing log), so both sites
-// go on taking the same outer steps: no outer gradient is refused as
-// stale or repeated, and the anchors agree at the end.
-TEST_F(SupervisionTest, KilledSiteServerResumesItsDiLoCoRounds) {
-  pb::JobConfig job = TwoSiteJob(25);
-  pb::SyncConfig* sync = job.mutable_sync();
-  sync->set_kind(pb::DILOCO);
-  sync->set_averaging_period(5);
-  sync->mutable_compression()->set_value_coding(pb::VALUE_INT8);
-  WriteJob(job);
-  std::string output;
-  ASSERT_NO_FATAL_FAILURE(RunAndKillSiteA(&output));
-  const pb::RunReport report = ReadReport();
+// The outer rounds' state (DILOCO, MODEL_AVERAGING) survives a killed site
+// server: the restarted site resumes its anchor, momentum and open rounds
+// from its checkpoint (and its outer gradient sent after it from the
+// outgoing log), so both sites go on taking the same outer steps: no outer
+// gradient is refused as stale or repeated, and the anchors agree at the
+// end.
+void ExpectOuterRoundsSurviveAKilledSite(const pb::RunReport& report,
+                                         const std::string& output) {
   EXPECT_EQ(EventsOf(report, pb::PROCESS_RESTARTED, "site 'a'").size(), 1u)
       << output;
   ASSERT_EQ(report.sites_size(), 2);
@@ -836,6 +829,33 @@ TEST_F(SupervisionTest, KilledSiteServerResumesItsDiLoCoRounds) {
     EXPECT_LE(std::max(a.steps(), b.steps()) - std::min(a.steps(), b.steps()),
               1u);
   }
+}
+
+TEST_F(SupervisionTest, KilledSiteServerResumesItsDiLoCoRounds) {
+  pb::JobConfig job = TwoSiteJob(25);
+  pb::SyncConfig* sync = job.mutable_sync();
+  sync->set_kind(pb::DILOCO);
+  sync->set_averaging_period(5);
+  sync->mutable_compression()->set_value_coding(pb::VALUE_INT8);
+  WriteJob(job);
+  std::string output;
+  ASSERT_NO_FATAL_FAILURE(RunAndKillSiteA(&output));
+  ExpectOuterRoundsSurviveAKilledSite(ReadReport(), output);
+}
+
+// FedAvg's rounds likewise: before they were DiLoCo's, a restarted site
+// waited for peers' models that had already been delivered to the process
+// that died.
+TEST_F(SupervisionTest, KilledSiteServerResumesItsAveragingRounds) {
+  pb::JobConfig job = TwoSiteJob(25);
+  pb::SyncConfig* sync = job.mutable_sync();
+  sync->set_kind(pb::MODEL_AVERAGING);
+  sync->set_averaging_period(5);
+  sync->clear_compression();
+  WriteJob(job);
+  std::string output;
+  ASSERT_NO_FATAL_FAILURE(RunAndKillSiteA(&output));
+  ExpectOuterRoundsSurviveAKilledSite(ReadReport(), output);
 }
 
 }  // namespace
