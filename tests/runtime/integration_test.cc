@@ -125,6 +125,17 @@ class IntegrationTest : public ::testing::Test {
     return job;
   }
 
+  // ThreeSitesThroughWanem under `kind` (DILOCO or MODEL_AVERAGING) with a
+  // round every 10 clocks, for `budget_s` seconds.
+  static pb::JobConfig OuterRoundsJob(pb::SyncKind kind, double budget_s) {
+    pb::JobConfig job = ThreeSitesThroughWanem();
+    job.set_stop_at_target(false);
+    job.set_time_budget_s(budget_s);
+    job.mutable_sync()->set_kind(kind);
+    job.mutable_sync()->set_averaging_period(10);
+    return job;
+  }
+
   // `meridian run PATH --out OUT`, which must succeed, and its report.
   static void RunToReport(const std::string& path, const std::string& out,
                           pb::RunReport* report) {
@@ -207,17 +218,12 @@ INSTANTIATE_TEST_SUITE_P(Policies, ConvergenceTest,
 // job converges, every site takes the same outer steps (equal anchors),
 // no outer gradient is refused, and they cross the WAN.
 TEST_F(IntegrationTest, DiLoCoOverThreeSitesConvergesWithEqualAnchors) {
-  pb::JobConfig job = ThreeSitesThroughWanem();
-  job.set_stop_at_target(false);
-  job.set_time_budget_s(25);
-  pb::SyncConfig* sync = job.mutable_sync();
-  sync->set_kind(pb::DILOCO);
-  sync->set_averaging_period(10);
-  sync->mutable_diloco()->set_outer_lr(0.7);
-  const std::string path = WriteJob(job);
-  const std::string out = testing::MakeTempDir("integration-out");
+  pb::JobConfig job = OuterRoundsJob(pb::DILOCO, 25);
+  job.mutable_sync()->mutable_diloco()->set_outer_lr(0.7);
   pb::RunReport report;
-  ASSERT_NO_FATAL_FAILURE(RunToReport(path, out, &report));
+  ASSERT_NO_FATAL_FAILURE(RunToReport(WriteJob(job),
+                                      testing::MakeTempDir("integration-out"),
+                                      &report));
   EXPECT_TRUE(report.reached_target()) << report.final_accuracy();
   ASSERT_EQ(report.sites_size(), 3);
   const double norm = report.sites(0).sync().diloco().anchor_norm();
@@ -252,17 +258,12 @@ TEST_F(IntegrationTest, DiLoCoOverThreeSitesConvergesWithEqualAnchors) {
 // sites' models. It converges, every site takes the same rounds (equal
 // anchors) and nothing is refused.
 TEST_F(IntegrationTest, ModelAveragingOverThreeSitesAgreesOnEveryMean) {
-  pb::JobConfig job = ThreeSitesThroughWanem();
-  job.set_stop_at_target(false);
-  job.set_time_budget_s(20);
-  pb::SyncConfig* sync = job.mutable_sync();
-  sync->set_kind(pb::MODEL_AVERAGING);
-  sync->set_averaging_period(10);
-  sync->clear_compression();  // FedAvg's models, losslessly (fp32)
-  const std::string path = WriteJob(job);
-  const std::string out = testing::MakeTempDir("integration-out");
+  pb::JobConfig job = OuterRoundsJob(pb::MODEL_AVERAGING, 20);
+  job.mutable_sync()->clear_compression();  // FedAvg's models, losslessly
   pb::RunReport report;
-  ASSERT_NO_FATAL_FAILURE(RunToReport(path, out, &report));
+  ASSERT_NO_FATAL_FAILURE(RunToReport(WriteJob(job),
+                                      testing::MakeTempDir("integration-out"),
+                                      &report));
   EXPECT_TRUE(report.reached_target()) << report.final_accuracy();
   ASSERT_EQ(report.sites_size(), 3);
   const pb::OuterStepSummary& first = report.sites(0).sync().diloco();

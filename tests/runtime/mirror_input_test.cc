@@ -189,10 +189,15 @@ class MirrorInputTest : public ::testing::Test {
 // periods of this site's clock, and come once per round; else it is
 // refused, and the model is never touched (no round can close: this site
 // has not trained).
-class MirrorInputDiLoCoTest : public MirrorInputTest {
+// Under DILOCO and MODEL_AVERAGING (the same rounds, sync kind as the
+// parameter) a peer may send only outer gradients of rounds this site can
+// take.
+class MirrorInputOuterRoundsTest
+    : public MirrorInputTest,
+      public ::testing::WithParamInterface<pb::SyncKind> {
  protected:
   void ConfigureJob(pb::JobConfig* job) override {
-    job->mutable_sync()->set_kind(pb::DILOCO);
+    job->mutable_sync()->set_kind(GetParam());
     job->mutable_sync()->set_averaging_period(4);
   }
 
@@ -204,10 +209,15 @@ class MirrorInputDiLoCoTest : public MirrorInputTest {
   }
 };
 
-TEST_F(MirrorInputDiLoCoTest, OuterGradientsOutsideTheRoundsAreRefused) {
+TEST_P(MirrorInputOuterRoundsTest, OuterGradientsOutsideTheRoundsAreRefused) {
   Hello("b", layout_);
   std::vector<zmq::message_t> frames;
-  pb::Header header = OuterGradient(3, &frames);
+  // A plain update, as Gaia sends, is not applied either.
+  pb::Header header = Update("b", 1, 0.5f, &frames);
+  ExpectRefused(header, pb::ERROR_MALFORMED, "no round starts",
+                std::move(frames));
+  frames.clear();
+  header = OuterGradient(3, &frames);
   ExpectRefused(header, pb::ERROR_MALFORMED, "no round starts",
                 std::move(frames));
   frames.clear();
@@ -221,6 +231,12 @@ TEST_F(MirrorInputDiLoCoTest, OuterGradientsOutsideTheRoundsAreRefused) {
   ExpectRefused(header, pb::ERROR_STALE, "second", std::move(frames));
   ExpectModelUntouched();
 }
+
+INSTANTIATE_TEST_SUITE_P(Kinds, MirrorInputOuterRoundsTest,
+                         ::testing::Values(pb::DILOCO, pb::MODEL_AVERAGING),
+                         [](const auto& info) {
+                           return pb::SyncKind_Name(info.param);
+                         });
 
 TEST_F(MirrorInputTest, UpdateFromAnUnknownSiteIsRefused) {
   Hello("site-z", layout_);  // refused: answered with an error
