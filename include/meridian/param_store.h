@@ -129,10 +129,6 @@ class ParameterStore {
                                std::span<const float> values,
                                std::span<const size_t> accumulate = {});
 
-  // Model averaging: w = (w + others_sum) / (1 + others), element-wise.
-  // `others_sum` has num_elements() values. Returns the new version.
-  uint64_t AverageWith(std::span<const float> others_sum, uint32_t others);
-
   // Calls fn(range, w, acc) for every shard with that shard locked: w and
   // acc are the shard's slices of the model and of accumulator `id`. fn may
   // change acc (the significance filter takes what it sends out of it).

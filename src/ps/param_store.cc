@@ -206,17 +206,6 @@ uint64_t ParameterStore::ApplyExternalSparse(
   return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
 }
 
-uint64_t ParameterStore::AverageWith(std::span<const float> others_sum,
-                                     uint32_t others) {
-  const float inverse = 1.0f / static_cast<float>(others + 1);
-  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
-    const auto len = static_cast<Eigen::Index>(shard.range.size());
-    Vec w(shard.values.data(), len);
-    w = (w + ConstVec(others_sum.data() + shard.range.begin, len)) * inverse;
-  });
-  return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
-}
-
 void ParameterStore::VisitAccumulator(
     size_t id, const std::function<void(const KeyRange&, std::span<const float>,
                                         std::span<float>)>& fn) {

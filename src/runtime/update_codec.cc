@@ -75,12 +75,6 @@ void UpdateCodec::TakeWholeModel(std::span<const float> model) {
   }
 }
 
-EncodedSlices UpdateCodec::EncodeModel(ParameterStore& store, size_t acc,
-                                       std::span<const float> model) {
-  TakeWholeModel(model);
-  return EncodeEntries(store.layout(), lossless_, &store, acc);
-}
-
 EncodedSlices UpdateCodec::EncodeTravel(const ParameterStore& store,
                                         std::span<const float> model) {
   TakeWholeModel(model);

@@ -54,10 +54,6 @@ class UpdateCodec {
   // `store` and encodes it; lossy residuals go back into `acc`.
   EncodedSlices Take(ParameterStore& store, size_t acc, double theta,
                      pb::ThresholdMode mode, Fidelity fidelity);
-  // The whole of `model` (the store's layout, flat), losslessly; residuals
-  // (none: lossless) would go to accumulator `acc`.
-  EncodedSlices EncodeModel(ParameterStore& store, size_t acc,
-                            std::span<const float> model);
   // The whole of `model` for SkewScout to score elsewhere, its values coded
   // with sync.skewscout.travel_value_coding; the coding's error is
   // dropped (the copy is never applied).
