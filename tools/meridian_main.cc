@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
 #include <cstdio>
@@ -364,33 +363,26 @@ int Presets(bool json) {
     }
     return 0;
   }
-  google::protobuf::Struct all;
-  auto& fields = *all.mutable_fields();
-  google::protobuf::ListValue* regions =
-      fields["region_pairs"].mutable_list_value();
+  pb::LinkPresets all;
   for (const wan::RegionPreset& pair : wan::RegionPresets()) {
-    auto& entry =
-        *regions->add_values()->mutable_struct_value()->mutable_fields();
-    entry["region_a"].set_string_value(std::string(pair.region_a));
-    entry["region_b"].set_string_value(std::string(pair.region_b));
-    entry["rtt_ms"].set_number_value(pair.rtt_ms);
-    entry["gbps"].set_number_value(pair.gbps);
+    pb::RegionPairPreset* entry = all.add_region_pairs();
+    entry->set_region_a(std::string(pair.region_a));
+    entry->set_region_b(std::string(pair.region_b));
+    entry->set_rtt_ms(pair.rtt_ms);
+    entry->set_gbps(pair.gbps);
   }
-  google::protobuf::ListValue* access_networks =
-      fields["access_networks"].mutable_list_value();
   for (const wan::AccessLinkPreset& access : wan::AccessLinkPresets()) {
-    auto& entry = *access_networks->add_values()
-                       ->mutable_struct_value()
-                       ->mutable_fields();
-    entry["name"].set_string_value(std::string(access.name));
-    entry["down_mbps"].set_number_value(access.down_mbps);
-    entry["up_mbps"].set_number_value(access.up_mbps);
-    entry["one_way_ms"].set_number_value(access.one_way_ms);
-    entry["jitter_ms"].set_number_value(access.jitter_ms);
+    pb::AccessNetworkPreset* entry = all.add_access_networks();
+    entry->set_name(std::string(access.name));
+    entry->set_down_mbps(access.down_mbps);
+    entry->set_up_mbps(access.up_mbps);
+    entry->set_one_way_ms(access.one_way_ms);
+    entry->set_jitter_ms(access.jitter_ms);
   }
   std::string text;
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
   if (!google::protobuf::util::MessageToJsonString(all, &text, options).ok()) {
     std::fprintf(stderr, "meridian presets: cannot print JSON\n");
     return kExitFailure;

@@ -901,6 +901,8 @@ void ValidatePolicy(const pb::PolicyConfig& policy, const IssueReporter& r) {
                 FormatReal(policy.check_period_s()) + "), got " +
                 FormatReal(policy.min_commit_interval_s()));
   }
+  r.Real("max_commit_overhead_fraction",
+         policy.max_commit_overhead_fraction(), kHalfOpenUnit);
   r.Count("initial_commits_per_period", policy.initial_commits_per_period(),
           kAtLeastOne);
   r.Count("min_commits_per_period", policy.min_commits_per_period(),

@@ -91,6 +91,15 @@ double AdspCommitInterval(double period_s, uint32_t commits_per_period,
   return std::max(floor_s, interval);
 }
 
+double AdspLinkFloor(double round_trip_s, double max_fraction,
+                     double period_s) {
+  if (!(max_fraction > 0 && max_fraction < 1)) return 0;
+  if (!(round_trip_s > 0) || !std::isfinite(round_trip_s)) return 0;
+  const double floor_s = round_trip_s * (1 - max_fraction) / max_fraction;
+  if (!(period_s > 0) || !std::isfinite(period_s)) return floor_s;
+  return std::min(floor_s, period_s);
+}
+
 void CommitOverheadEstimate::Add(double sample_s) {
   if (!std::isfinite(sample_s)) return;
   const double sample = std::max(sample_s, 0.0);

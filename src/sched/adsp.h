@@ -30,6 +30,15 @@ namespace meridian {
 double AdspCommitInterval(double period_s, uint32_t commits_per_period,
                           double overhead_s, double min_interval_s);
 
+// The link floor of a worker's commit interval: the shortest interval at
+// which its commit round trip `round_trip_s` takes at most `max_fraction`
+// of its commit cycle, round_trip_s * (1 - max_fraction) / max_fraction,
+// capped at `period_s` (a worker on the slowest link still commits once
+// per check period). 0 when max_fraction is not in (0, 1) or the round trip
+// is not a positive finite number (not measured yet).
+double AdspLinkFloor(double round_trip_s, double max_fraction,
+                     double period_s);
+
 // A worker's commit overhead o_i smoothed over several commits (an EWMA),
 // so that one slow round trip does not skew its interval. Samples that are
 // not finite are ignored and negative ones count as 0. Not thread-safe.

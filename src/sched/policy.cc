@@ -318,7 +318,9 @@ class SspPolicy final : public IntraSitePolicy {
 
 // ADSP: nobody waits. Every commit is applied and answered at once; the
 // plan tells worker i to commit every
-// max(T_min, Gamma / dC - o_i) seconds (AdspCommitInterval), where o_i is
+// max(T_min, F_i, Gamma / dC - o_i) seconds (AdspCommitInterval), where
+// F_i is its link floor (AdspLinkFloor of the round trip it reports with
+// each commit) and o_i is
 // the rest of its commit cycle, measured as the gap between its commit's
 // arrival and the previous reply minus the interval that reply carried
 // (push, pull, load and the overshoot of its last step), smoothed by an
@@ -328,6 +330,7 @@ class AdspPolicy final : public IntraSitePolicy {
   explicit AdspPolicy(const pb::PolicyConfig& config)
       : period_s_(config.check_period_s()),
         min_interval_s_(config.min_commit_interval_s()),
+        max_overhead_fraction_(config.max_commit_overhead_fraction()),
         search_(OptionsFrom(config)) {}
 
   std::string_view name() const override { return "adsp"; }
@@ -362,6 +365,10 @@ class AdspPolicy final : public IntraSitePolicy {
       // The first cycle also holds the join; trust the worker's own report.
       state.overhead.Add(std::min(event.commit_overhead_s, cycle_target));
     }
+    // The worker's own measure of its link (already smoothed): a hostile
+    // value only slows its own commits, and the floor is capped at Gamma.
+    state.link_floor_s = AdspLinkFloor(event.commit_overhead_s,
+                                       max_overhead_fraction_, period_s_);
     clock_.OnCommit();
     decision.update = PolicyDecision::Update::kApply;
     decision.release.push_back(event.worker);
@@ -430,6 +437,7 @@ class AdspPolicy final : public IntraSitePolicy {
     CommitOverheadEstimate overhead;
     Duration last_reply{0};
     double interval_s = 0;  // carried by the last reply
+    double link_floor_s = 0;
     bool replied_after_commit = false;
   };
 
@@ -462,14 +470,21 @@ class AdspPolicy final : public IntraSitePolicy {
   }
 
   double Interval(uint32_t worker) const {
-    const double overhead =
-        worker < workers_.size() ? workers_[worker].overhead.value_s() : 0;
-    return AdspCommitInterval(period_s_, search_.setting().commits_per_period,
-                              overhead, min_interval_s_);
+    if (worker >= workers_.size()) {
+      return AdspCommitInterval(period_s_,
+                                search_.setting().commits_per_period, 0,
+                                min_interval_s_);
+    }
+    const WorkerState& state = workers_[worker];
+    return AdspCommitInterval(
+        period_s_, search_.setting().commits_per_period,
+        state.overhead.value_s(),
+        std::max(min_interval_s_, state.link_floor_s));
   }
 
   double period_s_;
   double min_interval_s_;
+  double max_overhead_fraction_;
   AdspSearch search_;
   CommitClock clock_;
   std::vector<WorkerState> workers_;

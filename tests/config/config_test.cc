@@ -570,6 +570,13 @@ TEST(ValidateJobConfigTest, NumericBoundaries) {
        "policy.min_commit_interval_s"},
       {[&](auto* c) { policy(c)->set_min_commit_interval_s(10.5); },
        "policy.min_commit_interval_s"},
+      {[&](auto* c) { policy(c)->set_max_commit_overhead_fraction(0); }, ""},
+      {[&](auto* c) { policy(c)->set_max_commit_overhead_fraction(0.5); },
+       ""},
+      {[&](auto* c) { policy(c)->set_max_commit_overhead_fraction(1); },
+       "policy.max_commit_overhead_fraction"},
+      {[&](auto* c) { policy(c)->set_max_commit_overhead_fraction(-0.1); },
+       "policy.max_commit_overhead_fraction"},
       {[&](auto* c) { policy(c)->set_initial_commits_per_period(1); }, ""},
       {[&](auto* c) { policy(c)->set_initial_commits_per_period(0); },
        "policy.initial_commits_per_period"},
@@ -741,6 +748,7 @@ TEST(ValidateJobConfigTest, PolicyDefaultsAreValidForEveryKind) {
   EXPECT_EQ(defaults.tau0(), 40u);
   EXPECT_EQ(defaults.check_period_s(), 10);
   EXPECT_EQ(defaults.min_commit_interval_s(), 0.1);
+  EXPECT_EQ(defaults.max_commit_overhead_fraction(), 0.1);
   EXPECT_EQ(defaults.initial_commits_per_period(), 10u);
   EXPECT_EQ(defaults.max_commits_per_period(), 0u);
   EXPECT_TRUE(defaults.search());
@@ -1038,13 +1046,14 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   // wan.sample_period_s, sync: threshold, adaptive_step, adaptive_max,
   // selective_barrier_fraction, compression.top_k_fraction; policy:
   // check_period_s, min_commit_interval_s, search_period_s,
-  // loss_jump_ratio, search_min_improvement; fault: heartbeat_interval_s,
+  // loss_jump_ratio, search_min_improvement, max_commit_overhead_fraction;
+  // fault: heartbeat_interval_s,
   // worker_timeout_s, server_timeout_s, worker_give_up_s, peer_timeout_s,
   // checkpoint_period_s, restart_backoff_s; sync.skewscout: target_loss,
   // dead_band, smoothing, tighten_factor, loosen_factor, min_theta,
   // max_theta, significance_z, min_density, max_density; sync.diloco:
   // outer_lr, outer_momentum.
-  EXPECT_EQ(visited, 43);
+  EXPECT_EQ(visited, 44);
 }
 
 // A change of the sync block and what validation says of it.

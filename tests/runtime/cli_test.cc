@@ -1,5 +1,4 @@
 // The command line's answers to bad input: clear errors, no crash.
-#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +9,7 @@
 #include "meridian/job.pb.h"
 #include "meridian/report.h"
 #include "meridian/report.pb.h"
+#include "meridian/wan_control.pb.h"
 #include "meridian/wan_presets.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
@@ -262,29 +262,35 @@ TEST(CliTest, PresetsPrintsEveryPresetAsTextAndJson) {
   }
   const CommandResult json = Meridian("presets --json");
   ASSERT_EQ(json.exit_code, 0) << json.output;
-  google::protobuf::Struct parsed;
+  // Scripts read these keys (bench/scenarios/heterogeneity): the proto's
+  // own field names, not JSON's lowerCamelCase.
+  for (const char* key : {"\"region_pairs\"", "\"region_a\"", "\"rtt_ms\"",
+                          "\"access_networks\"", "\"down_mbps\"",
+                          "\"one_way_ms\"", "\"jitter_ms\""}) {
+    EXPECT_NE(json.output.find(key), std::string::npos) << key;
+  }
+  pb::LinkPresets parsed;
   ASSERT_TRUE(
       google::protobuf::util::JsonStringToMessage(json.output, &parsed).ok())
       << json.output;
-  const auto& access =
-      parsed.fields().at("access_networks").list_value().values();
-  ASSERT_EQ(access.size(), wan::AccessLinkPresets().size());
-  for (int i = 0; i < access.size(); ++i) {
-    const auto& fields = access[i].struct_value().fields();
+  ASSERT_EQ(parsed.access_networks_size(), wan::AccessLinkPresets().size());
+  for (int i = 0; i < parsed.access_networks_size(); ++i) {
+    const pb::AccessNetworkPreset& got = parsed.access_networks(i);
     const wan::AccessLinkPreset& want = wan::AccessLinkPresets()[i];
-    EXPECT_EQ(fields.at("name").string_value(), want.name);
-    EXPECT_EQ(fields.at("down_mbps").number_value(), want.down_mbps);
-    EXPECT_EQ(fields.at("up_mbps").number_value(), want.up_mbps);
-    EXPECT_EQ(fields.at("one_way_ms").number_value(), want.one_way_ms);
-    EXPECT_EQ(fields.at("jitter_ms").number_value(), want.jitter_ms);
+    EXPECT_EQ(got.name(), want.name);
+    EXPECT_EQ(got.down_mbps(), want.down_mbps);
+    EXPECT_EQ(got.up_mbps(), want.up_mbps);
+    EXPECT_EQ(got.one_way_ms(), want.one_way_ms);
+    // Printed even when 0.
+    EXPECT_TRUE(got.has_jitter_ms()) << got.name();
+    EXPECT_EQ(got.jitter_ms(), want.jitter_ms);
   }
-  const auto& regions =
-      parsed.fields().at("region_pairs").list_value().values();
-  ASSERT_EQ(regions.size(), wan::RegionPresets().size());
-  const auto& first = regions[0].struct_value().fields();
-  EXPECT_EQ(first.at("region_a").string_value(),
-            wan::RegionPresets()[0].region_a);
-  EXPECT_EQ(first.at("rtt_ms").number_value(), wan::RegionPresets()[0].rtt_ms);
+  ASSERT_EQ(parsed.region_pairs_size(), wan::RegionPresets().size());
+  const pb::RegionPairPreset& first = parsed.region_pairs(0);
+  EXPECT_EQ(first.region_a(), wan::RegionPresets()[0].region_a);
+  EXPECT_EQ(first.region_b(), wan::RegionPresets()[0].region_b);
+  EXPECT_EQ(first.rtt_ms(), wan::RegionPresets()[0].rtt_ms);
+  EXPECT_EQ(first.gbps(), wan::RegionPresets()[0].gbps);
 }
 
 }  // namespace

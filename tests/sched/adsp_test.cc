@@ -30,6 +30,24 @@ TEST(AdspCommitIntervalTest, PeriodOverCommitsMinusOverhead) {
   EXPECT_DOUBLE_EQ(AdspCommitInterval(10, 10, 5, 0.1), 0.1);
 }
 
+TEST(AdspLinkFloorTest, KeepsTheRoundTripWithinItsFractionOfTheCycle) {
+  // 0.25 s round trip, at most 10% of the cycle: 2.25 s + 0.25 s = 2.5 s.
+  EXPECT_DOUBLE_EQ(AdspLinkFloor(0.25, 0.1, 10), 2.25);
+  EXPECT_DOUBLE_EQ(AdspLinkFloor(0.25, 0.5, 10), 0.25);
+  // A link slower than one commit per period allows: once per period.
+  EXPECT_DOUBLE_EQ(AdspLinkFloor(2, 0.1, 10), 10);
+  // Off, or nothing measured yet, or nonsense from the worker: no floor.
+  EXPECT_EQ(AdspLinkFloor(0.25, 0, 10), 0);
+  EXPECT_EQ(AdspLinkFloor(0.25, 1, 10), 0);
+  EXPECT_EQ(AdspLinkFloor(0.25, kNaN, 10), 0);
+  EXPECT_EQ(AdspLinkFloor(0, 0.1, 10), 0);
+  EXPECT_EQ(AdspLinkFloor(-1, 0.1, 10), 0);
+  EXPECT_EQ(AdspLinkFloor(kNaN, 0.1, 10), 0);
+  EXPECT_EQ(AdspLinkFloor(kInf, 0.1, 10), 0);
+  // A period that is not a number does not cap it.
+  EXPECT_DOUBLE_EQ(AdspLinkFloor(2, 0.1, kNaN), 18);
+}
+
 TEST(AdspCommitIntervalTest, BadInputsNeverGiveNaNOrNegative) {
   EXPECT_DOUBLE_EQ(AdspCommitInterval(10, 0, 0, 0.1), 10);  // 0 counts as 1
   EXPECT_DOUBLE_EQ(AdspCommitInterval(10, 10, kNaN, 0.1), 1);

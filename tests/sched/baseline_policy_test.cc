@@ -282,6 +282,8 @@ TEST(BaselinePolicyTest, AdacommShrinksTauWithTheLossAtRoundBoundaries) {
 TEST(AdspPolicyTest, IntervalSubtractsTheMeasuredOverhead) {
   pb::PolicyConfig config = Config(pb::ADSP);
   config.set_search(false);
+  // The paper's rule alone (the link floor has its own test).
+  config.set_max_commit_overhead_fraction(0);
   config.set_check_period_s(10);
   config.set_initial_commits_per_period(10);
   config.set_min_commit_interval_s(0.1);
@@ -323,6 +325,9 @@ TEST(AdspPolicyTest, IntervalSubtractsTheMeasuredOverhead) {
 TEST(AdspPolicyTest, ThreeSpeedsCommitEquallyEveryPeriodAndNeverWait) {
   pb::PolicyConfig config = Config(pb::ADSP);
   config.set_search(false);
+  // The paper's rule alone: the slowest worker's 0.15 s round trip is 15%
+  // of its cycle, which the default link floor (10%) would stretch.
+  config.set_max_commit_overhead_fraction(0);
   config.set_check_period_s(10);
   config.set_initial_commits_per_period(10);
   config.set_min_commit_interval_s(0.1);
@@ -370,8 +375,48 @@ TEST(AdspPolicyTest, ThreeSpeedsCommitEquallyEveryPeriodAndNeverWait) {
   EXPECT_GT(fast_tau, 5 * slow_tau);
 }
 
+// A worker behind a slow link (1 s round trip) commits less often rather
+// than spend most of its time in transit; the others keep their rate.
+TEST(AdspPolicyTest, ASlowLinkCommitsLessOftenAndTheOthersKeepTheirRate) {
+  for (const double fraction : {0.0, 0.1}) {
+    SCOPED_TRACE(fraction);
+    pb::PolicyConfig config = Config(pb::ADSP);
+    config.set_search(false);
+    config.set_check_period_s(10);
+    config.set_initial_commits_per_period(10);
+    config.set_min_commit_interval_s(0.1);
+    config.set_max_commit_overhead_fraction(fraction);
+    std::unique_ptr<IntraSitePolicy> adsp = Build(config);
+    VirtualSite site(adsp.get(),
+                     {{0.01, 0.005, 0.005}, {0.01, 0.005, 0.005},
+                      {0.01, 0.5, 0.5}});
+    site.RunUntil(200);
+    const auto& logs = site.logs();
+    // From the second period on, once the round trips are measured.
+    for (int w = 0; w < 2; ++w) {
+      EXPECT_NEAR(logs[w].CommitsIn(10, 200), 190, 19) << "worker " << w;
+    }
+    const int slow = logs[2].CommitsIn(10, 200);
+    const double in_transit = slow * 1.0 / 190;
+    if (fraction == 0) {
+      // The paper's rule: T_min after each 1 s round trip.
+      EXPECT_GT(slow, 150);
+      EXPECT_GT(in_transit, 0.8);
+    } else {
+      // Every 9 s + 1 s in transit: about one commit per period.
+      EXPECT_NEAR(slow, 19, 2);
+      EXPECT_LE(in_transit, 0.11);
+    }
+    for (const WorkerLog& log : logs) EXPECT_EQ(log.blocked_s, 0);
+  }
+}
+
 TEST(AdspPolicyTest, SearchRunsWhileTrainingGoesOnAndNobodyWaits) {
   pb::PolicyConfig config = Config(pb::ADSP);
+  // The paper's rule alone: the search climbs to cycles of ~50 ms, which
+  // the slowest worker's 50 ms round trip could not keep under the link
+  // floor (it would commit less often, by design).
+  config.set_max_commit_overhead_fraction(0);
   config.set_check_period_s(5);
   config.set_initial_commits_per_period(4);
   config.set_min_commit_interval_s(0.05);

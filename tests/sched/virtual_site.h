@@ -123,6 +123,9 @@ class VirtualSite {
     uint32_t generation = 0;
     bool alive = true;
     bool joining = false;  // waiting for the answer to its join
+    // Its last commit's round trip, reported with the next commit as a
+    // worker reports its smoothed one; 0 before the first.
+    double round_trip_s = 0;
   };
 
   // (time, sequence, kind, worker, generation)
@@ -157,6 +160,7 @@ class VirtualSite {
         event.worker = w;
         event.local_steps = state_[w].trigger.steps_since_commit();
         event.now = now;
+        event.commit_overhead_s = state_[w].round_trip_s;
         logs_[w].commit_arrivals_s.push_back(ToSeconds(now));
         logs_[w].commit_steps.push_back(event.local_steps);
         const PolicyDecision decision = policy_->OnCommit(event);
@@ -177,6 +181,7 @@ class VirtualSite {
           Push(now + FromSeconds(workers_[w].step_s), kStepDone, w);
           return;
         }
+        s.round_trip_s = ToSeconds(now - s.commit_sent);
         const double blocked = ToSeconds(now - s.commit_sent) -
                                workers_[w].up_s - workers_[w].down_s;
         if (blocked > 1e-9) {
