@@ -470,16 +470,11 @@ class AdspPolicy final : public IntraSitePolicy {
   }
 
   double Interval(uint32_t worker) const {
-    if (worker >= workers_.size()) {
-      return AdspCommitInterval(period_s_,
-                                search_.setting().commits_per_period, 0,
-                                min_interval_s_);
-    }
-    const WorkerState& state = workers_[worker];
-    return AdspCommitInterval(
-        period_s_, search_.setting().commits_per_period,
-        state.overhead.value_s(),
-        std::max(min_interval_s_, state.link_floor_s));
+    const WorkerState state =
+        worker < workers_.size() ? workers_[worker] : WorkerState{};
+    return AdspCommitInterval(period_s_, search_.setting().commits_per_period,
+                              state.overhead.value_s(),
+                              std::max(min_interval_s_, state.link_floor_s));
   }
 
   double period_s_;
