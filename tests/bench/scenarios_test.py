@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Checks of the end-to-end scenario scripts (bench/scenarios) that run no
+training: the arithmetic their tables and goals rest on, and the job files
+they write, validated by the real binary.
+
+  scenarios_test.py --meridian BIN --source DIR [unittest args]
+
+RepeatsTest        medians of repeated runs with runs that missed a target
+HeterogeneityTest  BSP's extrapolated lower bound and ADSP's lead against
+                   it; --dry-run with edge links and a delay sweep
+GeoVsLanTest       --bandwidth reaches every inter-site link and a bad rate
+                   is refused naming it; --regions 11 --dry-run validates
+"""
+
+import argparse
+import importlib.machinery
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+MERIDIAN = None  # path of the meridian binary (--meridian)
+SOURCE = None    # repository root (--source)
+
+
+def scenario(name):
+    """bench/scenarios/NAME as a module (the scripts have no .py)."""
+    path = os.path.join(SOURCE, "bench", "scenarios", name)
+    loader = importlib.machinery.SourceFileLoader(
+        name.replace("-", "_"), path)
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def run_script(name, *args):
+    return subprocess.run(
+        [os.path.join(SOURCE, "bench", "scenarios", name), *args,
+         "--binary", MERIDIAN],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+class RepeatsTest(unittest.TestCase):
+    def test_a_missed_target_counts_as_later_than_any_reached(self):
+        repeats = scenario("repeats.py")
+        cell = repeats.median_range([10.1, None, 14.0], unreached=True)
+        self.assertEqual(cell["median"], 14.0)
+        self.assertEqual((cell["min"], cell["max"]), (10.1, 14.0))
+        self.assertEqual((cell["runs"], cell["of"]), (2, 3))
+        self.assertIsNone(repeats.median_range(
+            [10.1, None, None], unreached=True)["median"])
+        # Other quantities leave a None out of the median.
+        self.assertEqual(repeats.median_range([1.0, None, 3.0])["median"],
+                         2.0)
+
+
+class HeterogeneityTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.het = scenario("heterogeneity")
+
+    def row(self, run, network, delay, converged, steps, training_s,
+            first_below):
+        return {"policy": "BSP", "run": run, "H": 3.2, "workers": 18,
+                "network": network, "delay_ms": delay,
+                "convergence_time_s": converged, "steps": steps,
+                "training_s": training_s, "first_below_steps": first_below}
+
+    def test_bsp_bound_is_loopback_steps_at_the_run_own_rate(self):
+        loopback = self.row(1, "none", 0.0, 99.3, 1300, 150.0, 780)
+        slow = self.row(1, "edge", 0.0, None, 97, 150.0, None)
+        other_round = self.row(2, "edge", 0.0, None, 97, 150.0, None)
+        rows = [loopback, slow, other_round]
+        self.het.bound_unconverged_bsp(rows)
+        # Converged: its own time, not extrapolated.
+        self.assertEqual(loopback["convergence_estimate_s"], 99.3)
+        self.assertFalse(loopback["extrapolated"])
+        # 780 steps at 97 / 150 steps per second.
+        self.assertAlmostEqual(slow["convergence_estimate_s"],
+                               780 / (97 / 150.0))
+        self.assertTrue(slow["extrapolated"])
+        # No loopback run in its round: no bound.
+        self.assertIsNone(other_round["convergence_estimate_s"])
+        self.assertFalse(other_round["extrapolated"])
+
+    def test_lead_counts_against_the_later_of_budget_and_bound(self):
+        repeats = scenario("repeats.py")
+        adsp = repeats.median_range([40.0])
+        missed = repeats.median_range([None], unreached=True)
+        self.assertIsNone(missed)  # no run converged: no cell
+        bound = repeats.median_range([800.0])
+        self.assertEqual(self.het.lead(adsp, None, 150.0, bound), "≥ 95.0%")
+        # A bound below the budget does not lower the budget's claim.
+        low = repeats.median_range([100.0])
+        self.assertEqual(self.het.lead(adsp, None, 150.0, low), "≥ 73.3%")
+        self.assertEqual(self.het.lead(adsp, None, 150.0), "≥ 73.3%")
+        self.assertEqual(
+            self.het.lead(adsp, repeats.median_range([80.0]), 150.0, bound),
+            "50.0%")
+
+    def test_dry_run_with_edge_links_and_delays_validates(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("heterogeneity", out, "--quick", "--network",
+                              "none,edge", "--delays", "0,100", "--dry-run")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            self.assertEqual(proc.stdout.count(": OK ("), 12, proc.stdout)
+            with open(os.path.join(
+                    out, "configs", "adsp-h3.2-w18-edge-d100ms.pbtxt")) as f:
+                text = f.read()
+            self.assertIn('preset: "4g"', text)
+
+
+class GeoVsLanTest(unittest.TestCase):
+    def test_bandwidth_reaches_every_inter_site_link(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("geo_vs_lan", out, "--regions", "11",
+                              "--quick", "--workload", "mlp-small",
+                              "--bandwidth", "500kbit", "--dry-run")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            self.assertEqual(proc.stdout.count(": OK ("), 4, proc.stdout)
+            with open(os.path.join(out, "configs",
+                                   "gaia-compressed.pbtxt")) as f:
+                text = f.read()
+            # Every pair of the eleven sites, both directions at 500 kbit.
+            self.assertEqual(text.count('bandwidth: "500kbit"'), 55)
+            self.assertNotIn("64mbit", text)
+
+    def test_a_bad_rate_is_refused_naming_it(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("geo_vs_lan", out, "--quick", "--bandwidth",
+                              "fast", "--dry-run")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertIn("bandwidth 'fast'", proc.stdout)
+
+
+def main():
+    global MERIDIAN, SOURCE
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--meridian", required=True)
+    parser.add_argument("--source", required=True)
+    args, rest = parser.parse_known_args()
+    MERIDIAN, SOURCE = os.path.abspath(args.meridian), args.source
+    sys.path.insert(0, os.path.join(SOURCE, "bench", "scenarios"))
+    sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
