@@ -7,7 +7,8 @@ they write, validated by the real binary.
 
 RepeatsTest        medians of repeated runs with runs that missed a target
 HeterogeneityTest  BSP's extrapolated lower bound and ADSP's lead against
-                   it; --dry-run with edge links and a delay sweep
+                   it; --dry-run with edge links and a delay sweep;
+                   --summarize-only refusing a missing run
 GeoVsLanTest       --bandwidth reaches every inter-site link and a bad rate
                    is refused naming it; --regions 11 --dry-run validates
 """
@@ -111,6 +112,14 @@ class HeterogeneityTest(unittest.TestCase):
                     out, "configs", "adsp-h3.2-w18-edge-d100ms.pbtxt")) as f:
                 text = f.read()
             self.assertIn('preset: "4g"', text)
+
+    def test_summarize_only_names_a_missing_run(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("heterogeneity", out, "--quick",
+                              "--summarize-only")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertIn(os.path.join(out, "runs", "adsp-h3.2-w18",
+                                       "report.json"), proc.stdout)
 
 
 class GeoVsLanTest(unittest.TestCase):
