@@ -38,6 +38,28 @@ inline std::optional<std::string> FlagValue(int argc, char** argv,
   return value;
 }
 
+// Removes every --name=value of argv (argc shrinks) and returns the last
+// value: for a binary's own flags, which benchmark::Initialize would report
+// as unrecognised. A bare --name is "true".
+inline std::optional<std::string> TakeFlag(int* argc, char** argv,
+                                           std::string_view name) {
+  std::optional<std::string> value;
+  int kept = 1;
+  for (int i = 1; i < *argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg.starts_with("--") && arg.substr(2, name.size()) == name &&
+        (arg.size() == 2 + name.size() || arg[2 + name.size()] == '=')) {
+      value = arg.size() == 2 + name.size()
+                  ? std::string("true")
+                  : std::string(arg.substr(3 + name.size()));
+      continue;
+    }
+    argv[kept++] = argv[i];
+  }
+  *argc = kept;
+  return value;
+}
+
 // Google Benchmark's spellings of a true flag value.
 inline bool IsTrue(std::string_view value) {
   return value == "true" || value == "yes" || value == "1" || value == "t" ||

@@ -14,7 +14,8 @@
 namespace meridian {
 
 Result<LocalTrainingResult> TrainLocally(const pb::JobConfig& job,
-                                         uint64_t samples, int threads) {
+                                         uint64_t samples, int threads,
+                                         const LocalStepObserver& on_step) {
   MERIDIAN_ASSIGN_OR_RETURN(RawData raw, LoadRawData(job.data(), true, true));
   const Dataset train = MakeTrainDataset(raw, {}, job.data().normalization());
   const Dataset test = MakeTestDataset(raw, job.data().normalization());
@@ -58,9 +59,9 @@ Result<LocalTrainingResult> TrainLocally(const pb::JobConfig& job,
     }
     const float loss = model->LossAndGradient(params, features, labels, grad);
     if (!std::isfinite(loss)) {
-      return FailedPreconditionError(
-          "training diverged: the loss of step " +
-          std::to_string(result.steps + 1) + " is not finite");
+      return FailedPreconditionError("training diverged: the loss of step " +
+                                     std::to_string(result.steps + 1) +
+                                     " is not finite");
     }
     if (const std::vector<ElementRange>* rows = model->SparseRows()) {
       optimizer.Step(params, grad, *rows);
@@ -70,6 +71,7 @@ Result<LocalTrainingResult> TrainLocally(const pb::JobConfig& job,
     model->ApplyStateUpdate(params);
     ++result.steps;
     result.samples += static_cast<uint64_t>(batch);
+    if (on_step && !on_step(result.steps, *model, params)) break;
   }
   result.seconds =
       std::chrono::duration<double>(SteadyClock::now() - start).count();

@@ -7,10 +7,16 @@ they write, validated by the real binary.
 
 RepeatsTest        medians of repeated runs with runs that missed a target
 HeterogeneityTest  BSP's extrapolated lower bound and ADSP's lead against
-                   it; --dry-run with edge links and a delay sweep;
+                   it; --dry-run with edge links and a delay sweep, and
+                   with the CNN workload;
                    --summarize-only refusing a missing run
 GeoVsLanTest       --bandwidth reaches every inter-site link and a bad rate
-                   is refused naming it; --regions 11 --dry-run validates
+                   is refused naming it; --regions 11 --dry-run validates;
+                   --summarize-only names a missing run; Gaia held against
+                   a LAN-BSP faster than LAN
+CompressionUpdatesTest
+                   a valid job per workload (--dry-run), an unknown workload
+                   refused, the side-by-side table's ratios
 """
 
 import argparse
@@ -113,6 +119,20 @@ class HeterogeneityTest(unittest.TestCase):
                 text = f.read()
             self.assertIn('preset: "4g"', text)
 
+    def test_cnn_workload_writes_its_model_steps_and_budget(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("heterogeneity", out, "--quick", "--workload",
+                              "cnn-bn", "--dry-run")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            self.assertEqual(proc.stdout.count(": OK ("), 3, proc.stdout)
+            with open(os.path.join(out, "configs",
+                                   "bsp-h3.2-w18.pbtxt")) as f:
+                text = f.read()
+            self.assertIn('preset: "lenet5-bn"', text)
+            self.assertIn("fashion-mnist", text)
+            self.assertIn("time_budget_s: 300", text)
+            self.assertIn("step_time_s: 0.1 ", text)  # the fast devices
+
     def test_summarize_only_names_a_missing_run(self):
         with tempfile.TemporaryDirectory() as out:
             proc = run_script("heterogeneity", out, "--quick",
@@ -143,6 +163,85 @@ class GeoVsLanTest(unittest.TestCase):
                               "fast", "--dry-run")
             self.assertNotEqual(proc.returncode, 0)
             self.assertIn("bandwidth 'fast'", proc.stdout)
+
+    def test_summarize_only_names_a_missing_run(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("geo_vs_lan", out, "--quick",
+                              "--summarize-only")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertIn(os.path.join(out, "runs", "lan", "report.json"),
+                          proc.stdout)
+
+    def test_gaia_is_also_held_against_a_faster_lan_bsp(self):
+        gvl = scenario("geo_vs_lan")
+        high = gvl.HIGH
+
+        def row(t, bytes_=None):
+            return {f"time_to_{high}_s": t, f"wan_bytes_to_{high}": bytes_,
+                    gvl.FINAL: 0.88}
+        rows = {"lan": row(140.0), "lan-bsp": row(70.0),
+                "gaia-compressed": row(75.0, 1e7)}
+        goals = {g[0]: g for g in gvl.evaluate_goals(rows)}
+        vs_lan = goals[f"gaia-compressed: time to {high} vs LAN"]
+        self.assertEqual(vs_lan[2], "0.54×")
+        vs_bsp = goals[f"gaia-compressed: time to {high} vs LAN-BSP "
+                       "(the faster LAN)"]
+        self.assertEqual(vs_bsp[2], "1.07×")
+        self.assertTrue(vs_bsp[3])
+        # A slower lan-bsp adds nothing.
+        rows["lan-bsp"] = row(200.0)
+        self.assertEqual(len([g for g in gvl.evaluate_goals(rows)
+                              if "LAN-BSP" in g[0]]), 0)
+
+
+class CompressionUpdatesTest(unittest.TestCase):
+    def run_updates(self, *args):
+        return subprocess.run(
+            [os.path.join(SOURCE, "bench", "scenarios", "compression_updates"),
+             *args, "--meridian", MERIDIAN],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def test_dry_run_writes_a_valid_job_per_workload(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = self.run_updates(out, "--workload", "mlp,cnn-gn,mf",
+                                    "--dry-run")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            self.assertEqual(proc.stdout.count(" valid"), 3, proc.stdout)
+            with open(os.path.join(out, "cnn-gn.pbtxt")) as f:
+                self.assertIn('preset: "lenet5-gn"', f.read())
+            with open(os.path.join(out, "mf.pbtxt")) as f:
+                text = f.read()
+            self.assertIn("ratings {", text)
+            self.assertIn("local_steps: 32", text)  # MF's own
+            self.assertIn("threshold: 0.05", text)
+
+    def test_an_unknown_workload_is_refused_naming_it(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = self.run_updates(out, "--workload", "mlp,resnet",
+                                    "--dry-run")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertIn("--workload resnet", proc.stdout)
+
+    def test_summary_ratios(self):
+        module = scenario("compression_updates")
+        rows = {"int8+zstd1/commit": {"encoded_bytes": 1000.0,
+                                      "entries": 1000.0},
+                "int8+zstd1/significant": {"encoded_bytes": 180.0,
+                                           "entries": 100.0},
+                "int8+zstd1/significant-random": {"encoded_bytes": 200.0,
+                                                  "entries": 100.0},
+                "fp32/significant": {"encoded_bytes": 500.0,
+                                     "entries": 100.0}}
+        text = module.summary({"toy": {"parameters": 1000, "rows": rows}})
+        commit = next(l for l in text.splitlines() if "| commit |" in l)
+        significant = next(l for l in text.splitlines()
+                           if "| significant |" in l)
+        self.assertIn("| 100.00% |", commit)
+        self.assertIn("1.0 kB (1/4.0)", commit)   # 4,000 B dense fp32
+        self.assertIn("| 10.00% |", significant)
+        self.assertIn("500 B (1/8.0)", significant)
+        self.assertIn("| 1.80 | 0.90 |", significant)  # B/entry, real/random
+        self.assertIn("n/a", significant)  # int4 not measured
 
 
 def main():

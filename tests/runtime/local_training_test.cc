@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <span>
+#include <vector>
 
 #include "meridian/job.pb.h"
+#include "meridian/model.h"
 #include "testing/test_data.h"
 
 namespace meridian {
@@ -82,6 +85,30 @@ TEST(TrainLocallyTest, ReportsDivergenceAndBadDataAsErrors) {
   job = SmallMatrixFactorizationJob();
   job.mutable_data()->mutable_ratings()->set_ratings(1);
   EXPECT_FALSE(TrainLocally(job, 100).ok());
+}
+
+// The observer sees every step in order, with the model and its
+// parameters, and a false return ends training after that step.
+TEST(TrainLocallyTest, TheStepObserverSeesEveryStepAndCanStop) {
+  const pb::JobConfig job = SmallMatrixFactorizationJob();
+  std::vector<uint64_t> steps;
+  std::vector<float> last;
+  Result<LocalTrainingResult> trained = TrainLocally(
+      job, 400000, 1,
+      [&](uint64_t step, const Model& model, std::span<const float> params) {
+        EXPECT_EQ(params.size(), model.layout().num_elements());
+        steps.push_back(step);
+        last.assign(params.begin(), params.end());
+        return step < 7;
+      });
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_EQ(trained->steps, 7u);
+  EXPECT_EQ(steps, (std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7}));
+  // The last call saw the model the result evaluates: trained past init.
+  Result<LocalTrainingResult> seven = TrainLocally(job, 7 * 50);
+  ASSERT_TRUE(seven.ok());
+  EXPECT_EQ(trained->test.metric, seven->test.metric);
+  EXPECT_FALSE(last.empty());
 }
 
 }  // namespace
