@@ -23,6 +23,7 @@
 
 #include <benchmark/benchmark.h>
 #include <unistd.h>
+#include <xmmintrin.h>
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -64,6 +65,7 @@
 #include "meridian/transport.h"
 #include "meridian/wire.pb.h"
 #include "testing/test_data.h"
+#include "train/kernels.h"
 
 namespace meridian {
 namespace {
@@ -167,16 +169,31 @@ void RunModelStep(benchmark::State& state, const pb::ModelConfig& config,
   // One untimed step: the model's scratch buffers grow to the batch once
   // and are reused after that.
   float loss = model->LossAndGradient(params, features[0], labels[0], grad);
+  // The first step whose loss was not finite (-1: none; 0: the untimed
+  // one), so that a divergence says where it began.
+  int64_t first_non_finite = std::isfinite(loss) ? -1 : 0;
+  int64_t step = 0;
   int b = 0;
   for ([[maybe_unused]] auto _ : state) {
     loss = model->LossAndGradient(params, features[b], labels[b], grad);
+    ++step;
+    if (first_non_finite < 0 && !std::isfinite(loss)) first_non_finite = step;
     optimizer.Step(params, grad);
     model->ApplyStateUpdate(params);
     b = (b + 1) % kBatches;
   }
   benchmark::DoNotOptimize(loss);
-  if (!std::isfinite(loss)) {
-    state.SkipWithError("training diverged: the loss is not finite");
+  if (first_non_finite >= 0) {
+    // With the SSE control register (rounding, masked exceptions; 0x1f80
+    // by default): a process whose floating-point mode was changed under it
+    // would show here.
+    char mxcsr[16];
+    std::snprintf(mxcsr, sizeof(mxcsr), "%#x", _mm_getcsr());
+    const std::string error =
+        "training diverged: the loss is not finite from step " +
+        std::to_string(first_non_finite) + " of " + std::to_string(step) +
+        " (0: the untimed first step); MXCSR " + mxcsr;
+    state.SkipWithError(error.c_str());
     return;
   }
   state.SetBytesProcessed(state.iterations() * kInputDim * batch *
@@ -822,6 +839,10 @@ int main(int argc, char** argv) {
   const auto console_options = meridian::ConsoleOptions(argc, argv);
   meridian::RegisterModelSteps();
   meridian::RegisterMfSteps();
+  // Which kernels the model steps ran on (in the JSON's "context").
+  benchmark::AddCustomContext(
+      "meridian_kernels",
+      meridian::kernels::IsaName(meridian::kernels::WantedIsa()));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   // Machine-readable formats keep stdout clean; the table goes to stderr.

@@ -90,8 +90,8 @@ class Model {
   // params). `features` is input_dim() x batch (one column per sample);
   // labels has one entry per column, each < num_classes(). When any of
   // this does not hold, returns NaN and zeroes `grad`. Scratch buffers grow
-  // to the largest batch seen and are reused (on the AVX2 path a step then
-  // allocates nothing).
+  // to the largest batch seen and are reused (on the SIMD kernels a step
+  // then allocates nothing).
   virtual float LossAndGradient(
       std::span<const float> params,
       const Eigen::Ref<const Eigen::MatrixXf>& features,
@@ -147,9 +147,10 @@ class Model {
 // model of this input (e.g. SOFTMAX with hidden layers, a window larger than
 // its input, groups that do not divide the channels), input_dim <= 0,
 // num_classes outside [1, 256] or more than 2^30 parameters. The products
-// run on AVX2/FMA kernels when the CPU has them (checked at run time) and on
-// Eigen otherwise; MERIDIAN_NO_SIMD=1 in the environment forces the Eigen
-// path for the models built while it is set. Models run on one thread.
+// run on AVX-512 or AVX2/FMA kernels when the CPU has them (checked at run
+// time) and on Eigen otherwise; for the models built while it is set,
+// MERIDIAN_NO_SIMD=1 in the environment forces the Eigen path and
+// MERIDIAN_NO_AVX512=1 stops at AVX2. Models run on one thread.
 Result<std::unique_ptr<Model>> MakeModel(const pb::ModelConfig& config,
                                          int input_dim, int num_classes);
 

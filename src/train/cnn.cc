@@ -98,7 +98,7 @@ struct LayerWork {
 struct Pass {
   int64_t n = 0;  // samples
   bool train = false;
-  bool simd = false;
+  kernels::Isa isa = kernels::Isa::kPortable;
   float* pack = nullptr;  // kernels::OuterProduct scratch
   std::mt19937_64* rng = nullptr;
 };
@@ -229,8 +229,8 @@ class Conv final : public Layer {
       const int64_t columns = nb * positions;
       Im2Col(in, pass.n, b0, nb, work.a.data());
       // out[oc][b0 * P + j] = sum_k weight[oc][k] * cols[k][j].
-      kernels::OuterProduct(pass.simd, output_shape().c, columns, k_, weight,
-                            k_, 1, work.a.data(), columns, out + b0 * positions,
+      kernels::OuterProduct(pass.isa, output_shape().c, columns, k_, weight, k_,
+                            1, work.a.data(), columns, out + b0 * positions,
                             row, pass.pack);
     }
     const float* bias = params + bias_offset_;
@@ -267,7 +267,7 @@ class Conv final : public Layer {
       const int64_t columns = nb * positions;
       Im2Col(in, pass.n, b0, nb, work.a.data());
       // grad_weight[oc][k] += sum_j cols[k][j] * d_out[oc][b0 * P + j].
-      kernels::DotProduct(pass.simd, k_, output_shape().c, columns,
+      kernels::DotProduct(pass.isa, k_, output_shape().c, columns,
                           work.a.data(), columns, d_out + b0 * positions, row,
                           nullptr, false, b0 == 0 ? grad_weight : work.b.data(),
                           k_);
@@ -279,7 +279,7 @@ class Conv final : public Layer {
       }
       if (d_in != nullptr) {
         // d_cols[k][j] = sum_oc weight[oc][k] * d_out[oc][b0 * P + j].
-        kernels::OuterProduct(pass.simd, k_, columns, output_shape().c, weight,
+        kernels::OuterProduct(pass.isa, k_, columns, output_shape().c, weight,
                               1, k_, d_out + b0 * positions, row, work.b.data(),
                               columns, pass.pack);
         Col2Im(work.b.data(), pass.n, b0, nb, d_in);
@@ -382,7 +382,7 @@ class Conv final : public Layer {
       }
       // wide[oc][i] = sum_s weight[oc][s] * rows[s][i].
       kernels::OuterProductRows(
-          pass.simd, os.c, GroupPositions(pad, count, os.h), k_, weight, k_, 1,
+          pass.isa, os.c, GroupPositions(pad, count, os.h), k_, weight, k_, 1,
           work.rows.data(), work.b.data(), stride, pass.pack);
       for (int64_t oc = 0; oc < os.c; ++oc) {
         for (int64_t j = 0; j < count; ++j) {
@@ -446,7 +446,7 @@ class Conv final : public Layer {
       }
       // grad_weight[oc][s] += sum_i rows[s][i] * d_wide[oc][i].
       kernels::DotProductRowsAccumulate(
-          pass.simd, k_, os.c, GroupPositions(pad, count, os.h),
+          pass.isa, k_, os.c, GroupPositions(pad, count, os.h),
           work.rows.data(), work.c.data(), stride, grad_weight, k_);
       if (d_in == nullptr) continue;
       for (int64_t j = 0; j < count; ++j) {
@@ -458,7 +458,7 @@ class Conv final : public Layer {
       // with the flipped kernel.
       float* d_wide = work.e.data() + is.c * flipped;
       kernels::OuterProductRows(
-          pass.simd, is.c, GroupPositions(gpad, count, pad.h), flipped,
+          pass.isa, is.c, GroupPositions(gpad, count, pad.h), flipped,
           work.e.data(), flipped, 1, work.grad_rows.data(), d_wide, gstride,
           pass.pack);
       for (int64_t c = 0; c < is.c; ++c) {
@@ -994,7 +994,7 @@ class Dense final : public Layer {
     const float* x = Flat(in, channel_major, work, pass.n);
     const int64_t f = input_shape().size();
     // out[o + b * O] = bias[o] + sum_i weight[o][i] * x[b][i].
-    kernels::DotProduct(pass.simd, output_shape().c, pass.n, f,
+    kernels::DotProduct(pass.isa, output_shape().c, pass.n, f,
                         params + weight_offset_, f, x, f, params + bias_offset_,
                         false, out, output_shape().c);
   }
@@ -1013,7 +1013,7 @@ class Dense final : public Layer {
       for (int64_t o = 0; o < units; ++o) grad_bias[o] += d_out[b * units + o];
     }
     // grad_weight[o][i] = sum_b d_out[b][o] * x[b][i].
-    kernels::OuterProduct(pass.simd, units, f, pass.n, d_out, 1, units, x, f,
+    kernels::OuterProduct(pass.isa, units, f, pass.n, d_out, 1, units, x, f,
                           grad + weight_offset_, f, pass.pack);
     if (d_in == nullptr) return;
     float* d_x = d_in;
@@ -1022,7 +1022,7 @@ class Dense final : public Layer {
       d_x = work.b.data();
     }
     // d_x[b][i] = sum_o d_out[b][o] * weight[o][i].
-    kernels::OuterProduct(pass.simd, pass.n, f, units, d_out, units, 1,
+    kernels::OuterProduct(pass.isa, pass.n, f, units, d_out, units, 1,
                           params + weight_offset_, f, d_x, f, pass.pack);
     if (d_x != d_in) SampleToChannelMajor(d_x, input_shape(), pass.n, d_in);
   }
@@ -1060,13 +1060,13 @@ struct Scratch {
 class Cnn final : public Model {
  public:
   Cnn(ModelLayout layout, std::vector<std::unique_ptr<Layer>> layers,
-      Shape input, bool input_channel_major, int num_classes, bool simd)
+      Shape input, bool input_channel_major, int num_classes, kernels::Isa isa)
       : layout_(std::move(layout)),
         layers_(std::move(layers)),
         input_(input),
         input_channel_major_(input_channel_major),
         num_classes_(num_classes),
-        simd_(simd),
+        isa_(isa),
         rng_(0x6d65726964696eULL) {
     channel_major_.push_back(input_channel_major_);
     int64_t per_sample = input_.size();
@@ -1105,7 +1105,7 @@ class Cnn final : public Model {
     const int64_t n = features.cols();
     if (n == 0) return 0.0f;
     Reserve(train_, n, /*train=*/true);
-    const Pass pass{n, true, simd_, train_.pack.data(), &rng_};
+    const Pass pass{n, true, isa_, train_.pack.data(), &rng_};
     Forward(params, features, pass, train_);
     const double loss = SoftmaxCrossEntropy(
         {train_.acts.back().data(), 1, num_classes_}, num_classes_,
@@ -1137,7 +1137,7 @@ class Cnn final : public Model {
         fits, data, num_classes_, max_samples, eval_chunk_, correct,
         [&](int64_t start, int64_t n) {
           Reserve(eval_, n, /*train=*/false);
-          const Pass pass{n, false, simd_, eval_.pack.data(), &rng_};
+          const Pass pass{n, false, isa_, eval_.pack.data(), &rng_};
           Forward(params, data.features.middleCols(start, n), pass, eval_);
           return LogitsView{eval_.acts.back().data(), 1, num_classes_};
         });
@@ -1209,7 +1209,7 @@ class Cnn final : public Model {
   bool input_channel_major_;
   std::vector<bool> channel_major_;  // [l]: layout of acts[l]
   int num_classes_;
-  bool simd_;
+  kernels::Isa isa_;
   int64_t eval_chunk_ = 1;
   std::mt19937_64 rng_;  // dropout masks; fixed seed, advances per step
   Scratch train_;
@@ -1558,7 +1558,7 @@ Result<std::unique_ptr<Model>> MakeCnn(const pb::ModelConfig& config,
   }
   return std::unique_ptr<Model>(new Cnn(std::move(layout), std::move(layers),
                                         input, input_channel_major, num_classes,
-                                        kernels::SimdWanted()));
+                                        kernels::WantedIsa()));
 }
 
 }  // namespace model_internal

@@ -1,6 +1,6 @@
 // Fully connected classifiers (softmax regression and ReLU MLPs) over a flat
 // parameter vector, with forward/backward passes in Eigen (the three dense
-// products on AVX2/FMA kernels where the CPU has them).
+// products on AVX-512 or AVX2/FMA kernels where the CPU has them).
 //
 // Layer l computes Z_l = W_l * A_{l-1} + b_l (A_{-1} = the features, one
 // column per sample) and A_l = ReLU(Z_l) for hidden layers; the last layer's
@@ -55,19 +55,19 @@ struct Layer {
 struct Scratch {
   std::vector<Eigen::MatrixXf> acts;    // acts[l]: A_l (logits for the last)
   std::vector<Eigen::MatrixXf> deltas;  // deltas[l]: dLoss / dZ_l
-  std::vector<float> pack;              // operand packing (AVX2 backward)
+  std::vector<float> pack;              // operand packing (SIMD backward)
   Eigen::Index capacity = 0;
 };
 
 class Mlp final : public Model {
  public:
   Mlp(ModelLayout layout, std::vector<Layer> layers, int input_dim,
-      int num_classes, bool use_avx2)
+      int num_classes, kernels::Isa isa)
       : layout_(std::move(layout)),
         layers_(std::move(layers)),
         input_dim_(input_dim),
         num_classes_(num_classes),
-        use_avx2_(use_avx2) {}
+        isa_(isa) {}
 
   const ModelLayout& layout() const override { return layout_; }
   int input_dim() const override { return input_dim_; }
@@ -129,15 +129,15 @@ class Mlp final : public Model {
       VectorMap grad_b(grad.data() + layer.bias_offset, layer.out);
       grad_b.noalias() = d.rowwise().sum();
       auto d_prev = train_.deltas[l == 0 ? 0 : l - 1].leftCols(n);
-      if (use_avx2_) {
+      if (isa_ != kernels::Isa::kPortable) {
         // grad_w[o, i] = sum_b d(o, b) * input(i, b).
-        kernels::OuterProduct(true, layer.out, layer.in, n, d.data(), 1,
+        kernels::OuterProduct(isa_, layer.out, layer.in, n, d.data(), 1,
                               d.outerStride(), input.data(),
                               input.outerStride(), grad_w_data, layer.in,
                               train_.pack.data());
         if (l > 0) {
           // d_prev(i, b) = sum_o d(o, b) * weight[o, i].
-          kernels::OuterProduct(true, n, layer.in, layer.out, d.data(),
+          kernels::OuterProduct(isa_, n, layer.in, layer.out, d.data(),
                                 d.outerStride(), 1, weight_data, layer.in,
                                 d_prev.data(), d_prev.outerStride(),
                                 train_.pack.data());
@@ -206,7 +206,8 @@ class Mlp final : public Model {
       pack = std::max({pack, kernels::OuterPackSize(layers_[l].out, capacity),
                        kernels::OuterPackSize(capacity, layers_[l].out)});
     }
-    if (use_avx2_) scratch.pack.resize(static_cast<size_t>(pack));
+    if (isa_ != kernels::Isa::kPortable)
+      scratch.pack.resize(static_cast<size_t>(pack));
     scratch.capacity = capacity;
   }
 
@@ -220,8 +221,8 @@ class Mlp final : public Model {
       const ConstMatrixRef input =
           l == 0 ? features : ConstMatrixRef(scratch.acts[l - 1].leftCols(n));
       auto out = scratch.acts[l].leftCols(n);
-      if (use_avx2_) {
-        kernels::DotProduct(true, layer.out, n, layer.in, weight_data, layer.in,
+      if (isa_ != kernels::Isa::kPortable) {
+        kernels::DotProduct(isa_, layer.out, n, layer.in, weight_data, layer.in,
                             input.data(), input.outerStride(), bias_data,
                             layer.relu, out.data(), out.outerStride());
         continue;
@@ -238,9 +239,9 @@ class Mlp final : public Model {
   std::vector<Layer> layers_;
   int input_dim_;
   int num_classes_;
-  bool use_avx2_;
-  Scratch train_;  // LossAndGradient
-  Scratch eval_;   // Evaluate (kept apart so the two never resize each other)
+  kernels::Isa isa_;  // the kernels this model runs on
+  Scratch train_;     // LossAndGradient
+  Scratch eval_;  // Evaluate (kept apart so the two never resize each other)
 };
 
 }  // namespace
@@ -305,7 +306,7 @@ Result<std::unique_ptr<Model>> MakeMlp(const pb::ModelConfig& config,
   }
   return std::unique_ptr<Model>(new Mlp(std::move(layout), std::move(layers),
                                         input_dim, num_classes,
-                                        kernels::SimdWanted()));
+                                        kernels::WantedIsa()));
 }
 
 }  // namespace model_internal

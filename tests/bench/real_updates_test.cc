@@ -35,7 +35,9 @@ std::vector<float> Dense(const ModelLayout& layout, const RealUpdate& update) {
     EXPECT_EQ(update[t].size, tensor.size) << tensor.name;
     EXPECT_EQ(update[t].indices.size(), update[t].values.size());
     for (size_t j = 0; j < update[t].indices.size(); ++j) {
-      if (j > 0) EXPECT_LT(update[t].indices[j - 1], update[t].indices[j]);
+      if (j > 0) {
+        EXPECT_LT(update[t].indices[j - 1], update[t].indices[j]);
+      }
       EXPECT_LT(update[t].indices[j], tensor.size);
       out[tensor.offset + update[t].indices[j]] = update[t].values[j];
     }

@@ -17,10 +17,13 @@ GeoVsLanTest       --bandwidth reaches every inter-site link and a bad rate
 CompressionUpdatesTest
                    a valid job per workload (--dry-run), an unknown workload
                    refused, the side-by-side table's ratios
+WorkloadSpeedTest  reading meridian_bench's JSON: the wall-clock rate, the
+                   kernel set it ran on, a failed benchmark named
 """
 
 import argparse
 import importlib.machinery
+import json
 import importlib.util
 import os
 import subprocess
@@ -242,6 +245,37 @@ class CompressionUpdatesTest(unittest.TestCase):
         self.assertIn("500 B (1/8.0)", significant)
         self.assertIn("| 1.80 | 0.90 |", significant)  # B/entry, real/random
         self.assertIn("n/a", significant)  # int4 not measured
+
+
+class WorkloadSpeedTest(unittest.TestCase):
+    DOC = {
+        "context": {"meridian_kernels": "avx512"},
+        "benchmarks": [
+            {"name": "ModelStep/lenet5/batch:16/real_time",
+             "run_type": "iteration", "iterations": 10,
+             "real_time": 2.0, "cpu_time": 1.9, "time_unit": "ms",
+             "items_per_second": 8000.0},
+            {"name": "ModelStep/vgg-small/batch:16/real_time",
+             "run_type": "iteration", "error_occurred": True,
+             "error_message": "model refused"},
+        ],
+    }
+
+    def test_reads_the_rate_and_the_kernels(self):
+        module = scenario("workload_speed")
+        cell = module.parse_benchmark_json(json.dumps(self.DOC), "lenet5", 16)
+        self.assertEqual(cell["samples_per_s"], 8000.0)
+        self.assertEqual(cell["wall_samples_per_s"], 8000.0)
+        self.assertEqual(cell["kernels"], "avx512")
+        self.assertIsNone(module.parse_benchmark_json(
+            json.dumps(self.DOC), "lenet5", 64))
+
+    def test_a_failed_benchmark_is_an_error_naming_it(self):
+        module = scenario("workload_speed")
+        with self.assertRaisesRegex(ValueError, "vgg-small.*model refused"):
+            module.parse_benchmark_json(json.dumps(self.DOC), "vgg-small", 16)
+        with self.assertRaisesRegex(ValueError, "not JSON"):
+            module.parse_benchmark_json("{", "lenet5", 16)
 
 
 def main():

@@ -1,6 +1,6 @@
 // Convolutional models: every layer's gradient against finite differences,
 // the layout derived from the layers, BatchNorm's running statistics in
-// training and evaluation, the AVX2 and portable paths, and config errors.
+// training and evaluation, every kernel set, and config errors.
 #include <gtest/gtest.h>
 
 #include <Eigen/Core>
@@ -16,6 +16,7 @@
 #include "meridian/dataset.h"
 #include "meridian/model.h"
 #include "meridian/optimizer.h"
+#include "train/kernels.h"
 #include "train/model_test_util.h"
 
 namespace meridian {
@@ -67,6 +68,7 @@ pb::ModelConfig Preset(const std::string& name) {
 
 using testing::Batch;
 using testing::Build;
+using testing::CpuIsas;
 using testing::RandomBatch;
 
 // Initial parameters with every tensor perturbed (norm scales away from 1,
@@ -89,8 +91,8 @@ std::vector<float> Params(const Model& model, uint64_t seed) {
 // the same in every evaluation).
 double FreshLoss(const pb::ModelConfig& config, int dim, int classes,
                  const std::vector<float>& params, const Batch& batch,
-                 bool portable) {
-  std::unique_ptr<Model> model = Build(config, dim, classes, portable);
+                 kernels::Isa isa) {
+  std::unique_ptr<Model> model = Build(config, dim, classes, isa);
   std::vector<float> grad(params.size());
   return model->LossAndGradient(params, batch.features, batch.labels, grad);
 }
@@ -102,10 +104,9 @@ double FreshLoss(const pb::ModelConfig& config, int dim, int classes,
 // differences disagree), the analytic gradient is the derivative on one
 // side, so it must match one of the two one-sided differences.
 void CheckGradientOn(const pb::ModelConfig& config, int dim, int classes,
-                     int batch_size, bool portable, int per_tensor) {
-  SCOPED_TRACE(config.ShortDebugString() +
-               (portable ? " (portable)" : " (AVX2 where the CPU has it)"));
-  std::unique_ptr<Model> model = Build(config, dim, classes, portable);
+                     int batch_size, kernels::Isa isa, int per_tensor) {
+  SCOPED_TRACE(config.ShortDebugString() + " on " + kernels::IsaName(isa));
+  std::unique_ptr<Model> model = Build(config, dim, classes, isa);
   ASSERT_NE(model, nullptr);
   const Batch batch = RandomBatch(dim, batch_size, classes, 7);
   std::vector<float> params = Params(*model, 11);
@@ -113,7 +114,7 @@ void CheckGradientOn(const pb::ModelConfig& config, int dim, int classes,
   const float loss =
       model->LossAndGradient(params, batch.features, batch.labels, grad);
   ASSERT_TRUE(std::isfinite(loss));
-  const double base = FreshLoss(config, dim, classes, params, batch, portable);
+  const double base = FreshLoss(config, dim, classes, params, batch, isa);
   EXPECT_NEAR(loss, base, 1e-5);
   std::mt19937_64 rng(5);
   int checked = 0;
@@ -133,10 +134,9 @@ void CheckGradientOn(const pb::ModelConfig& config, int dim, int classes,
       plus[i] += eps;
       minus[i] -= eps;
       const double up =
-          (FreshLoss(config, dim, classes, plus, batch, portable) - base) / eps;
+          (FreshLoss(config, dim, classes, plus, batch, isa) - base) / eps;
       const double down =
-          (base - FreshLoss(config, dim, classes, minus, batch, portable)) /
-          eps;
+          (base - FreshLoss(config, dim, classes, minus, batch, isa)) / eps;
       ++checked;
       const auto tolerance = [](double numeric) {
         return 2e-3 + 2e-2 * std::abs(numeric);
@@ -161,11 +161,11 @@ void CheckGradientOn(const pb::ModelConfig& config, int dim, int classes,
       << kinks << " of " << checked << " elements crossed a kink";
 }
 
-// On both the AVX2 and the portable kernels.
+// On every kernel set the CPU has.
 void CheckGradient(const pb::ModelConfig& config, int dim, int classes,
                    int batch_size) {
-  for (bool portable : {false, true}) {
-    CheckGradientOn(config, dim, classes, batch_size, portable, 24);
+  for (kernels::Isa isa : CpuIsas()) {
+    CheckGradientOn(config, dim, classes, batch_size, isa, 24);
   }
 }
 
@@ -231,22 +231,26 @@ TEST(CnnGradientTest, ChunkedConvolutionMatchesPerSampleSum) {
   EXPECT_LT(worst, 1e-4);
 }
 
-TEST(CnnTest, SimdAndPortablePathsAgree) {
+TEST(CnnTest, EveryKernelSetAgreesWithThePortablePath) {
   for (const std::string& preset : CnnPresetNames()) {
-    SCOPED_TRACE(preset);
-    std::unique_ptr<Model> fast = Build(Preset(preset), 784, 10, false);
-    std::unique_ptr<Model> portable = Build(Preset(preset), 784, 10, true);
+    std::unique_ptr<Model> portable =
+        Build(Preset(preset), 784, 10, kernels::Isa::kPortable);
     const Batch batch = RandomBatch(784, 17, 10, 9);
-    const std::vector<float> params = Params(*fast, 4);
-    std::vector<float> g1(params.size());
-    std::vector<float> g2(params.size());
-    const float l1 =
-        fast->LossAndGradient(params, batch.features, batch.labels, g1);
-    const float l2 =
-        portable->LossAndGradient(params, batch.features, batch.labels, g2);
-    EXPECT_NEAR(l1, l2, 1e-4);
-    for (size_t i = 0; i < g1.size(); ++i) {
-      ASSERT_NEAR(g1[i], g2[i], 1e-4 + 1e-3 * std::abs(g2[i])) << i;
+    const std::vector<float> params = Params(*portable, 4);
+    std::vector<float> want(params.size());
+    const float want_loss =
+        portable->LossAndGradient(params, batch.features, batch.labels, want);
+    for (kernels::Isa isa : CpuIsas()) {
+      if (isa == kernels::Isa::kPortable) continue;
+      SCOPED_TRACE(preset + " on " + kernels::IsaName(isa));
+      std::unique_ptr<Model> fast = Build(Preset(preset), 784, 10, isa);
+      std::vector<float> got(params.size());
+      EXPECT_NEAR(
+          fast->LossAndGradient(params, batch.features, batch.labels, got),
+          want_loss, 1e-4);
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 1e-4 + 1e-3 * std::abs(want[i])) << i;
+      }
     }
   }
 }

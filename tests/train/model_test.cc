@@ -15,6 +15,7 @@
 
 #include "meridian/dataset.h"
 #include "meridian/optimizer.h"
+#include "train/kernels.h"
 #include "train/model_test_util.h"
 
 namespace meridian {
@@ -35,6 +36,7 @@ pb::ModelConfig SoftmaxConfig() {
 
 using testing::Batch;
 using testing::Build;
+using testing::CpuIsas;
 using testing::RandomBatch;
 
 // Independent double-precision implementation of the documented model:
@@ -112,11 +114,10 @@ void RandomizeBiases(const Model& model, std::vector<float>& params) {
 // against the reference loss.
 void CheckGradient(const pb::ModelConfig& config,
                    const std::vector<int>& widths, int batch_size,
-                   bool portable) {
+                   kernels::Isa isa) {
   const int input_dim = widths.front();
   const int num_classes = widths.back();
-  std::unique_ptr<Model> model =
-      Build(config, input_dim, num_classes, portable);
+  std::unique_ptr<Model> model = Build(config, input_dim, num_classes, isa);
   ASSERT_NE(model, nullptr);
   std::vector<float> params(model->layout().num_elements());
   model->Initialize(7, params);
@@ -148,7 +149,15 @@ void CheckGradient(const pb::ModelConfig& config,
   EXPECT_EQ(checked, static_cast<int>(params.size()));
 }
 
-class GradientTest : public ::testing::TestWithParam<bool> {};
+// On each kernel set (skipped where the CPU lacks it).
+class GradientTest : public ::testing::TestWithParam<kernels::Isa> {
+ protected:
+  void SetUp() override {
+    if (GetParam() > kernels::CpuIsa()) {
+      GTEST_SKIP() << "the CPU has no " << kernels::IsaName(GetParam());
+    }
+  }
+};
 
 TEST_P(GradientTest, SoftmaxMatchesCentralDifferences) {
   CheckGradient(SoftmaxConfig(), {13, 4}, 10, GetParam());
@@ -163,10 +172,13 @@ TEST_P(GradientTest, WiderMlpMatchesCentralDifferences) {
   CheckGradient(MlpConfig({19}), {37, 19, 6}, 23, GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, GradientTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Portable" : "Default";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, GradientTest,
+    ::testing::Values(kernels::Isa::kPortable, kernels::Isa::kAvx2,
+                      kernels::Isa::kAvx512),
+    [](const ::testing::TestParamInfo<kernels::Isa>& info) {
+      return std::string(kernels::IsaName(info.param));
+    });
 
 // Central differences on the model itself (float), no reference involved.
 // A parameter whose perturbation moves some pre-activation across a ReLU
@@ -218,25 +230,30 @@ TEST(ModelTest, MlpFloatFiniteDifferences) {
   CheckModelFiniteDifferences(MlpConfig({9, 6}), 10, 4, 0.1);
 }
 
-TEST(ModelTest, SimdAndPortableKernelsAgree) {
+TEST(ModelTest, EveryKernelSetAgreesWithThePortablePath) {
   const pb::ModelConfig config = MlpConfig({40, 33});
-  std::unique_ptr<Model> fast = Build(config, 100, 10);
-  std::unique_ptr<Model> portable = Build(config, 100, 10, true);
-  ASSERT_NE(fast, nullptr);
+  std::unique_ptr<Model> portable =
+      Build(config, 100, 10, kernels::Isa::kPortable);
   ASSERT_NE(portable, nullptr);
-  std::vector<float> params(fast->layout().num_elements());
-  fast->Initialize(1, params);
-  for (int batch_size : {1, 2, 8, 29, 64}) {
-    const Batch batch = RandomBatch(100, batch_size, 10, batch_size);
-    std::vector<float> g1(params.size()), g2(params.size());
-    const float l1 =
-        fast->LossAndGradient(params, batch.features, batch.labels, g1);
-    const float l2 =
-        portable->LossAndGradient(params, batch.features, batch.labels, g2);
-    EXPECT_NEAR(l1, l2, 1e-5);
-    for (size_t k = 0; k < params.size(); ++k) {
-      ASSERT_NEAR(g1[k], g2[k], 1e-6 + 1e-4 * std::abs(g2[k]))
-          << "batch " << batch_size << " parameter " << k;
+  std::vector<float> params(portable->layout().num_elements());
+  portable->Initialize(1, params);
+  for (kernels::Isa isa : CpuIsas()) {
+    if (isa == kernels::Isa::kPortable) continue;
+    SCOPED_TRACE(kernels::IsaName(isa));
+    std::unique_ptr<Model> fast = Build(config, 100, 10, isa);
+    ASSERT_NE(fast, nullptr);
+    for (int batch_size : {1, 2, 8, 29, 64}) {
+      const Batch batch = RandomBatch(100, batch_size, 10, batch_size);
+      std::vector<float> g1(params.size()), g2(params.size());
+      const float l1 =
+          fast->LossAndGradient(params, batch.features, batch.labels, g1);
+      const float l2 =
+          portable->LossAndGradient(params, batch.features, batch.labels, g2);
+      EXPECT_NEAR(l1, l2, 1e-5);
+      for (size_t k = 0; k < params.size(); ++k) {
+        ASSERT_NEAR(g1[k], g2[k], 1e-6 + 1e-4 * std::abs(g2[k]))
+            << "batch " << batch_size << " parameter " << k;
+      }
     }
   }
 }

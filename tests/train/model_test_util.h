@@ -1,4 +1,4 @@
-// What the model tests share: building a model on either kernel path and
+// What the model tests share: building a model on each kernel set and
 // random batches.
 #ifndef MERIDIAN_TESTS_TRAIN_MODEL_TEST_UTIL_H_
 #define MERIDIAN_TESTS_TRAIN_MODEL_TEST_UTIL_H_
@@ -13,19 +13,32 @@
 #include <vector>
 
 #include "meridian/model.h"
+#include "train/kernels.h"
 
 namespace meridian::testing {
 
-// Builds a model on the AVX2 kernels (where the CPU has them) or, with
-// portable = true, on the Eigen-only path (MERIDIAN_NO_SIMD). Null (and a
-// test failure) when MakeModel refuses the config.
+// The kernel sets this CPU runs, portable first.
+inline std::vector<kernels::Isa> CpuIsas() {
+  std::vector<kernels::Isa> isas;
+  for (kernels::Isa isa :
+       {kernels::Isa::kPortable, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (isa <= kernels::CpuIsa()) isas.push_back(isa);
+  }
+  return isas;
+}
+
+// Builds a model on the kernels of `isa` (through the switches
+// kernels::WantedIsa() reads: MERIDIAN_NO_SIMD, MERIDIAN_NO_AVX512). Null
+// (and a test failure) when MakeModel refuses the config.
 inline std::unique_ptr<Model> Build(const pb::ModelConfig& config,
                                     int input_dim, int num_classes,
-                                    bool portable = false) {
-  if (portable) setenv("MERIDIAN_NO_SIMD", "1", 1);
+                                    kernels::Isa isa = kernels::CpuIsa()) {
+  if (isa == kernels::Isa::kPortable) setenv("MERIDIAN_NO_SIMD", "1", 1);
+  if (isa == kernels::Isa::kAvx2) setenv("MERIDIAN_NO_AVX512", "1", 1);
   Result<std::unique_ptr<Model>> model =
       MakeModel(config, input_dim, num_classes);
-  if (portable) unsetenv("MERIDIAN_NO_SIMD");
+  unsetenv("MERIDIAN_NO_SIMD");
+  unsetenv("MERIDIAN_NO_AVX512");
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(model).value() : nullptr;
 }
