@@ -65,7 +65,6 @@
 #include "meridian/transport.h"
 #include "meridian/wire.pb.h"
 #include "testing/test_data.h"
-#include "train/kernels.h"
 
 namespace meridian {
 namespace {
@@ -840,9 +839,7 @@ int main(int argc, char** argv) {
   meridian::RegisterModelSteps();
   meridian::RegisterMfSteps();
   // Which kernels the model steps ran on (in the JSON's "context").
-  benchmark::AddCustomContext(
-      "meridian_kernels",
-      meridian::kernels::IsaName(meridian::kernels::WantedIsa()));
+  benchmark::AddCustomContext("meridian_kernels", meridian::ModelKernels());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   // Machine-readable formats keep stdout clean; the table goes to stderr.

@@ -154,6 +154,11 @@ class Model {
 Result<std::unique_ptr<Model>> MakeModel(const pb::ModelConfig& config,
                                          int input_dim, int num_classes);
 
+// The kernels models built now would run on: "avx512", "avx2" or
+// "portable" (the CPU and the two variables above decide). For logs and
+// benchmark reports, so that a speed is read next to what produced it.
+const char* ModelKernels();
+
 // MATRIX_FACTORIZATION over a users x items rating matrix (config.rank
 // factors, config.l2). Tensors: "user_factors" [users, rank],
 // "item_factors" [items, rank], "user_bias" [users], "item_bias" [items];

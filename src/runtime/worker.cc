@@ -206,7 +206,7 @@ class Worker::Impl {
   Result<bool> Join() {
     MLOG(INFO) << "joining the site server at " << Endpoint() << " with "
                << data_.size() << " samples (incarnation " << incarnation_
-               << ")";
+               << ", " << ModelKernels() << " kernels)";
     Result<Envelope> reply = client_.CallWhileAlive(Hello(), {}, liveness_);
     if (!reply.ok() && reply.status().code() == StatusCode::kDeadlineExceeded) {
       reply = Rejoin(reply.status().message(), ServerSilentSince());

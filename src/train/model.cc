@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 
+#include "train/kernels.h"
 #include "train/model_internal.h"
 
 namespace meridian {
@@ -43,6 +44,8 @@ double SoftmaxCrossEntropy(const LogitsView& logits, int classes,
 }
 
 }  // namespace model_internal
+
+const char* ModelKernels() { return kernels::IsaName(kernels::WantedIsa()); }
 
 Result<std::unique_ptr<Model>> MakeModel(const pb::ModelConfig& config,
                                          int input_dim, int num_classes) {

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "meridian/model.h"
+
 namespace meridian::kernels {
 namespace {
 
@@ -241,8 +243,10 @@ TEST(KernelsIsaTest, TheEnvironmentLowersTheWantedSet) {
   EXPECT_EQ(WantedIsa(), CpuIsa());
   setenv("MERIDIAN_NO_AVX512", "1", 1);
   EXPECT_EQ(WantedIsa(), std::min(Isa::kAvx2, CpuIsa()));
+  EXPECT_STREQ(ModelKernels(), IsaName(std::min(Isa::kAvx2, CpuIsa())));
   setenv("MERIDIAN_NO_SIMD", "1", 1);
   EXPECT_EQ(WantedIsa(), Isa::kPortable);
+  EXPECT_STREQ(ModelKernels(), "portable");
   setenv("MERIDIAN_NO_SIMD", "0", 1);
   setenv("MERIDIAN_NO_AVX512", "", 1);
   EXPECT_EQ(WantedIsa(), CpuIsa());
