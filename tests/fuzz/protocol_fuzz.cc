@@ -2181,7 +2181,9 @@ void Fuzzer::ActMutation() {
         case 0:
           break;  // no token
         case 1:
-          wire.header.set_control_token(token_.substr(0, 39) + "x");
+          // One character off (the token may itself end in 'x').
+          wire.header.set_control_token(token_.substr(0, 39) +
+                                        (token_.back() == 'x' ? "y" : "x"));
           break;
         default:
           wire.header.set_control_token(random_bytes(Rand(64)));
