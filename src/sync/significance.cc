@@ -1,29 +1,77 @@
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #include "meridian/optimizer.h"
 #include "meridian/sync.h"
 
 namespace meridian {
 
+namespace {
+
+// Whether (a, w) is significant, without branches (so that a block's test
+// vectorises): a != 0 and |a| > t * |w| (RELATIVE; w == 0 always counts)
+// or |a| > t (ABSOLUTE). A NaN a is significant only where w == 0, as the
+// scalar definition says.
+inline uint32_t Significant(float a, float w, float t, bool relative) {
+  const float bound = relative ? t * std::fabs(w) : t;
+  return static_cast<uint32_t>(a != 0.0f) &
+         (static_cast<uint32_t>(relative && w == 0.0f) |
+          static_cast<uint32_t>(std::fabs(a) > bound));
+}
+
+// Entries tested together before any is taken: a row of a factor matrix,
+// and most blocks of a large model hold nothing significant.
+constexpr size_t kBlock = 16;
+
+}  // namespace
+
 size_t TakeSignificant(std::span<float> acc, std::span<const float> w,
                        double theta, pb::ThresholdMode mode, uint64_t base,
                        std::vector<uint64_t>* indices,
                        std::vector<float>* values) {
   const auto t = static_cast<float>(theta);
+  const bool relative = mode != pb::ABSOLUTE;
   size_t taken = 0;
-  for (size_t i = 0; i < acc.size(); ++i) {
-    const float a = acc[i];
-    if (a == 0.0f) continue;
-    // |acc / w| > theta without dividing; w == 0 is always significant.
-    const bool significant =
-        mode == pb::ABSOLUTE
-            ? std::fabs(a) > t
-            : (w[i] == 0.0f || std::fabs(a) > t * std::fabs(w[i]));
-    if (!significant) continue;
-    indices->push_back(base + i);
-    values->push_back(a);
-    acc[i] = 0.0f;
-    ++taken;
+  // Takes entry begin + j for every bit j set in `bits`.
+  const auto take = [&](size_t begin, uint32_t bits) {
+    while (bits != 0) {
+      const size_t i = begin + static_cast<size_t>(std::countr_zero(bits));
+      bits &= bits - 1;
+      indices->push_back(base + i);
+      values->push_back(acc[i]);
+      acc[i] = 0.0f;
+      ++taken;
+    }
+  };
+  const size_t whole = acc.size() / kBlock * kBlock;
+  for (size_t begin = 0; begin < whole; begin += kBlock) {
+    uint32_t count = 0;
+    for (size_t i = begin; i < begin + kBlock; ++i) {
+      count += Significant(acc[i], w[i], t, relative);
+    }
+    if (count == 0) continue;
+    if (count == kBlock) {  // a whole row: no bit to look up
+      for (size_t i = begin; i < begin + kBlock; ++i) {
+        indices->push_back(base + i);
+        values->push_back(acc[i]);
+        acc[i] = 0.0f;
+      }
+      taken += kBlock;
+      continue;
+    }
+    uint32_t bits = 0;
+    for (size_t j = 0; j < kBlock; ++j) {
+      bits |= Significant(acc[begin + j], w[begin + j], t, relative) << j;
+    }
+    take(begin, bits);
+  }
+  for (size_t begin = whole; begin < acc.size(); begin += kBlock) {
+    uint32_t bits = 0;
+    for (size_t j = 0; begin + j < acc.size(); ++j) {
+      bits |= Significant(acc[begin + j], w[begin + j], t, relative) << j;
+    }
+    take(begin, bits);
   }
   return taken;
 }

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include "meridian/config.h"
 
@@ -57,6 +60,64 @@ TEST(SignificanceTest, ZeroThresholdFlushesEveryChange) {
   const Taken taken = Take(acc, w, 0.0, pb::RELATIVE);
   EXPECT_EQ(taken.indices, (std::vector<uint64_t>{0, 2, 3}));
   EXPECT_EQ(acc, (std::vector<float>(4, 0.0f)));
+}
+
+// The filter's definition, one entry at a time.
+Taken Reference(std::vector<float>& acc, const std::vector<float>& w,
+                float theta, pb::ThresholdMode mode) {
+  Taken taken;
+  for (size_t i = 0; i < acc.size(); ++i) {
+    const float a = acc[i];
+    if (a == 0.0f) continue;
+    const bool significant =
+        mode == pb::ABSOLUTE
+            ? std::fabs(a) > theta
+            : w[i] == 0.0f || std::fabs(a) > theta * std::fabs(w[i]);
+    if (!significant) continue;
+    taken.indices.push_back(i);
+    taken.values.push_back(a);
+    acc[i] = 0.0f;
+  }
+  return taken;
+}
+
+TEST(SignificanceTest, BlocksOfEveryMixAgreeWithTheDefinition) {
+  // Lengths around the 16-entry blocks, blocks with none, some and all of
+  // their entries significant, zeros, zero weights, NaN and Inf.
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 1e-30f};
+  for (size_t n : {0, 1, 15, 16, 17, 31, 32, 33, 100, 1000}) {
+    for (pb::ThresholdMode mode : {pb::RELATIVE, pb::ABSOLUTE}) {
+      for (int trial = 0; trial < 20; ++trial) {
+        std::vector<float> w(n);
+        std::vector<float> acc(n);
+        // Per block: how likely an entry is significant (0, 1 or mixed).
+        float block_share = 0;
+        for (size_t i = 0; i < n; ++i) {
+          if (i % 16 == 0) block_share = static_cast<float>(rng() % 3) / 2;
+          w[i] = unit(rng);
+          const bool big = unit(rng) * 0.5f + 0.5f < block_share;
+          acc[i] = (big ? 0.5f : 0.01f) * (mode == pb::ABSOLUTE ? 1 : w[i]);
+          if (rng() % 10 == 0) acc[i] = specials[rng() % 5];
+          if (rng() % 10 == 0) w[i] = specials[rng() % 5];
+        }
+        std::vector<float> want_acc = acc;
+        const Taken want = Reference(want_acc, w, 0.1f, mode);
+        const Taken got = Take(acc, w, 0.1, mode);
+        SCOPED_TRACE(testing::Message()
+                     << "n " << n << " mode " << mode << " trial " << trial);
+        ASSERT_EQ(got.indices, want.indices);
+        ASSERT_EQ(got.values.size(), want.values.size());
+        for (size_t k = 0; k < got.values.size(); ++k) {
+          // Bit for bit (NaN included).
+          ASSERT_EQ(std::memcmp(&got.values[k], &want.values[k], 4), 0) << k;
+        }
+        ASSERT_EQ(std::memcmp(acc.data(), want_acc.data(), 4 * n), 0);
+      }
+    }
+  }
 }
 
 TEST(SignificanceTest, AccumulatesUntilSignificant) {
