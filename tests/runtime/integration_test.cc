@@ -221,9 +221,8 @@ TEST_F(IntegrationTest, DiLoCoOverThreeSitesConvergesWithEqualAnchors) {
   pb::JobConfig job = OuterRoundsJob(pb::DILOCO, 25);
   job.mutable_sync()->mutable_diloco()->set_outer_lr(0.7);
   pb::RunReport report;
-  ASSERT_NO_FATAL_FAILURE(RunToReport(WriteJob(job),
-                                      testing::MakeTempDir("integration-out"),
-                                      &report));
+  ASSERT_NO_FATAL_FAILURE(RunToReport(
+      WriteJob(job), testing::MakeTempDir("integration-out"), &report));
   EXPECT_TRUE(report.reached_target()) << report.final_accuracy();
   ASSERT_EQ(report.sites_size(), 3);
   const double norm = report.sites(0).sync().diloco().anchor_norm();
@@ -261,9 +260,8 @@ TEST_F(IntegrationTest, ModelAveragingOverThreeSitesAgreesOnEveryMean) {
   pb::JobConfig job = OuterRoundsJob(pb::MODEL_AVERAGING, 20);
   job.mutable_sync()->clear_compression();  // FedAvg's models, losslessly
   pb::RunReport report;
-  ASSERT_NO_FATAL_FAILURE(RunToReport(WriteJob(job),
-                                      testing::MakeTempDir("integration-out"),
-                                      &report));
+  ASSERT_NO_FATAL_FAILURE(RunToReport(
+      WriteJob(job), testing::MakeTempDir("integration-out"), &report));
   EXPECT_TRUE(report.reached_target()) << report.final_accuracy();
   ASSERT_EQ(report.sites_size(), 3);
   const pb::OuterStepSummary& first = report.sites(0).sync().diloco();
@@ -431,6 +429,7 @@ TEST_F(IntegrationTest, ThreeSitesThroughWanemConvergeAndCountEveryByte) {
   ASSERT_NO_FATAL_FAILURE(RunToReport(path, out, &report));
   EXPECT_TRUE(report.reached_target()) << report.outcome();
   ASSERT_EQ(report.sites_size(), 3);
+  double most_held = 0;  // the largest mean unsent part over every pair
   for (const pb::SiteSummary& site : report.sites()) {
     EXPECT_GE(site.final_accuracy(), 0.85) << site.name();
     EXPECT_TRUE(site.sync().flushed()) << site.name();
@@ -457,11 +456,15 @@ TEST_F(IntegrationTest, ThreeSitesThroughWanemConvergeAndCountEveryByte) {
     for (const pb::UnsentChange& held : site.sync().unsent_change()) {
       const std::string key = site.name() + "->" + held.peer();
       EXPECT_GE(held.samples(), 1u) << key;
-      EXPECT_GT(held.mean_relative_norm(), 0) << key;
+      // One peer's few strided samples can all land on flushed entries on
+      // a loaded machine; the residue must show somewhere (checked below).
+      EXPECT_GE(held.mean_relative_norm(), 0) << key;
+      most_held = std::max(most_held, held.mean_relative_norm());
       EXPECT_LE(held.mean_relative_norm(), held.max_relative_norm()) << key;
       EXPECT_LT(held.max_relative_norm(), 0.5) << key;
     }
   }
+  EXPECT_GT(most_held, 0) << "no site held back any change (theta > 0)";
 
   // Three links, two directions each, every one carrying traffic.
   ASSERT_EQ(report.links_size(), 6);
