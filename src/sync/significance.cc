@@ -44,6 +44,14 @@ size_t TakeSignificant(std::span<float> acc, std::span<const float> w,
       ++taken;
     }
   };
+  // Bit j set when entry begin + j (< end) is significant.
+  const auto significant_bits = [&](size_t begin, size_t end) {
+    uint32_t bits = 0;
+    for (size_t i = begin; i < end; ++i) {
+      bits |= Significant(acc[i], w[i], t, relative) << (i - begin);
+    }
+    return bits;
+  };
   const size_t whole = acc.size() / kBlock * kBlock;
   for (size_t begin = 0; begin < whole; begin += kBlock) {
     uint32_t count = 0;
@@ -60,19 +68,9 @@ size_t TakeSignificant(std::span<float> acc, std::span<const float> w,
       taken += kBlock;
       continue;
     }
-    uint32_t bits = 0;
-    for (size_t j = 0; j < kBlock; ++j) {
-      bits |= Significant(acc[begin + j], w[begin + j], t, relative) << j;
-    }
-    take(begin, bits);
+    take(begin, significant_bits(begin, begin + kBlock));
   }
-  for (size_t begin = whole; begin < acc.size(); begin += kBlock) {
-    uint32_t bits = 0;
-    for (size_t j = 0; begin + j < acc.size(); ++j) {
-      bits |= Significant(acc[begin + j], w[begin + j], t, relative) << j;
-    }
-    take(begin, bits);
-  }
+  take(whole, significant_bits(whole, acc.size()));
   return taken;
 }
 

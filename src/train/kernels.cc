@@ -161,6 +161,25 @@ using DynamicStride = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
 // best there is rather than an illegal instruction.
 Isa Usable(Isa isa) { return std::min(isa, CpuIsa()); }
 
+// Calls run(kernels) with the Kernels of the widest set `isa` allows on this
+// CPU and returns true; false (run not called) on the portable path.
+template <typename Run>
+bool OnSimd(Isa isa, const Run& run) {
+#if MERIDIAN_HAVE_SIMD_KERNELS
+  switch (Usable(isa)) {
+    case Isa::kAvx512:
+      run(avx512::Kernels{});
+      return true;
+    case Isa::kAvx2:
+      run(avx2::Kernels{});
+      return true;
+    case Isa::kPortable:
+      break;
+  }
+#endif
+  return false;
+}
+
 // Set and not "0".
 bool EnvFlag(const char* name) {
   const char* value = std::getenv(name);
@@ -207,20 +226,12 @@ void DotProduct(Isa isa, int64_t m, int64_t n, int64_t k, const float* a,
                 int64_t lda, const float* x, int64_t ldx, const float* bias,
                 bool relu, float* out, int64_t ldo) {
   if (m <= 0 || n <= 0) return;
-#if MERIDIAN_HAVE_SIMD_KERNELS
-  switch (Usable(isa)) {
-    case Isa::kAvx512:
-      avx512::DotProduct(m, n, k, StridedRows{a, lda}, x, ldx, bias, relu,
-                         /*accumulate=*/false, out, ldo);
-      return;
-    case Isa::kAvx2:
-      avx2::DotProduct(m, n, k, StridedRows{a, lda}, x, ldx, bias, relu,
-                       /*accumulate=*/false, out, ldo);
-      return;
-    case Isa::kPortable:
-      break;
+  if (OnSimd(isa, [&](auto kernels) {
+        kernels.Dot(m, n, k, StridedRows{a, lda}, x, ldx, bias, relu,
+                    /*accumulate=*/false, out, ldo);
+      })) {
+    return;
   }
-#endif
   // Row-major A (m x k), column-major X (k x n), column-major out.
   const Eigen::Map<const RowMajorMatrixXf, 0, DynamicStride> a_map(
       a, m, k, DynamicStride(lda, 1));
@@ -243,20 +254,12 @@ void DotProductRowsAccumulate(Isa isa, int64_t m, int64_t n, int64_t k,
                               const float* const* a_rows, const float* x,
                               int64_t ldx, float* out, int64_t ldo) {
   if (m <= 0 || n <= 0 || k <= 0) return;
-#if MERIDIAN_HAVE_SIMD_KERNELS
-  switch (Usable(isa)) {
-    case Isa::kAvx512:
-      avx512::DotProduct(m, n, k, IndirectRows{a_rows, 0}, x, ldx, nullptr,
-                         false, /*accumulate=*/true, out, ldo);
-      return;
-    case Isa::kAvx2:
-      avx2::DotProduct(m, n, k, IndirectRows{a_rows, 0}, x, ldx, nullptr, false,
-                       /*accumulate=*/true, out, ldo);
-      return;
-    case Isa::kPortable:
-      break;
+  if (OnSimd(isa, [&](auto kernels) {
+        kernels.Dot(m, n, k, IndirectRows{a_rows, 0}, x, ldx, nullptr, false,
+                    /*accumulate=*/true, out, ldo);
+      })) {
+    return;
   }
-#endif
   for (int64_t b = 0; b < n; ++b) {
     const Eigen::Map<const Eigen::VectorXf> column(x + b * ldx, k);
     for (int64_t o = 0; o < m; ++o) {
@@ -281,22 +284,12 @@ void OuterProduct(Isa isa, int64_t r_count, int64_t i_count, int64_t s_count,
                   const float* p, int64_t prs, int64_t pss, const float* q,
                   int64_t ldq, float* g, int64_t ldg, float* pack) {
   if (r_count <= 0 || i_count <= 0) return;
-#if MERIDIAN_HAVE_SIMD_KERNELS
-  if (s_count > 0) {
-    switch (Usable(isa)) {
-      case Isa::kAvx512:
-        avx512::OuterProduct(r_count, i_count, s_count, p, prs, pss,
-                             StridedRows{q, ldq}, g, ldg, pack);
-        return;
-      case Isa::kAvx2:
-        avx2::OuterProduct(r_count, i_count, s_count, p, prs, pss,
-                           StridedRows{q, ldq}, g, ldg, pack);
-        return;
-      case Isa::kPortable:
-        break;
-    }
+  if (s_count > 0 && OnSimd(isa, [&](auto kernels) {
+        kernels.Outer(r_count, i_count, s_count, p, prs, pss,
+                      StridedRows{q, ldq}, g, ldg, pack);
+      })) {
+    return;
   }
-#endif
   Eigen::Map<RowMajorMatrixXf, 0, DynamicStride> g_map(g, r_count, i_count,
                                                        DynamicStride(ldg, 1));
   if (s_count <= 0) {
@@ -315,22 +308,12 @@ void OuterProductRows(Isa isa, int64_t r_count, int64_t i_count,
                       const float* const* rows, float* g, int64_t ldg,
                       float* pack) {
   if (r_count <= 0 || i_count <= 0) return;
-#if MERIDIAN_HAVE_SIMD_KERNELS
-  if (s_count > 0) {
-    switch (Usable(isa)) {
-      case Isa::kAvx512:
-        avx512::OuterProduct(r_count, i_count, s_count, p, prs, pss,
-                             IndirectRows{rows, 0}, g, ldg, pack);
-        return;
-      case Isa::kAvx2:
-        avx2::OuterProduct(r_count, i_count, s_count, p, prs, pss,
-                           IndirectRows{rows, 0}, g, ldg, pack);
-        return;
-      case Isa::kPortable:
-        break;
-    }
+  if (s_count > 0 && OnSimd(isa, [&](auto kernels) {
+        kernels.Outer(r_count, i_count, s_count, p, prs, pss,
+                      IndirectRows{rows, 0}, g, ldg, pack);
+      })) {
+    return;
   }
-#endif
   for (int64_t r = 0; r < r_count; ++r) {
     Eigen::Map<Eigen::VectorXf> out(g + r * ldg, i_count);
     out.setZero();
