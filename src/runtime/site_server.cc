@@ -662,6 +662,7 @@ class SiteServer::Impl {
     CheckLiveness();
     SampleRate();
     NoteWaiting();
+    NoteHeldWorkers();
     PublishMetrics();
     return Status::Ok();
   }
@@ -1526,6 +1527,28 @@ class SiteServer::Impl {
                << ": not heard from yet; updates for them are queued";
   }
 
+  // Says, at growing intervals from kHeldNoticeS on, why workers are held
+  // (the sync's DS bound, round or barrier: its clocks and each peer's
+  // channel), so a stalled job explains itself in the log.
+  void NoteHeldWorkers() {
+    if (!sync_ || finished_) return;
+    const double now = Now();
+    double longest = 0;
+    int held = 0;
+    for (uint32_t i = 0; i < workers_.size(); ++i) {
+      if (!workers_[i].held) continue;
+      ++held;
+      longest = std::max(longest, now - workers_[i].held_since_s);
+    }
+    if (longest < kHeldNoticeS) {
+      held_notice_.Reset();
+      return;
+    }
+    if (!held_notice_.Due(now)) return;
+    MLOG(WARNING) << held << " worker(s) held by the sync for up to " << longest
+                  << " s: " << sync_->DescribeWait(last_clock_);
+  }
+
   // Copies the counters into the metrics registry (which the metrics
   // server's thread renders), at most every kMetricsPeriodS unless `force`.
   void PublishMetrics(bool force = false) {
@@ -1886,6 +1909,8 @@ class SiteServer::Impl {
   bool training_ = false;
   bool finished_ = false;
   WaitNotice waiting_notice_;  // for workers, then for peer sites
+  static constexpr double kHeldNoticeS = 5.0;
+  WaitNotice held_notice_{1.0, 60.0};
   bool all_peers_heard_ = false;
   std::string stop_reason_;
   // Read by the evaluator thread too, hence atomic.

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <sstream>
 
 #include "meridian/addresses.h"
 #include "meridian/compression.h"
@@ -441,6 +442,27 @@ class SyncEngine::Impl {
 
   void NoteHeld(double seconds) { blocked_s_ += seconds; }
 
+  std::string DescribeWait(int64_t local_clock) const {
+    std::ostringstream out;
+    out << "local clock " << local_clock << ", DS " << sync_.max_clock_skew()
+        << ", bounding clock " << BoundingClock();
+    if (outer_) out << ", outer round deferred " << outer_deferred_;
+    if (!blocked_.empty()) out << ", ranges awaiting values";
+    for (const auto& peer : peers_) {
+      const Peer& p = *peer;
+      out << "; " << p.name << ": clock " << clocks_.ClockOf(p.name).value_or(0)
+          << (Bounding(p) ? ", counted" : ", not counted")
+          << (p.reachable ? "" : ", unreachable")
+          << (p.catching_up ? ", catching up" : "") << ", heard "
+          << SilentFor(p) << " s ago, in " << p.in.applied() << " applied, out "
+          << p.out.last_sequence() << " made / " << p.out.applied_sequence()
+          << " applied, announced " << p.announced
+          << (p.out.full() ? ", retention full" : "")
+          << (p.out.congested() ? ", congested" : "");
+    }
+    return out.str();
+  }
+
   bool peer_finished() const { return !finished_peer_.empty(); }
   const std::string& finished_peer() const { return finished_peer_; }
 
@@ -572,14 +594,15 @@ class SyncEngine::Impl {
         pb::UnsentChange* unsent = summary.add_unsent_change();
         unsent->set_peer(peer->name);
         unsent->set_samples(peer->unsent_samples);
-        unsent->set_mean_relative_norm(peer->unsent_sum /
-                                       static_cast<double>(peer->unsent_samples));
+        unsent->set_mean_relative_norm(
+            peer->unsent_sum / static_cast<double>(peer->unsent_samples));
         unsent->set_max_relative_norm(peer->unsent_max);
       }
     }
     FillSkewScout(&summary);
     std::map<pb::MessageType, uint64_t> sent = messages_sent_;
-    for (const auto& peer : peers_) sent[pb::HEARTBEAT] += peer->out.heartbeats_sent();
+    for (const auto& peer : peers_)
+      sent[pb::HEARTBEAT] += peer->out.heartbeats_sent();
     for (const auto& [type, count] : sent) {
       if (count == 0) continue;
       pb::MessageCount* out = summary.add_messages_sent();
@@ -671,8 +694,9 @@ class SyncEngine::Impl {
                                 const Checkpoint* arrays) {
     if (outer_ && state.has_outer()) {
       if (arrays == nullptr) {
-        return DataLossError("the outer rounds' state (DILOCO, "
-                             "MODEL_AVERAGING) needs the checkpoint's arrays");
+        return DataLossError(
+            "the outer rounds' state (DILOCO, "
+            "MODEL_AVERAGING) needs the checkpoint's arrays");
       }
       MERIDIAN_RETURN_IF_ERROR(outer_->RestoreFrom(state.outer(), *arrays));
       outer_deferred_ = state.outer_deferred();
@@ -774,8 +798,8 @@ class SyncEngine::Impl {
     local_clock_ = std::max(local_clock_, round);
     return outer_
         ->AddOwn(round, decoded,
-                 std::span<const float>(model).subspan(
-                     range.begin, range.end - range.begin))
+                 std::span<const float>(model).subspan(range.begin,
+                                                       range.end - range.begin))
         .WithContext(where);
   }
 
@@ -1016,6 +1040,13 @@ class SyncEngine::Impl {
     last_service_s_ = now;
     for (auto& peer : peers_) {
       CheckLiveness(*peer, now);
+      // Announcements are level-triggered, not only sent at a local
+      // clock: one a channel missed while its peer was unreachable, or
+      // one that came due without a local clock (a hub's slowest member
+      // went silent), goes out as soon as the peer can take it. Sites
+      // whose DS bounds wait on each other's clocks would otherwise wait
+      // for good (each held at the clock it last reached).
+      if (training_) AnnounceClock(*peer, /*changes_first=*/true);
       peer->out.Pump(now);
       if (std::optional<pb::MirrorAck> ack =
               peer->in.AckDue(now, clocks_.ClockOf(peer->name).value_or(0))) {
@@ -1261,20 +1292,28 @@ class SyncEngine::Impl {
   // of its sum is significant, so the clock still follows the updates it
   // covers.
   void AnnounceClocks() {
-    for (auto& peer : peers_) {
-      const int64_t due = DueClock(*peer);
-      if (peer->announced >= due || !Sendable(*peer)) continue;
-      if (role_.kind == SyncRole::Kind::kHub && IsMember(peer->site)) {
-        SendSignificant(*peer, Theta(local_clock_));
-      }
-      peer->announced = due;
-      pb::Header header = MakeHeader(pb::MIRROR_CLOCK, self_, 0);
-      header.set_clock(due);
-      header.mutable_mirror_clock()->set_clock(due);
-      header.mutable_mirror_clock()->set_relayed(role_.kind ==
-                                                 SyncRole::Kind::kHub);
-      Send(*peer, std::move(header), {});
+    for (auto& peer : peers_) AnnounceClock(*peer, /*changes_first=*/false);
+  }
+
+  // Sends `peer` the clock announcement due on its channel, if any.
+  // `changes_first`: what of its accumulator is significant goes before
+  // it, as at a local clock (whose changes were just sent otherwise); a
+  // hub's member always gets its share of the sum first.
+  void AnnounceClock(Peer& peer, bool changes_first) {
+    const int64_t due = DueClock(peer);
+    if (peer.announced >= due || !Sendable(peer)) return;
+    const bool member =
+        role_.kind == SyncRole::Kind::kHub && IsMember(peer.site);
+    if (member || (changes_first && !outer_)) {
+      SendSignificant(peer, Theta(local_clock_));
     }
+    peer.announced = due;
+    pb::Header header = MakeHeader(pb::MIRROR_CLOCK, self_, 0);
+    header.set_clock(due);
+    header.mutable_mirror_clock()->set_clock(due);
+    header.mutable_mirror_clock()->set_relayed(role_.kind ==
+                                               SyncRole::Kind::kHub);
+    Send(peer, std::move(header), {});
   }
 
   // The clock a channel should have announced by now: the local clock for
@@ -1611,8 +1650,8 @@ class SyncEngine::Impl {
                << decision.standard_error << "), "
                << SkewActionName(decision.action) << ", "
                << SkewKnobName(skew_knob_) << " " << decision.knob_before
-               << " -> " << decision.knob_after
-               << ", next travel in " << decision.travel_period << " clocks";
+               << " -> " << decision.knob_after << ", next travel in "
+               << decision.travel_period << " clocks";
   }
 
   // A density knob is the configured pipeline's top-k fraction (θ is read
@@ -1862,10 +1901,10 @@ class SyncEngine::Impl {
   // models or outer gradients are exchanged).
   bool UsesAccumulators() const { return !HasOuterRounds(sync_.kind()); }
 
-  // DILOCO and MODEL_AVERAGING: at a clock that starts a round, sends this site's outer
-  // gradient of the round's fragment to every peer, unless the previous
-  // round of that fragment is still open: then the round waits (and so do
-  // reads) until it closes.
+  // DILOCO and MODEL_AVERAGING: at a clock that starts a round, sends this
+  // site's outer gradient of the round's fragment to every peer, unless the
+  // previous round of that fragment is still open: then the round waits (and so
+  // do reads) until it closes.
   void StartOuterRoundIfDue(int64_t clock) {
     std::optional<uint32_t> fragment = outer_->FragmentDueAt(clock);
     if (!fragment) return;
@@ -1884,11 +1923,10 @@ class SyncEngine::Impl {
     std::vector<float> model(store_->num_elements());
     store_->Snapshot(model);
     std::vector<float> delta;
-    outer_->OuterGradient(
-        fragment,
-        std::span<const float>(model).subspan(range.begin,
-                                              range.end - range.begin),
-        &delta);
+    outer_->OuterGradient(fragment,
+                          std::span<const float>(model).subspan(
+                              range.begin, range.end - range.begin),
+                          &delta);
     const EncodedSlices encoded =
         codec_->EncodeRange(store_->layout(), range.begin, delta);
     // What the peers will add is the decoded Δ: use the same here, so that
@@ -1904,8 +1942,7 @@ class SyncEngine::Impl {
     if (!status.ok()) {
       // Our own encoding does not decode: a bug, not a peer's fault.
       MLOG(ERROR) << "outer round " << clock
-                  << ": this site's outer gradient does not decode: "
-                  << status;
+                  << ": this site's outer gradient does not decode: " << status;
       return;
     }
     for (auto& peer : peers_) {
@@ -1938,9 +1975,9 @@ class SyncEngine::Impl {
     std::optional<uint32_t> fragment = outer_->FragmentDueAt(round);
     if (!fragment) {
       return Refuse(message.routing_id, header,
-                    {pb::ERROR_MALFORMED,
-                     "outer gradient tagged with round " +
-                         std::to_string(round) + ", at which no round starts"});
+                    {pb::ERROR_MALFORMED, "outer gradient tagged with round " +
+                                              std::to_string(round) +
+                                              ", at which no round starts"});
     }
     std::vector<float> values;
     if (Status status = ScatterRange(outer_->RangeOf(*fragment), &values);
@@ -2103,6 +2140,9 @@ bool SyncEngine::ReadsAllowed(int64_t local_clock,
   return impl_->ReadsAllowed(local_clock, ranges);
 }
 void SyncEngine::NoteHeld(double seconds) { impl_->NoteHeld(seconds); }
+std::string SyncEngine::DescribeWait(int64_t local_clock) const {
+  return impl_->DescribeWait(local_clock);
+}
 bool SyncEngine::peer_finished() const { return impl_->peer_finished(); }
 const std::string& SyncEngine::finished_peer() const {
   return impl_->finished_peer();

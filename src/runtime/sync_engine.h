@@ -28,11 +28,11 @@
 #include "meridian/clock.h"
 #include "meridian/job.pb.h"
 #include "meridian/param_store.h"
-#include "runtime/fault_events.h"
 #include "meridian/report.pb.h"
 #include "meridian/skew_control.h"
 #include "meridian/status.h"
 #include "runtime/checkpoint.h"
+#include "runtime/fault_events.h"
 
 namespace meridian {
 
@@ -108,6 +108,11 @@ class SyncEngine {
                     std::span<const KeyRange> ranges = {}) const;
   // Time accounting of held replies (reported as blocked_s).
   void NoteHeld(double seconds);
+  // What holds reads at `local_clock`, for a log line: the DS bound's
+  // clock and each peer's clock, liveness and channel positions (e.g.
+  // "DS 3, bounding clock 36; b: clock 36, counted, heard 0.1 s ago, in
+  // 41 applied, out 44 sent / 40 applied").
+  std::string DescribeWait(int64_t local_clock) const;
 
   // A peer said its job is over (its final flush arrived): the site
   // should finish too.

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "meridian/config.h"
@@ -93,15 +94,17 @@ class SyncFaultTest : public ::testing::Test {
 
 std::string* SyncFaultTest::data_dir_ = nullptr;
 
-// After 0.8 s of training, site c is cut off from a and b for 2.5 s
+// After 0.8 s of training, site c is cut off from a and b for `cut`
 // (the emulator holds the bytes), then healed.
-void PartitionCForAWhile(wan::ControlClient* wanem) {
-  std::this_thread::sleep_for(milliseconds(800));
-  ASSERT_TRUE(wanem->Partition("a-c").ok());
-  ASSERT_TRUE(wanem->Partition("b-c").ok());
-  std::this_thread::sleep_for(milliseconds(2500));
-  ASSERT_TRUE(wanem->Heal("a-c").ok());
-  ASSERT_TRUE(wanem->Heal("b-c").ok());
+std::function<void(wan::ControlClient*)> PartitionCFor(milliseconds cut) {
+  return [cut](wan::ControlClient* wanem) {
+    std::this_thread::sleep_for(milliseconds(800));
+    ASSERT_TRUE(wanem->Partition("a-c").ok());
+    ASSERT_TRUE(wanem->Partition("b-c").ok());
+    std::this_thread::sleep_for(cut);
+    ASSERT_TRUE(wanem->Heal("a-c").ok());
+    ASSERT_TRUE(wanem->Heal("b-c").ok());
+  };
 }
 
 // Site c is cut off from a and b for 2.5 s (the emulator holds the bytes,
@@ -111,7 +114,7 @@ void PartitionCForAWhile(wan::ControlClient* wanem) {
 TEST_F(SyncFaultTest, PartitionContinueAndHealKeepsEveryUpdateOnce) {
   const pb::JobConfig job = Job(pb::PARTITION_CONTINUE);
   testing::LiveSitesOptions options = Options();
-  options.during = PartitionCForAWhile;
+  options.during = PartitionCFor(milliseconds(2500));
   Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
   ASSERT_TRUE(run.ok()) << run.status();
   ExpectEveryUpdateOnce(job, *run);
@@ -127,12 +130,16 @@ TEST_F(SyncFaultTest, PartitionContinueAndHealKeepsEveryUpdateOnce) {
 }
 
 // The same under PARTITION_BLOCK: the DS bound holds the sites' workers
-// until c is back; nothing is lost either.
+// until c is back, and a site whose workers are held for seconds says why
+// in its log; nothing is lost either.
 TEST_F(SyncFaultTest, PartitionBlockAndHealKeepsEveryUpdateOnce) {
   const pb::JobConfig job = Job(pb::PARTITION_BLOCK);
   testing::LiveSitesOptions options = Options();
-  options.during = PartitionCForAWhile;
+  // Longer than a hold before the site explains it (5 s, then 1 s on).
+  options.during = PartitionCFor(milliseconds(7500));
+  ::testing::internal::CaptureStderr();
   Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
+  const std::string log = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(run.ok()) << run.status();
   ExpectEveryUpdateOnce(job, *run);
   double held = 0;
@@ -140,6 +147,16 @@ TEST_F(SyncFaultTest, PartitionBlockAndHealKeepsEveryUpdateOnce) {
     held += server->summary().sync().blocked_s();
   }
   EXPECT_GT(held, 0) << "the DS bound never held a worker during the cut";
+  // e.g. "1 worker(s) held by the sync for up to 6.0 s: local clock 12,
+  // DS 3, bounding clock 8; b: clock 14, counted, ...; c: clock 8,
+  // counted, unreachable, ..."
+  const size_t line = log.find("held by the sync for up to");
+  ASSERT_NE(line, std::string::npos) << log;
+  const std::string held_line = log.substr(line, log.find('\n', line) - line);
+  EXPECT_NE(held_line.find("DS 3, bounding clock"), std::string::npos)
+      << held_line;
+  EXPECT_NE(held_line.find("counted, unreachable"), std::string::npos)
+      << held_line;
 }
 
 // Every connection of two links is closed again and again while updates
