@@ -39,6 +39,21 @@ enum class LogLevel { kDebug = 0, kInfo, kWarning, kError };
 
 // Names this process in every line, e.g. "site-a/server" or "site-a/w3".
 void SetLogRole(std::string role);
+
+// Names the calling thread's lines instead, while it lives (the previous
+// name of the thread, if any, comes back at destruction): several roles
+// in one process, e.g. a test running three site servers on threads.
+// Create and destroy on the same thread.
+class ThreadLogRole {
+ public:
+  explicit ThreadLogRole(std::string role);
+  ~ThreadLogRole();
+  ThreadLogRole(const ThreadLogRole&) = delete;
+  ThreadLogRole& operator=(const ThreadLogRole&) = delete;
+
+ private:
+  std::string previous_;
+};
 // Messages below `level` are dropped. Default kInfo; MERIDIAN_LOG_LEVEL
 // (debug|info|warning|error) in the environment overrides at start-up.
 void SetLogLevel(LogLevel level);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <iterator>
+#include <utility>
 
 #include "meridian/mutex.h"
 #include "meridian/thread_annotations.h"
@@ -25,6 +26,9 @@ LogRole& Role() {
   static LogRole* role = new LogRole();  // never destroyed: logs at exit
   return *role;
 }
+
+// ThreadLogRole's name for this thread; empty: the process's role.
+thread_local std::string thread_role;
 
 LogLevel InitialLevel() {
   LogLevel level = LogLevel::kInfo;
@@ -179,8 +183,8 @@ void WriteLine(LogLevel level, std::string_view message) {
   gmtime_r(&seconds, &utc);
   char stamp[32];
   std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &utc);
-  std::string role;
-  {
+  std::string role = thread_role;
+  if (role.empty()) {
     LogRole& state = Role();
     MutexLock lock(&state.mu);
     role = state.name;
@@ -392,6 +396,11 @@ void SetLogRole(std::string role) {
   MutexLock lock(&state.mu);
   state.name = std::move(role);
 }
+
+ThreadLogRole::ThreadLogRole(std::string role)
+    : previous_(std::exchange(thread_role, std::move(role))) {}
+
+ThreadLogRole::~ThreadLogRole() { thread_role = std::move(previous_); }
 
 void SetLogLevel(LogLevel level) { Level().store(level); }
 

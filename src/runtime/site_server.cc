@@ -328,6 +328,9 @@ class SiteServer::Impl {
   }
 
   Status Run() {
+    // The process's role too (SetLogRole), unless several servers share
+    // the process (tests): then each thread names its own site.
+    ThreadLogRole log_role(site_config_.name() + "/server");
     if (resumed_finished_) {
       // Resumed a job this site had finished: report it again.
       finished_ = true;

@@ -65,6 +65,37 @@ TEST(LogLineTest, ANewlineInAMessageCannotForgeALine) {
             "forged");
 }
 
+// Several roles in one process: a thread's own role names its lines
+// while it lives, nested ones restore the outer one, and other threads
+// keep the process's role.
+TEST(LogLineTest, AThreadsRoleNamesItsLinesOnly) {
+  SetLogRole("process-role");
+  ::testing::internal::CaptureStderr();
+  MLOG(WARNING) << "one";
+  {
+    ThreadLogRole outer("site-a/server");
+    MLOG(WARNING) << "two";
+    {
+      ThreadLogRole inner("site-b/server");
+      MLOG(WARNING) << "three";
+    }
+    MLOG(WARNING) << "four";
+    std::thread other([] { MLOG(WARNING) << "five"; });
+    other.join();
+  }
+  MLOG(WARNING) << "six";
+  const std::vector<std::string> lines =
+      Lines(::testing::internal::GetCapturedStderr());
+  ASSERT_EQ(lines.size(), 6u);
+  const char* expected[] = {" process-role: one",    " site-a/server: two",
+                            " site-b/server: three", " site-a/server: four",
+                            " process-role: five",   " process-role: six"};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_TRUE(Contains(lines[i], expected[i])) << lines[i];
+  }
+  SetLogRole("meridian");
+}
+
 TEST(LogLineTest, ControlCharactersAndInvalidUtf8AreEscaped) {
   const std::string message = std::string("a\rb\tc\x1b[31md") + '\0' +
                               "e\x01\x7f" + "f\xff\xfe" +
