@@ -665,7 +665,6 @@ class SiteServer::Impl {
     CheckLiveness();
     SampleRate();
     NoteWaiting();
-    NoteHeldWorkers();
     PublishMetrics();
     return Status::Ok();
   }
@@ -1283,17 +1282,27 @@ class SiteServer::Impl {
     }
   }
 
-  // Answers every held worker the sync now allows.
+  // Answers every held worker the sync now allows; says why the others
+  // wait once they have waited long (NoteHeldWorkers).
   void ReleaseHeld() {
+    const double now = Now();
+    int still_held = 0;
+    double longest_s = 0;
     for (uint32_t i = 0; i < workers_.size(); ++i) {
       WorkerSlot& slot = workers_[i];
-      if (!slot.held || !ReadsAllowed(i)) continue;
+      if (!slot.held) continue;
+      if (!ReadsAllowed(i)) {
+        ++still_held;
+        longest_s = std::max(longest_s, now - slot.held_since_s);
+        continue;
+      }
       slot.held = false;
-      sync_->NoteHeld(Now() - slot.held_since_s);
+      sync_->NoteHeld(now - slot.held_since_s);
       if (slot.awaiting_reply() && slot.state == SlotState::kLive) {
         SendReply(i);
       }
     }
+    NoteHeldWorkers(still_held, longest_s, now);
   }
 
   // ---- replies -------------------------------------------------------------
@@ -1530,26 +1539,18 @@ class SiteServer::Impl {
                << ": not heard from yet; updates for them are queued";
   }
 
-  // Says, at growing intervals from kHeldNoticeS on, why workers are held
-  // (the sync's DS bound, round or barrier: its clocks and each peer's
-  // channel), so a stalled job explains itself in the log.
-  void NoteHeldWorkers() {
-    if (!sync_ || finished_) return;
-    const double now = Now();
-    double longest = 0;
-    int held = 0;
-    for (uint32_t i = 0; i < workers_.size(); ++i) {
-      if (!workers_[i].held) continue;
-      ++held;
-      longest = std::max(longest, now - workers_[i].held_since_s);
-    }
-    if (longest < kHeldNoticeS) {
+  // Says, at growing intervals from kHeldNoticeS on, why `held` workers
+  // are held, the longest for `longest_s` (the sync's DS bound, round or
+  // barrier: its clocks and each peer's channel), so a stalled job
+  // explains itself in the log.
+  void NoteHeldWorkers(int held, double longest_s, double now) {
+    if (finished_ || longest_s < kHeldNoticeS) {
       held_notice_.Reset();
       return;
     }
     if (!held_notice_.Due(now)) return;
-    MLOG(WARNING) << held << " worker(s) held by the sync for up to " << longest
-                  << " s: " << sync_->DescribeWait(last_clock_);
+    MLOG(WARNING) << held << " worker(s) held by the sync for up to "
+                  << longest_s << " s: " << sync_->DescribeWait(last_clock_);
   }
 
   // Copies the counters into the metrics registry (which the metrics
