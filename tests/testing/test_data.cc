@@ -2,11 +2,13 @@
 
 #include <google/protobuf/text_format.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <vector>
 
@@ -38,6 +40,45 @@ void Generate(uint32_t count, const std::vector<std::vector<float>>& prototypes,
   }
 }
 
+std::atomic<bool (*)()> remove_temp_dirs_if{nullptr};
+
+// The directories MakeTempDir made in this process, removed when the
+// process exits unless MERIDIAN_KEEP_TEST_DIRS is set or the check set by
+// SetTempDirCleanupCheck says no (a failed test's files are kept for its
+// reader). Only
+// the process that made them removes them: a child forked by a test that
+// exits normally must not delete its parent's files. A full `tools/test`
+// run makes several thousand directories; without this they piled up in
+// /tmp, gigabytes a day.
+class TempDirRegistry {
+ public:
+  static TempDirRegistry& Get() {
+    static TempDirRegistry registry;
+    return registry;
+  }
+  void Add(std::string dir) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dirs_.push_back(std::move(dir));
+  }
+  ~TempDirRegistry() {
+    if (::getpid() != owner_) return;
+    if (std::getenv("MERIDIAN_KEEP_TEST_DIRS") != nullptr) return;
+    const auto check = remove_temp_dirs_if.load();
+    if (check != nullptr && !check()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const std::string& dir : dirs_) {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  }
+
+ private:
+  TempDirRegistry() : owner_(::getpid()) {}
+  const pid_t owner_;
+  std::mutex mutex_;
+  std::vector<std::string> dirs_;
+};
+
 }  // namespace
 
 Status WriteSyntheticIdx(const std::string& dir,
@@ -65,6 +106,10 @@ Status WriteSyntheticIdx(const std::string& dir,
   return WriteIdxLabels(dir + "/t10k-labels-idx1-ubyte.gz", labels);
 }
 
+void SetTempDirCleanupCheck(bool (*remove_if)()) {
+  remove_temp_dirs_if.store(remove_if);
+}
+
 std::string MakeTempDir(const std::string& prefix) {
   static std::atomic<int> counter{0};
   const char* base = std::getenv("TEST_TMPDIR");
@@ -74,7 +119,9 @@ std::string MakeTempDir(const std::string& prefix) {
   std::vector<char> buffer(templ.begin(), templ.end());
   buffer.push_back('\0');
   const char* made = ::mkdtemp(buffer.data());
-  return made != nullptr ? std::string(made) : templ;
+  if (made == nullptr) return templ;
+  TempDirRegistry::Get().Add(made);
+  return made;
 }
 
 pb::JobConfig SmallJob(const std::string& data_dir, uint32_t workers,

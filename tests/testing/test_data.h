@@ -28,8 +28,16 @@ struct SyntheticDataOptions {
 Status WriteSyntheticIdx(const std::string& dir,
                          const SyntheticDataOptions& options = {});
 
-// A fresh directory under the test temp dir, unique per call.
+// A fresh directory under $TEST_TMPDIR (or /tmp), unique per call; it and
+// everything in it are removed when the process that made it exits
+// normally, unless MERIDIAN_KEEP_TEST_DIRS is set or the cleanup check
+// returns false. Thread-safe.
 std::string MakeTempDir(const std::string& prefix);
+
+// The check run at exit before MakeTempDir's directories are removed
+// (nullptr: always remove). Test binaries set "every test passed"
+// (temp_dirs_gtest.cc), so a failed test's files stay for its reader.
+void SetTempDirCleanupCheck(bool (*remove_if)());
 
 // A one-site job over the data in `data_dir`: `workers` workers, an MLP
 // with one hidden layer of `hidden` units, asynchronous, short eval period.
