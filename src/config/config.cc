@@ -729,6 +729,12 @@ void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
   }
   r.Real("selective_barrier_fraction", sync.selective_barrier_fraction(),
          kUnitInterval);
+  r.Real("send_period_s", sync.send_period_s(), kNonNegative);
+  r.Check(sync.send_period_s() == 0 || sync.kind() == pb::GAIA ||
+              sync.kind() == pb::DENSE,
+          "send_period_s",
+          "applies to GAIA and DENSE only (MODEL_AVERAGING and DILOCO send "
+          "in rounds)");
   if (sync.has_bandwidth_budget()) {
     Result<double> budget = wan::ParseBandwidth(sync.bandwidth_budget());
     if (!budget.ok()) {
@@ -901,8 +907,8 @@ void ValidatePolicy(const pb::PolicyConfig& policy, const IssueReporter& r) {
                 FormatReal(policy.check_period_s()) + "), got " +
                 FormatReal(policy.min_commit_interval_s()));
   }
-  r.Real("max_commit_overhead_fraction",
-         policy.max_commit_overhead_fraction(), kHalfOpenUnit);
+  r.Real("max_commit_overhead_fraction", policy.max_commit_overhead_fraction(),
+         kHalfOpenUnit);
   r.Count("initial_commits_per_period", policy.initial_commits_per_period(),
           kAtLeastOne);
   r.Count("min_commits_per_period", policy.min_commits_per_period(),

@@ -353,6 +353,7 @@ class SyncEngine::Impl {
       StartOuterRoundIfDue(clock);
     } else {
       SendLocalChanges(Theta(clock));
+      last_send_s_ = Now();
     }
     if (skew_) {
       // The first travel after one period: before it the replicas have
@@ -568,6 +569,8 @@ class SyncEngine::Impl {
     summary.set_final_theta(last_theta_);
     summary.set_bytes_sent(static_cast<double>(bytes_sent()));
     summary.set_updates_sent(static_cast<double>(updates_sent_));
+    summary.set_updates_sent_between_clocks(
+        static_cast<double>(updates_between_clocks_));
     summary.set_entries_sent(static_cast<double>(entries_sent_));
     summary.set_entries_received(static_cast<double>(entries_received_));
     summary.set_updates_received(static_cast<double>(updates_received_));
@@ -1038,6 +1041,13 @@ class SyncEngine::Impl {
       liveness_floor_s_ = now;
     }
     last_service_s_ = now;
+    if (training_ && !outer_ && sync_.send_period_s() > 0 &&
+        now - last_send_s_ >= sync_.send_period_s()) {
+      last_send_s_ = now;
+      const uint64_t before = updates_sent_;
+      SendSignificantToPeers(Theta(local_clock_));
+      updates_between_clocks_ += updates_sent_ - before;
+    }
     for (auto& peer : peers_) {
       CheckLiveness(*peer, now);
       // Announcements are level-triggered, not only sent at a local
@@ -1254,6 +1264,12 @@ class SyncEngine::Impl {
   // advances (AnnounceClocks), which may wait for the slowest site.
   void SendLocalChanges(double theta) {
     ObserveBandwidth();
+    SendSignificantToPeers(theta);
+  }
+
+  // A hub's members get their share of the group's sum with each clock
+  // announcement (AnnounceClock), not here.
+  void SendSignificantToPeers(double theta) {
     for (auto& peer : peers_) {
       if (role_.kind == SyncRole::Kind::kHub && IsMember(peer->site)) continue;
       SendSignificant(*peer, theta);
@@ -2080,6 +2096,8 @@ class SyncEngine::Impl {
   // start, the end of a stall of the event loop).
   double liveness_floor_s_ = 0;
   double last_service_s_ = -1;
+  // When local changes last went out (sync.send_period_s).
+  double last_send_s_ = -1e9;
   FaultEventLog events_;
   SyncEngine::OutgoingLog outgoing_log_;  // empty: no log
   uint64_t log_failures_ = 0;
@@ -2095,6 +2113,7 @@ class SyncEngine::Impl {
 
   // Counters.
   uint64_t updates_sent_ = 0;
+  uint64_t updates_between_clocks_ = 0;  // not checkpointed: this process's
   uint64_t entries_sent_ = 0;
   uint64_t updates_received_ = 0;
   uint64_t entries_received_ = 0;

@@ -19,6 +19,9 @@ CompressionUpdatesTest
                    refused, the side-by-side table's ratios
 WorkloadSpeedTest  reading meridian_bench's JSON: the wall-clock rate, the
                    kernel set it ran on, a failed benchmark named
+NoniidTest         ALGORITHM@SECONDS: a valid job that sends between
+                   clocks, refused for FedAvg; SkewScout's estimate spread
+                   per (site, peer) against their sampling error
 """
 
 import argparse
@@ -245,6 +248,49 @@ class CompressionUpdatesTest(unittest.TestCase):
         self.assertIn("500 B (1/8.0)", significant)
         self.assertIn("| 1.80 | 0.90 |", significant)  # B/entry, real/random
         self.assertIn("n/a", significant)  # int4 not measured
+
+
+class NoniidTest(unittest.TestCase):
+    def test_streamed_variant_is_a_valid_job(self):
+        noniid = scenario("noniid")
+        algos = noniid.algorithms(1)
+        sync = noniid.streamed(algos, "gaia-0.01@0.02")
+        self.assertIn("send_period_s: 0.02", sync)
+        self.assertIn("threshold: 0.01", sync)
+        self.assertIsNone(noniid.streamed(algos, "fedavg-10@0.02"))
+        self.assertIsNone(noniid.streamed(algos, "dense@soon"))
+        self.assertIsNone(noniid.streamed(algos, "dense"))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "job.pbtxt")
+            with open(path, "w") as f:
+                f.write(noniid.job_text("x", "disjoint", sync, 60, True))
+            proc = subprocess.run([MERIDIAN, "validate", path],
+                                  stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+
+    def test_estimate_spread_is_per_site_and_peer_after_the_transient(self):
+        noniid = scenario("noniid")
+
+        def decision(t, peer, estimate):
+            # own - travelled = estimate; 100 samples, 20 discordant.
+            return {"t_s": t, "peer": peer, "samples": 100,
+                    "discordant": 20, "estimate": estimate}
+        scouts = [{"decisions": [decision(1, "b", 0.9)] +
+                   [decision(30 + i, "b", e)
+                    for i, e in enumerate([0.1, 0.2, 0.3])] +
+                   [decision(40 + i, "c", e)
+                    for i, e in enumerate([0.0, 0.0, 0.0])]}]
+        noise = noniid.estimate_noise(scouts, budget=60)
+        # The estimate at t = 1 (before 20 s) is left out: pair b has sd
+        # 0.1 and mean 0.2, pair c sd 0 and mean 0.
+        self.assertAlmostEqual(noise["estimate_spread"], 0.05)
+        self.assertAlmostEqual(noise["estimate_mean"], 0.1)
+        # sqrt((0.2 - est^2) / 100), median over the six estimates.
+        self.assertAlmostEqual(
+            noise["estimate_error"],
+            (0.2 ** 0.5 / 10 + (0.2 - 0.01) ** 0.5 / 10) / 2)
+        self.assertIsNone(noniid.estimate_noise([], 60)["estimate_spread"])
 
 
 class WorkloadSpeedTest(unittest.TestCase):

@@ -571,8 +571,7 @@ TEST(ValidateJobConfigTest, NumericBoundaries) {
       {[&](auto* c) { policy(c)->set_min_commit_interval_s(10.5); },
        "policy.min_commit_interval_s"},
       {[&](auto* c) { policy(c)->set_max_commit_overhead_fraction(0); }, ""},
-      {[&](auto* c) { policy(c)->set_max_commit_overhead_fraction(0.5); },
-       ""},
+      {[&](auto* c) { policy(c)->set_max_commit_overhead_fraction(0.5); }, ""},
       {[&](auto* c) { policy(c)->set_max_commit_overhead_fraction(1); },
        "policy.max_commit_overhead_fraction"},
       {[&](auto* c) { policy(c)->set_max_commit_overhead_fraction(-0.1); },
@@ -1205,6 +1204,20 @@ TEST(ValidateJobConfigTest, DiLoCoOptions) {
       cases);
 }
 
+// Sends between clocks: a period in seconds, for the kinds that send at
+// clocks.
+TEST(ValidateJobConfigTest, SendPeriod) {
+  const SyncCase cases[] = {
+      {[](auto*) {}, "", ""},
+      {[](auto* s) { s->set_send_period_s(0.02); }, "", ""},
+      {[](auto* s) { s->set_send_period_s(-1); }, "sync.send_period_s", ""},
+      {[](auto* s) { s->set_send_period_s(std::nan("")); },
+       "sync.send_period_s", ""},
+  };
+  ExpectSyncCases(
+      pb::DENSE, [](pb::SyncConfig*) {}, "", cases);
+}
+
 // FedAvg is DiLoCo's outer step with lr 1 and no momentum: the same rounds,
 // the same full mesh.
 TEST(ValidateJobConfigTest, ModelAveragingNeedsAFullMesh) {
@@ -1217,6 +1230,8 @@ TEST(ValidateJobConfigTest, ModelAveragingNeedsAFullMesh) {
        "sync.topology", "MODEL_AVERAGING averages every site's"},
       {[](auto* s) { s->set_averaging_period(0); }, "sync.averaging_period",
        ""},
+      {[](auto* s) { s->set_send_period_s(0.02); }, "sync.send_period_s",
+       "applies to GAIA and DENSE only"},
   };
   ExpectSyncCases(
       pb::MODEL_AVERAGING,

@@ -88,7 +88,6 @@ class SyncConservationTest : public ::testing::TestWithParam<Topology> {
 
 std::string* SyncConservationTest::data_dir_ = nullptr;
 
-
 TEST_P(SyncConservationTest, EverySiteEndsWithEveryUpdateOnce) {
   const pb::JobConfig job = Job(GetParam());
   // The MEAN apply rule (the default) divides every update by all workers of
@@ -203,6 +202,33 @@ TEST_F(SyncConservationTest, TopKSyncHasTheDensityAsItsKnob) {
     decisions += travel.decisions_size();
   }
   EXPECT_GT(decisions, 0u);
+}
+
+// sync.send_period_s: significant changes also go out between clocks (here
+// on every turn of a site's event loop). Through hubs, a member's update
+// is forwarded to the other hubs as soon as it arrives instead of at the
+// hub's next clock; every update still arrives exactly once.
+TEST_F(SyncConservationTest, ChangesSentBetweenClocksArriveOnce) {
+  pb::JobConfig job = Job(Topology{"Groups4", 4, pb::GROUPS});
+  job.mutable_sync()->set_send_period_s(0.001);
+  ASSERT_TRUE(ValidateJobConfig(job).empty())
+      << FormatConfigIssues("job", ValidateJobConfig(job));
+  testing::LiveSitesOptions options;
+  options.commits = kCommits;
+  options.seed_base = 4000;
+  options.timeout = kTimeout;
+  // Paced, so that the event loops turn between the commits.
+  options.commit_interval = milliseconds(20);
+  Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(testing::EveryUpdateOnceProblems(job, *run), "");
+  double between = 0, all = 0;
+  for (const auto& server : run->servers) {
+    between += server->summary().sync().updates_sent_between_clocks();
+    all += server->summary().sync().updates_sent();
+  }
+  EXPECT_GT(between, 0);
+  EXPECT_LE(between, all);
 }
 
 INSTANTIATE_TEST_SUITE_P(Topologies, SyncConservationTest,
