@@ -1043,7 +1043,8 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
       });
   // step_time_s, skew, alpha, 4 optimizer/server pairs..., target, budget,
   // wan.sample_period_s, sync: threshold, adaptive_step, adaptive_max,
-  // selective_barrier_fraction, compression.top_k_fraction; policy:
+  // selective_barrier_fraction, send_period_s, compression.top_k_fraction;
+  // policy:
   // check_period_s, min_commit_interval_s, search_period_s,
   // loss_jump_ratio, search_min_improvement, max_commit_overhead_fraction;
   // fault: heartbeat_interval_s,
@@ -1052,7 +1053,7 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   // dead_band, smoothing, tighten_factor, loosen_factor, min_theta,
   // max_theta, significance_z, min_density, max_density; sync.diloco:
   // outer_lr, outer_momentum.
-  EXPECT_EQ(visited, 44);
+  EXPECT_EQ(visited, 45);
 }
 
 // A change of the sync block and what validation says of it.
