@@ -45,11 +45,10 @@ std::atomic<bool (*)()> remove_temp_dirs_if{nullptr};
 // The directories MakeTempDir made in this process, removed when the
 // process exits unless MERIDIAN_KEEP_TEST_DIRS is set or the check set by
 // SetTempDirCleanupCheck says no (a failed test's files are kept for its
-// reader). Only
-// the process that made them removes them: a child forked by a test that
-// exits normally must not delete its parent's files. A full `tools/test`
-// run makes several thousand directories; without this they piled up in
-// /tmp, gigabytes a day.
+// reader). Only the process that made them removes them: a child forked
+// by a test that exits normally must not delete its parent's files. A
+// full `tools/test` run makes several thousand directories; without this
+// they piled up in /tmp, gigabytes a day.
 class TempDirRegistry {
  public:
   static TempDirRegistry& Get() {
