@@ -88,14 +88,15 @@ const pb::WorkerGroup& WorkerGroupOf(const pb::SiteConfig& site,
 // (workers.link).
 bool HasWorkerLinks(const pb::JobConfig& config);
 
-// What SkewScout (sync.skewscout) moves for a job's sync: the density of a
-// top-k selection when GAIA sends every change (threshold 0) through
+// What SkewScout (sync.skewscout) moves for a job's sync: the averaging
+// period (clocks) under MODEL_AVERAGING and DILOCO; the density of a top-k
+// selection when GAIA sends every change (threshold 0) through
 // compression.selection TOP_K or TOP_K_SAMPLED (deep gradient
-// compression's knob), else Gaia's threshold θ. (MODEL_AVERAGING's period
-// is not controlled yet.)
-enum class SkewKnob { kTheta, kTopKDensity };
+// compression's knob); else Gaia's threshold θ.
+enum class SkewKnob { kTheta, kTopKDensity, kAveragingPeriod };
 SkewKnob SkewKnobOf(const pb::SyncConfig& sync);
-// "theta" or "top_k_fraction", as report.json names the knob.
+// "theta", "top_k_fraction" or "averaging_period", as report.json names
+// the knob.
 const char* SkewKnobName(SkewKnob knob);
 
 }  // namespace meridian

@@ -62,12 +62,18 @@ struct SkewControlOptions {
 // threshold knob (larger is looser) in [min_theta, max_theta].
 SkewControlOptions SkewControlOptionsFrom(const pb::SkewScoutConfig& config);
 
-// The options for the knob of `sync` (SkewKnobOf, config.h) (validated by the config): θ in
-// [min_theta, max_theta], or a density in [min_density, max_density]
-// (larger sends more); and where the knob starts (sync.threshold or
-// compression.top_k_fraction).
+// The options for the knob of `sync` (SkewKnobOf, config.h; validated by
+// the config): θ in [min_theta, max_theta], a density in [min_density,
+// max_density] (larger sends more), or an averaging period in
+// [min_averaging_period, max_averaging_period]; and where the knob starts
+// (sync.threshold, compression.top_k_fraction or sync.averaging_period).
 SkewControlOptions SkewControlOptionsFrom(const pb::SyncConfig& sync);
 double InitialKnob(const pb::SyncConfig& sync);
+
+// The averaging period (whole clocks) a site proposes when its controller's
+// knob is `knob`: rounded to the nearest clock, within [min_averaging_period,
+// max_averaging_period] of `config`.
+uint32_t ProposedPeriod(double knob, const pb::SkewScoutConfig& config);
 
 enum class SkewAction { kHold, kTighten, kLoosen };
 const char* SkewActionName(SkewAction action);
@@ -100,11 +106,11 @@ struct SkewDecision {
   double own_accuracy = 0;        // the peer's model on its own sample
   double travelled_accuracy = 0;  // this site's model on that sample
   uint32_t discordant = 0;
-  double estimate = 0;            // own - travelled
-  double smoothed = 0;            // the controller's running estimate
+  double estimate = 0;  // own - travelled
+  double smoothed = 0;  // the controller's running estimate
   // Standard error of `smoothed` (from the estimate's; 0 when unknown).
   double standard_error = 0;
-  uint32_t travel_period = 0;     // clocks to the next travel, after this
+  uint32_t travel_period = 0;  // clocks to the next travel, after this
   double knob_before = 0;
   double knob_after = 0;
   SkewAction action = SkewAction::kHold;

@@ -640,7 +640,8 @@ void CheckTopologySite(const pb::JobConfig& config, const std::string& name,
 }
 
 // SkewScout's options (skew_control.h states the same ranges); it moves
-// Gaia's threshold, so it needs GAIA, and a threshold inside its bounds.
+// Gaia's threshold, a top-k density or the averaging period (SkewKnobOf),
+// which must start inside its bounds.
 void ValidateSkewScout(const pb::SyncConfig& sync, const IssueReporter& r) {
   const pb::SkewScoutConfig& scout = sync.skewscout();
   constexpr CountRange kHoldout{1, 100000};
@@ -676,11 +677,37 @@ void ValidateSkewScout(const pb::SyncConfig& sync, const IssueReporter& r) {
             "must be at least min_density (" + FormatReal(scout.min_density()) +
                 "), got " + FormatReal(scout.max_density()));
   }
+  r.Count("min_averaging_period", scout.min_averaging_period(), kAtLeastOne);
+  r.Count("max_averaging_period", scout.max_averaging_period(), kAtLeastOne);
+  r.Check(scout.min_averaging_period() <= scout.max_averaging_period(),
+          "max_averaging_period",
+          "must be at least min_averaging_period (" +
+              std::to_string(scout.min_averaging_period()) + "), got " +
+              std::to_string(scout.max_averaging_period()));
   if (!scout.enabled()) return;
-  r.Check(sync.kind() == pb::GAIA, "enabled",
-          "SkewScout moves Gaia's threshold or a top-k density: it needs "
-          "sync.kind GAIA (the averaging period of MODEL_AVERAGING is not "
-          "controlled yet)");
+  r.Check(sync.kind() == pb::GAIA || sync.kind() == pb::MODEL_AVERAGING ||
+              sync.kind() == pb::DILOCO,
+          "enabled",
+          "SkewScout moves Gaia's threshold, a top-k density or the "
+          "averaging period: it needs sync.kind GAIA, MODEL_AVERAGING or "
+          "DILOCO, got " +
+              pb::SyncKind_Name(sync.kind()));
+  if (SkewKnobOf(sync) == SkewKnob::kAveragingPeriod) {
+    r.Check(sync.kind() != pb::DILOCO || sync.diloco().fragments() <= 1,
+            "enabled",
+            "moves the averaging period, which the staggered rounds of "
+            "sync.diloco.fragments > 1 cannot follow: use one fragment");
+    r.Check(sync.averaging_period() >= scout.min_averaging_period() &&
+                sync.averaging_period() <= scout.max_averaging_period(),
+            "enabled",
+            "the controller starts at sync.averaging_period (" +
+                std::to_string(sync.averaging_period()) +
+                "), which must lie in [" +
+                std::to_string(scout.min_averaging_period()) + ", " +
+                std::to_string(scout.max_averaging_period()) +
+                "] (min_averaging_period, max_averaging_period)");
+    return;
+  }
   const bool density = SkewKnobOf(sync) == SkewKnob::kTopKDensity;
   const double knob =
       density ? sync.compression().top_k_fraction() : sync.threshold();
@@ -1280,6 +1307,9 @@ const pb::WorkerGroup& WorkerGroupOf(const pb::SiteConfig& site,
 }
 
 SkewKnob SkewKnobOf(const pb::SyncConfig& sync) {
+  if (sync.kind() == pb::MODEL_AVERAGING || sync.kind() == pb::DILOCO) {
+    return SkewKnob::kAveragingPeriod;
+  }
   const pb::SelectionKind selection = sync.compression().selection();
   const bool top_k = selection == pb::TOP_K || selection == pb::TOP_K_SAMPLED;
   return sync.kind() == pb::GAIA && sync.threshold() == 0 && top_k
@@ -1288,7 +1318,15 @@ SkewKnob SkewKnobOf(const pb::SyncConfig& sync) {
 }
 
 const char* SkewKnobName(SkewKnob knob) {
-  return knob == SkewKnob::kTopKDensity ? "top_k_fraction" : "theta";
+  switch (knob) {
+    case SkewKnob::kTopKDensity:
+      return "top_k_fraction";
+    case SkewKnob::kAveragingPeriod:
+      return "averaging_period";
+    case SkewKnob::kTheta:
+    default:
+      return "theta";
+  }
 }
 
 }  // namespace meridian

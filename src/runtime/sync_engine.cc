@@ -621,7 +621,17 @@ class SyncEngine::Impl {
       diloco->set_outer_lr(options.lr);
       diloco->set_outer_momentum(options.momentum);
       diloco->set_fragments(options.fragments);
-      diloco->set_period(options.period);
+      diloco->set_period(outer_->period());
+      if (outer_->adaptive()) {
+        diloco->set_adaptive_period(true);
+        for (const OuterSteps::PeriodChange& change :
+             outer_->period_changes()) {
+          pb::OuterPeriodChange* out = diloco->add_period_changes();
+          out->set_round(change.round);
+          out->set_period(change.period);
+        }
+        diloco->set_rounds_dropped(outer_->rounds_dropped());
+      }
       double squares = 0;
       for (float value : outer_->anchor()) {
         squares += static_cast<double>(value) * value;
@@ -781,7 +791,9 @@ class SyncEngine::Impl {
                               const pb::LoggedMessage& record) {
     const int64_t round = header.mirror_update().outer_round();
     if (outer_->HasOwn(round)) return Status::Ok();  // sent to every peer
-    std::optional<uint32_t> fragment = outer_->FragmentDueAt(round);
+    std::optional<uint32_t> fragment = outer_->adaptive()
+                                           ? std::optional<uint32_t>(0)
+                                           : outer_->FragmentDueAt(round);
     const std::string where = "the outgoing log's outer gradient " +
                               std::to_string(record.sequence()) +
                               " for site '" + record.peer() + "'";
@@ -802,7 +814,8 @@ class SyncEngine::Impl {
     return outer_
         ->AddOwn(round, decoded,
                  std::span<const float>(model).subspan(range.begin,
-                                                       range.end - range.begin))
+                                                       range.end - range.begin),
+                 header.mirror_update().next_period())
         .WithContext(where);
   }
 
@@ -1230,10 +1243,11 @@ class SyncEngine::Impl {
   // Sends `update` to `peer` as a MIRROR_UPDATE (or MIRROR_INDICES), tagged
   // with the clock it belongs to (the one after the last announced);
   // `outer_round`: the round of an outer gradient (DILOCO, MODEL_AVERAGING;
-  // 0: none).
+  // 0: none); `next_period`: the averaging period this site proposes with
+  // it (an adaptive period; 0: none).
   void SendUpdate(const EncodedSlices& update, pb::MessageType type,
                   const std::string& origin, bool average, Peer& peer,
-                  int64_t outer_round = 0) {
+                  int64_t outer_round = 0, uint32_t next_period = 0) {
     if (update.empty() || peer.final_sent) return;
     pb::Header header = MakeHeader(type, self_, 0);
     header.set_clock(peer.announced + 1);
@@ -1245,6 +1259,7 @@ class SyncEngine::Impl {
     body->set_entries(update.entries);
     body->set_average(average);
     if (outer_round != 0) body->set_outer_round(outer_round);
+    if (next_period != 0) body->set_next_period(next_period);
     if (type == pb::MIRROR_UPDATE) {
       const double now = options_.wall_clock->UnixSeconds();
       body->set_sent_unix_us(static_cast<int64_t>(now * 1e6));
@@ -1922,6 +1937,13 @@ class SyncEngine::Impl {
   // previous round of that fragment is still open: then the round waits (and so
   // do reads) until it closes.
   void StartOuterRoundIfDue(int64_t clock) {
+    if (outer_->adaptive()) {
+      // The round's clock is the agreed one; this site may have passed it
+      // while the previous round was open (commits already under way).
+      const int64_t due = outer_->NextRoundClock();
+      if (!outer_->AnyOpen() && clock >= due) StartOuterRound(due, 0);
+      return;
+    }
     std::optional<uint32_t> fragment = outer_->FragmentDueAt(clock);
     if (!fragment) return;
     if (outer_->Open(*fragment) || outer_deferred_ != 0) {
@@ -1952,9 +1974,10 @@ class SyncEngine::Impl {
       *header.add_slices() = slice;
     }
     std::vector<float> decoded;
+    const uint32_t proposal = ProposedOuterPeriod();
     Status status = DecodeUpdate(header, encoded.frames);
     if (status.ok()) status = ScatterRange(range, &decoded);
-    if (status.ok()) status = outer_->AddOwn(clock, decoded);
+    if (status.ok()) status = outer_->AddOwn(clock, decoded, {}, proposal);
     if (!status.ok()) {
       // Our own encoding does not decode: a bug, not a peer's fault.
       MLOG(ERROR) << "outer round " << clock
@@ -1963,8 +1986,16 @@ class SyncEngine::Impl {
     }
     for (auto& peer : peers_) {
       SendUpdate(encoded, pb::MIRROR_UPDATE, name_, /*average=*/true, *peer,
-                 clock);
+                 clock, proposal);
     }
+  }
+
+  // The averaging period this site proposes with its outer gradient: its
+  // SkewScout controller's (0: the period is fixed).
+  uint32_t ProposedOuterPeriod() const {
+    if (!outer_->adaptive()) return 0;
+    if (!skew_) return outer_->period();
+    return ProposedPeriod(skew_->knob(), sync_.skewscout());
   }
 
   // codec_->decoded() as the dense values of `range` (missing elements
@@ -1988,7 +2019,11 @@ class SyncEngine::Impl {
   void AddToOuterRound(const Envelope& message, Peer& peer) {
     const pb::Header& header = message.header;
     const int64_t round = header.mirror_update().outer_round();
-    std::optional<uint32_t> fragment = outer_->FragmentDueAt(round);
+    // An adaptive period's rounds are checked by AddPeer (a round ahead is
+    // not known yet).
+    std::optional<uint32_t> fragment = outer_->adaptive()
+                                           ? std::optional<uint32_t>(0)
+                                           : outer_->FragmentDueAt(round);
     if (!fragment) {
       return Refuse(message.routing_id, header,
                     {pb::ERROR_MALFORMED, "outer gradient tagged with round " +
@@ -2005,10 +2040,16 @@ class SyncEngine::Impl {
     while (position < peers_.size() && peers_[position].get() != &peer) {
       ++position;
     }
-    if (Status status = outer_->AddPeer(round, position, values, local_clock_);
+    if (Status status = outer_->AddPeer(round, position, values, local_clock_,
+                                        header.mirror_update().next_period());
         !status.ok()) {
-      return Refuse(message.routing_id, header,
-                    {pb::ERROR_STALE, status.message()});
+      // What no sender may send (a wrong size, a clock off the agreed
+      // schedule, a proposal outside the bounds) against what arrives at
+      // the wrong time.
+      const pb::ErrorCode code = status.code() == StatusCode::kInvalidArgument
+                                     ? pb::ERROR_MALFORMED
+                                     : pb::ERROR_STALE;
+      return Refuse(message.routing_id, header, {code, status.message()});
     }
     ++updates_received_;
     entries_received_ += codec_->decoded().indices.size();
@@ -2020,6 +2061,7 @@ class SyncEngine::Impl {
   void CloseOuterRounds() {
     if (!outer_) return;
     bool closed = false;
+    uint64_t dropped_before = outer_->rounds_dropped();
     while (std::optional<OuterSteps::Step> step = outer_->CloseReady()) {
       std::vector<uint64_t> indices(step->correction.size());
       for (size_t i = 0; i < indices.size(); ++i) {
@@ -2027,6 +2069,18 @@ class SyncEngine::Impl {
       }
       store_->ApplyExternalSparse(indices, step->correction);
       closed = true;
+      if (outer_->adaptive()) {
+        if (outer_->rounds_dropped() != dropped_before) {
+          MLOG(ERROR) << "outer round " << step->clock << " agreed a period of "
+                      << outer_->period() << " clocks; "
+                      << outer_->rounds_dropped() - dropped_before
+                      << " outer gradient round(s) tagged with another clock "
+                         "were dropped (a peer computed another period)";
+          dropped_before = outer_->rounds_dropped();
+        }
+        // The next round may be due already (a short agreed period).
+        StartOuterRoundIfDue(local_clock_);
+      }
     }
     if (closed && outer_deferred_ != 0) {
       const int64_t clock = outer_deferred_;

@@ -45,18 +45,41 @@ double TravelScores::StandardError() const {
 
 SkewControlOptions SkewControlOptionsFrom(const pb::SyncConfig& sync) {
   SkewControlOptions options = SkewControlOptionsFrom(sync.skewscout());
-  if (SkewKnobOf(sync) == SkewKnob::kTopKDensity) {
-    options.min_knob = sync.skewscout().min_density();
-    options.max_knob = sync.skewscout().max_density();
-    options.larger_is_looser = false;
+  switch (SkewKnobOf(sync)) {
+    case SkewKnob::kTopKDensity:
+      options.min_knob = sync.skewscout().min_density();
+      options.max_knob = sync.skewscout().max_density();
+      options.larger_is_looser = false;
+      break;
+    case SkewKnob::kAveragingPeriod:
+      options.min_knob = sync.skewscout().min_averaging_period();
+      options.max_knob = sync.skewscout().max_averaging_period();
+      options.larger_is_looser = true;
+      break;
+    case SkewKnob::kTheta:
+      break;
   }
   return options;
 }
 
 double InitialKnob(const pb::SyncConfig& sync) {
-  return SkewKnobOf(sync) == SkewKnob::kTopKDensity
-             ? sync.compression().top_k_fraction()
-             : sync.threshold();
+  switch (SkewKnobOf(sync)) {
+    case SkewKnob::kTopKDensity:
+      return sync.compression().top_k_fraction();
+    case SkewKnob::kAveragingPeriod:
+      return sync.averaging_period();
+    case SkewKnob::kTheta:
+    default:
+      return sync.threshold();
+  }
+}
+
+uint32_t ProposedPeriod(double knob, const pb::SkewScoutConfig& config) {
+  const double low = config.min_averaging_period();
+  const double high = config.max_averaging_period();
+  const double clamped =
+      std::isfinite(knob) ? std::clamp(knob, low, high) : high;
+  return static_cast<uint32_t>(std::lround(clamped));
 }
 
 const char* SkewActionName(SkewAction action) {
@@ -150,8 +173,8 @@ void SkewController::Restore(State state) {
   if (std::isfinite(state.knob)) {
     knob_ = std::clamp(state.knob, options_.min_knob, options_.max_knob);
   }
-  period_ = std::clamp(state.travel_period, options_.min_period,
-                       options_.max_period);
+  period_ =
+      std::clamp(state.travel_period, options_.min_period, options_.max_period);
   if (std::isfinite(state.smoothed) && std::isfinite(state.smoothed_variance) &&
       state.smoothed_variance >= 0) {
     smoothed_ = state.smoothed;
@@ -196,15 +219,13 @@ const SkewDecision& SkewController::Observe(double t_s, int64_t clock,
   decision.travelled_accuracy = scores.travelled_accuracy;
   decision.discordant = scores.discordant;
   decision.knob_before = knob_;
-  const bool usable = scores.samples > 0 && scores.own_accuracy >= 0 &&
-                      scores.own_accuracy <= 1 &&
-                      scores.travelled_accuracy >= 0 &&
-                      scores.travelled_accuracy <= 1 &&
-                      scores.discordant <= scores.samples;
+  const bool usable =
+      scores.samples > 0 && scores.own_accuracy >= 0 &&
+      scores.own_accuracy <= 1 && scores.travelled_accuracy >= 0 &&
+      scores.travelled_accuracy <= 1 && scores.discordant <= scores.samples;
   if (usable) {
     decision.estimate = scores.Estimate();
-    const double variance =
-        scores.StandardError() * scores.StandardError();
+    const double variance = scores.StandardError() * scores.StandardError();
     const double a = options_.smoothing;
     if (estimates_ == 0) {
       smoothed_ = decision.estimate;
@@ -218,11 +239,12 @@ const SkewDecision& SkewController::Observe(double t_s, int64_t clock,
     }
     ++estimates_;
     const double target = options_.target_loss;
-    const double noise = options_.significance_z * std::sqrt(smoothed_variance_);
-    const double high = std::max(target * (1 + options_.dead_band),
-                                 target + noise);
-    const double low = std::min(target * (1 - options_.dead_band),
-                                target - noise);
+    const double noise =
+        options_.significance_z * std::sqrt(smoothed_variance_);
+    const double high =
+        std::max(target * (1 + options_.dead_band), target + noise);
+    const double low =
+        std::min(target * (1 - options_.dead_band), target - noise);
     if (smoothed_ > high) {
       low_in_a_row_ = 0;
       period_ = options_.min_period;

@@ -1097,11 +1097,26 @@ TEST(ValidateJobConfigTest, SkewScoutOptionsAndWhatItControls) {
          s->mutable_skewscout()->set_enabled(true);
        },
        "enabled", "needs sync.kind GAIA"},
+      // FedAvg: the averaging period is the knob, starting in its bounds.
       {[](auto* s) {
          s->set_kind(pb::MODEL_AVERAGING);
          s->mutable_skewscout()->set_enabled(true);
        },
-       "enabled", "averaging period of MODEL_AVERAGING"},
+       "", ""},
+      {[](auto* s) {
+         s->set_kind(pb::MODEL_AVERAGING);
+         s->set_averaging_period(500);
+         s->mutable_skewscout()->set_enabled(true);
+       },
+       "enabled",
+       "starts at sync.averaging_period (500), which must lie in [1, 400]"},
+      {[](auto* s) { s->mutable_skewscout()->set_min_averaging_period(0); },
+       "min_averaging_period", ""},
+      {[](auto* s) {
+         s->mutable_skewscout()->set_min_averaging_period(20);
+         s->mutable_skewscout()->set_max_averaging_period(10);
+       },
+       "max_averaging_period", "at least min_averaging_period (20)"},
       {[](auto* s) {
          s->set_threshold(0.9);
          s->mutable_skewscout()->set_enabled(true);
@@ -1197,8 +1212,13 @@ TEST(ValidateJobConfigTest, DiLoCoOptions) {
          s->set_hub("a");
        },
        "sync.topology", "needs FULL_MESH"},
-      {[](auto* s) { s->mutable_skewscout()->set_enabled(true); },
-       "sync.skewscout.enabled", "needs sync.kind GAIA"},
+      // SkewScout moves the period of one fragment's rounds only.
+      {[](auto* s) { s->mutable_skewscout()->set_enabled(true); }, "", ""},
+      {[](auto* s) {
+         s->mutable_diloco()->set_fragments(4);
+         s->mutable_skewscout()->set_enabled(true);
+       },
+       "sync.skewscout.enabled", "use one fragment"},
   };
   ExpectSyncCases(
       pb::DILOCO, [](pb::SyncConfig* s) { s->set_averaging_period(20); }, "",

@@ -238,6 +238,53 @@ INSTANTIATE_TEST_SUITE_P(Kinds, MirrorInputOuterRoundsTest,
                            return pb::SyncKind_Name(info.param);
                          });
 
+// FedAvg under SkewScout: rounds follow the agreed schedule (the first at
+// the job's period) and every outer gradient carries a proposed period
+// within the bounds; anything else is refused and the model untouched.
+class MirrorInputAdaptiveRoundsTest : public MirrorInputOuterRoundsTest {
+ protected:
+  void ConfigureJob(pb::JobConfig* job) override {
+    MirrorInputOuterRoundsTest::ConfigureJob(job);
+    pb::SkewScoutConfig* scout = job->mutable_sync()->mutable_skewscout();
+    scout->set_enabled(true);
+    scout->set_min_averaging_period(2);
+    scout->set_max_averaging_period(16);
+  }
+};
+
+TEST_P(MirrorInputAdaptiveRoundsTest, RoundsOffTheScheduleOrBoundsAreRefused) {
+  Hello("b", layout_);
+  std::vector<zmq::message_t> frames;
+  pb::Header header = OuterGradient(8, &frames);  // the next round is at 4
+  header.mutable_mirror_update()->set_next_period(4);
+  ExpectRefused(header, pb::ERROR_MALFORMED, "agreed next round is at clock 4",
+                std::move(frames));
+  frames.clear();
+  header = OuterGradient(4, &frames);  // no proposal
+  ExpectRefused(header, pb::ERROR_MALFORMED, "period of 0 clocks",
+                std::move(frames));
+  frames.clear();
+  header = OuterGradient(4, &frames);
+  header.mutable_mirror_update()->set_next_period(17);
+  ExpectRefused(header, pb::ERROR_MALFORMED, "outside [2, 16]",
+                std::move(frames));
+  frames.clear();
+  header = OuterGradient(4, &frames);
+  header.mutable_mirror_update()->set_next_period(8);
+  Send(header, std::move(frames));  // accepted: waits for this site's Δ
+  frames.clear();
+  header = OuterGradient(4, &frames);
+  header.mutable_mirror_update()->set_next_period(8);
+  ExpectRefused(header, pb::ERROR_STALE, "second", std::move(frames));
+  ExpectModelUntouched();
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, MirrorInputAdaptiveRoundsTest,
+                         ::testing::Values(pb::DILOCO, pb::MODEL_AVERAGING),
+                         [](const auto& info) {
+                           return pb::SyncKind_Name(info.param);
+                         });
+
 TEST_F(MirrorInputTest, UpdateFromAnUnknownSiteIsRefused) {
   Hello("site-z", layout_);  // refused: answered with an error
   Result<Received> hello_reply = NextError();

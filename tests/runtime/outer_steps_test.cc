@@ -1,11 +1,13 @@
 // DiLoCo's outer steps (runtime/outer_steps.h): the Nesterov arithmetic
-// against a hand computation, MODEL_AVERAGING as its special case, round bookkeeping, what a peer may not
-// send, fragments, and the checkpoint round trip.
+// against a hand computation, MODEL_AVERAGING as its special case, round
+// bookkeeping, what a peer may not send, fragments, the checkpoint round
+// trip, and the adaptive period (SkewScout's knob) agreed from proposals.
 
 #include "runtime/outer_steps.h"
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <vector>
 
 namespace meridian {
@@ -227,6 +229,200 @@ TEST(OuterStepsTest, CheckpointRoundTripKeepsOpenRounds) {
   OuterSteps fresh = Make(Options(2), 4);
   EXPECT_FALSE(fresh.RestoreFrom(meta, empty).ok());
   EXPECT_FALSE(fresh.started());
+}
+
+// ---- Adaptive period ---------------------------------------------------
+
+OuterStepOptions AdaptiveOptions(uint32_t peers, uint32_t period = 10) {
+  OuterStepOptions options = Options(peers, period);
+  options.lr = 1;
+  options.momentum = 0;
+  options.nesterov = false;
+  options.adaptive = true;
+  options.min_period = 2;
+  options.max_period = 40;
+  return options;
+}
+
+TEST(OuterStepsTest, AdaptivePeriodNeedsOneFragmentAndAPeriodInBounds) {
+  OuterStepOptions options = AdaptiveOptions(1);
+  EXPECT_TRUE(OuterSteps::Create(options, 8).ok());
+  options.fragments = 2;
+  EXPECT_FALSE(OuterSteps::Create(options, 8).ok());
+  options = AdaptiveOptions(1, /*period=*/50);  // > max_period
+  EXPECT_FALSE(OuterSteps::Create(options, 8).ok());
+  options = AdaptiveOptions(1, /*period=*/1);  // < min_period
+  EXPECT_FALSE(OuterSteps::Create(options, 8).ok());
+
+  pb::SyncConfig sync;
+  sync.set_kind(pb::MODEL_AVERAGING);
+  sync.set_averaging_period(20);
+  sync.mutable_skewscout()->set_enabled(true);
+  sync.mutable_skewscout()->set_min_averaging_period(5);
+  sync.mutable_skewscout()->set_max_averaging_period(80);
+  const OuterStepOptions from = OuterStepOptionsFrom(sync, 2);
+  EXPECT_TRUE(from.adaptive);
+  EXPECT_EQ(from.min_period, 5u);
+  EXPECT_EQ(from.max_period, 80u);
+  sync.mutable_skewscout()->set_enabled(false);
+  EXPECT_FALSE(OuterStepOptionsFrom(sync, 2).adaptive);
+}
+
+// Three sites, each its own OuterSteps, exchange their Δ with a proposed
+// period per round: each round's shortest proposal becomes every site's
+// period, so all compute the same next round's clock and the same anchor,
+// and each records the same changes.
+TEST(OuterStepsTest, AdaptivePeriodIsEverySiteTheShortestProposal) {
+  constexpr int kSites = 3;
+  std::vector<OuterSteps> sites;
+  for (int i = 0; i < kSites; ++i) {
+    sites.push_back(Make(AdaptiveOptions(kSites - 1), 2));
+    sites.back().Start(std::vector<float>{0, 0});
+  }
+  // Peer position of site j at site i: the others in order.
+  auto position = [](int i, int j) {
+    return static_cast<uint32_t>(j < i ? j : j - 1);
+  };
+  auto round = [&](int64_t clock,
+                   const std::array<uint32_t, kSites>& proposal) {
+    for (int i = 0; i < kSites; ++i) {
+      ASSERT_EQ(sites[i].NextRoundClock(), clock) << i;
+      ASSERT_TRUE(sites[i].FragmentDueAt(clock));
+      const std::vector<float> delta{static_cast<float>(i + 1), 0};
+      ASSERT_TRUE(sites[i].AddOwn(clock, delta, {}, proposal[i]).ok());
+      for (int j = 0; j < kSites; ++j) {
+        if (j == i) continue;
+        ASSERT_TRUE(
+            sites[j]
+                .AddPeer(clock, position(j, i), delta, clock, proposal[i])
+                .ok())
+            << j << " from " << i;
+      }
+    }
+    for (int i = 0; i < kSites; ++i) ASSERT_TRUE(sites[i].CloseReady()) << i;
+  };
+  ASSERT_NO_FATAL_FAILURE(round(10, {10, 4, 7}));
+  ASSERT_NO_FATAL_FAILURE(round(14, {8, 12, 9}));
+  ASSERT_NO_FATAL_FAILURE(round(22, {8, 30, 9}));  // unchanged: 8
+  for (const OuterSteps& site : sites) {
+    EXPECT_EQ(site.period(), 8u);
+    EXPECT_EQ(site.NextRoundClock(), 30);
+    ASSERT_EQ(site.period_changes().size(), 2u);
+    EXPECT_EQ(site.period_changes()[0].round, 10);
+    EXPECT_EQ(site.period_changes()[0].period, 4u);
+    EXPECT_EQ(site.period_changes()[1].round, 14);
+    EXPECT_EQ(site.period_changes()[1].period, 8u);
+    EXPECT_EQ(site.anchor()[0], sites[0].anchor()[0]);
+    EXPECT_EQ(site.rounds_dropped(), 0u);
+  }
+  // Every round's anchor is the mean of -Δ: -(1 + 2 + 3) / 3 per round.
+  EXPECT_FLOAT_EQ(sites[0].anchor()[0], -6.0f);
+}
+
+TEST(OuterStepsTest, AdaptivePeriodRefusesWhatNoHonestPeerSends) {
+  OuterSteps steps = Make(AdaptiveOptions(2), 2);
+  steps.Start(std::vector<float>{0, 0});
+  const std::vector<float> delta{0.5f, 0};
+  EXPECT_FALSE(steps.AddPeer(12, 0, delta, 5, 10).ok());  // not the next
+  EXPECT_FALSE(steps.AddPeer(10, 0, delta, 5, 0).ok());   // no proposal
+  EXPECT_FALSE(steps.AddPeer(10, 0, delta, 5, 41).ok());  // > max_period
+  EXPECT_FALSE(steps.AddPeer(10, 0, delta, 5, 1).ok());   // < min_period
+  EXPECT_FALSE(steps.AddOwn(10, delta, {}, 0).ok());
+  EXPECT_EQ(steps.rounds(), 0u);
+  ASSERT_TRUE(steps.AddPeer(10, 0, delta, 5, 6).ok());
+  ASSERT_TRUE(steps.AddOwn(10, delta, {}, 5).ok());
+  // This site's Δ is out: peer 0, which may have closed round 10 already,
+  // sends the next round's, at a clock this site cannot check yet; one such
+  // round per peer, within max_period.
+  ASSERT_TRUE(steps.AddPeer(15, 0, delta, 10, 20).ok());
+  EXPECT_FALSE(steps.AddPeer(16, 0, delta, 10, 20).ok());  // a second one
+  EXPECT_FALSE(steps.AddPeer(51, 1, delta, 10, 20).ok());  // > 40 ahead
+  // Peer 1 claims round 17 ahead (it computed another period).
+  ASSERT_TRUE(steps.AddPeer(17, 1, delta, 10, 20).ok());
+  EXPECT_FALSE(steps.CloseReady());  // round 10 lacks peer 1
+  ASSERT_TRUE(steps.AddPeer(10, 1, delta, 10, 7).ok());
+  ASSERT_TRUE(steps.CloseReady());
+  // Agreed min(6, 5, 7) = 5: round 15 is next; round 17 waits for it.
+  EXPECT_EQ(steps.period(), 5u);
+  EXPECT_EQ(steps.NextRoundClock(), 15);
+  EXPECT_EQ(steps.rounds(), 2u);
+  EXPECT_FALSE(steps.AddPeer(10, 1, delta, 15, 7).ok());  // closed
+  EXPECT_FALSE(steps.AddOwn(12, delta, {}, 9).ok());      // before the next
+  ASSERT_TRUE(steps.AddOwn(15, delta, {}, 9).ok());
+  // Peer 1 has a round ahead (17) already: not a second one.
+  EXPECT_FALSE(steps.AddPeer(19, 1, delta, 15, 9).ok());
+  ASSERT_TRUE(steps.AddPeer(15, 1, delta, 15, 9).ok());
+  ASSERT_TRUE(steps.CloseReady());
+  // min(9, 20, 9) = 9: the schedule passes 17 without a round there.
+  EXPECT_EQ(steps.period(), 9u);
+  EXPECT_EQ(steps.NextRoundClock(), 24);
+  EXPECT_EQ(steps.rounds(), 0u);
+  EXPECT_EQ(steps.rounds_dropped(), 1u);
+}
+
+// A restarted site replays its own rounds sent after its checkpoint: they
+// may lie several rounds ahead, and close in order as the peer's Δ of
+// each (resent with the same proposals) arrives.
+TEST(OuterStepsTest, AdaptivePeriodReplaysOwnRoundsAhead) {
+  OuterSteps steps = Make(AdaptiveOptions(1), 2);
+  steps.Start(std::vector<float>{0, 0});
+  const std::vector<float> delta{0.5f, 0};
+  ASSERT_TRUE(steps.AddOwn(10, delta, {}, 4).ok());
+  ASSERT_TRUE(steps.AddOwn(14, delta, {}, 6).ok());
+  ASSERT_TRUE(steps.AddOwn(20, delta, {}, 6).ok());
+  ASSERT_TRUE(steps.AddPeer(10, 0, delta, 20, 5).ok());
+  ASSERT_TRUE(steps.CloseReady());
+  EXPECT_EQ(steps.NextRoundClock(), 14);
+  ASSERT_TRUE(steps.AddPeer(14, 0, delta, 20, 8).ok());
+  ASSERT_TRUE(steps.CloseReady());
+  EXPECT_EQ(steps.NextRoundClock(), 20);
+  ASSERT_TRUE(steps.AddPeer(20, 0, delta, 20, 6).ok());
+  ASSERT_TRUE(steps.CloseReady());
+  EXPECT_EQ(steps.NextRoundClock(), 26);
+  EXPECT_EQ(steps.rounds_dropped(), 0u);
+  EXPECT_EQ(steps.steps(), 3u);
+}
+
+TEST(OuterStepsTest, AdaptivePeriodSurvivesTheCheckpoint) {
+  OuterSteps steps = Make(AdaptiveOptions(1), 2);
+  steps.Start(std::vector<float>{1, 2});
+  ASSERT_TRUE(steps.AddOwn(10, std::vector<float>{0.1f, 0}, {}, 4).ok());
+  ASSERT_TRUE(steps.AddPeer(10, 0, std::vector<float>{0.2f, 0}, 10, 6).ok());
+  ASSERT_TRUE(steps.CloseReady());
+  ASSERT_EQ(steps.NextRoundClock(), 14);
+  // Round 14: the peer's Δ with its proposal is in, this site's is not.
+  ASSERT_TRUE(steps.AddPeer(14, 0, std::vector<float>{0.3f, 0}, 12, 3).ok());
+  pb::OuterStepCheckpoint meta;
+  Checkpoint arrays;
+  steps.SaveTo(&meta);
+  steps.AppendArrays(&arrays.arrays);
+  EXPECT_EQ(meta.period(), 4u);
+  ASSERT_EQ(meta.period_changes_size(), 1);
+
+  OuterSteps restored = Make(AdaptiveOptions(1), 2);
+  ASSERT_TRUE(restored.RestoreFrom(meta, arrays).ok());
+  EXPECT_EQ(restored.period(), 4u);
+  EXPECT_EQ(restored.NextRoundClock(), 14);
+  ASSERT_EQ(restored.period_changes().size(), 1u);
+  EXPECT_EQ(restored.period_changes()[0].period, 4u);
+  for (OuterSteps* site : {&steps, &restored}) {
+    ASSERT_TRUE(site->AddOwn(14, std::vector<float>{0, 0}, {}, 12).ok());
+    ASSERT_TRUE(site->CloseReady());
+    EXPECT_EQ(site->period(), 3u);  // the peer's restored proposal
+    EXPECT_EQ(site->NextRoundClock(), 17);
+  }
+
+  // A period outside the bounds, or a round without its proposals, is
+  // refused and changes nothing.
+  pb::OuterStepCheckpoint bad = meta;
+  bad.set_period(41);
+  OuterSteps fresh = Make(AdaptiveOptions(1), 2);
+  EXPECT_FALSE(fresh.RestoreFrom(bad, arrays).ok());
+  bad = meta;
+  bad.mutable_rounds(0)->clear_peer_proposals();
+  EXPECT_FALSE(fresh.RestoreFrom(bad, arrays).ok());
+  EXPECT_FALSE(fresh.started());
+  EXPECT_EQ(fresh.period(), 10u);
 }
 
 }  // namespace

@@ -858,5 +858,51 @@ TEST_F(SupervisionTest, KilledSiteServerResumesItsAveragingRounds) {
   ExpectOuterRoundsSurviveAKilledSite(ReadReport(), output);
 }
 
+// FedAvg under SkewScout: the averaging period moves (the sites agree on
+// it round by round from their proposals), and the agreement survives a
+// killed site server: its checkpoint keeps the period and the proposals
+// of its open rounds, its outgoing log the proposal sent after it; the
+// two sites record the same changes and drop no round.
+TEST_F(SupervisionTest, KilledSiteServerResumesItsAdaptiveAveragingRounds) {
+  pb::JobConfig job = TwoSiteJob(25);
+  pb::SyncConfig* sync = job.mutable_sync();
+  sync->set_kind(pb::MODEL_AVERAGING);
+  sync->set_averaging_period(4);
+  sync->clear_compression();
+  pb::SkewScoutConfig* scout = sync->mutable_skewscout();
+  scout->set_enabled(true);
+  scout->set_travel_period(4);
+  scout->set_max_travel_period(8);
+  scout->set_holdout_samples(200);
+  scout->set_patience(1);
+  scout->set_min_averaging_period(2);
+  scout->set_max_averaging_period(64);
+  WriteJob(job);
+  std::string output;
+  ASSERT_NO_FATAL_FAILURE(RunAndKillSiteA(&output));
+  const pb::RunReport report = ReadReport();
+  ExpectOuterRoundsSurviveAKilledSite(report, output);
+  ASSERT_EQ(report.sites_size(), 2);
+  const pb::OuterStepSummary& a = report.sites(0).sync().diloco();
+  const pb::OuterStepSummary& b = report.sites(1).sync().diloco();
+  EXPECT_TRUE(a.adaptive_period());
+  EXPECT_EQ(a.rounds_dropped(), 0u);
+  EXPECT_EQ(b.rounds_dropped(), 0u);
+  EXPECT_GT(std::max(a.period_changes_size(), b.period_changes_size()), 0)
+      << "the period never moved";
+  // One site may have closed one more round (the other stopped first).
+  const int common = std::min(a.period_changes_size(), b.period_changes_size());
+  EXPECT_LE(std::max(a.period_changes_size(), b.period_changes_size()) - common,
+            1);
+  for (int i = 0; i < common; ++i) {
+    EXPECT_EQ(a.period_changes(i).round(), b.period_changes(i).round()) << i;
+    EXPECT_EQ(a.period_changes(i).period(), b.period_changes(i).period()) << i;
+  }
+  for (const pb::SiteSummary& site : report.sites()) {
+    EXPECT_EQ(site.sync().skewscout().knob(), "averaging_period");
+    EXPECT_GT(site.sync().skewscout().decisions_size(), 0) << site.name();
+  }
+}
+
 }  // namespace
 }  // namespace meridian

@@ -245,8 +245,8 @@ TEST(SkewControllerTest, ARestartContinuesFromTheSavedState) {
 
 TEST(SkewControllerTest, ARestoredStateIsBoundedByTheOptions) {
   SkewController::State hostile;
-  hostile.knob = 7.0;              // above max_knob
-  hostile.travel_period = 1;       // below min_period
+  hostile.knob = 7.0;         // above max_knob
+  hostile.travel_period = 1;  // below min_period
   hostile.smoothed = std::nan("");
   hostile.smoothed_variance = -1;
   hostile.low_in_a_row = 1000;
@@ -275,7 +275,7 @@ TEST(SkewControllerTest, AJobsOptionsControlTheThreshold) {
   EXPECT_DOUBLE_EQ(options.max_knob, 0.3);
   EXPECT_EQ(options.patience, 3u);
   EXPECT_TRUE(options.larger_is_looser);
-  EXPECT_EQ(options.min_period, 200u);  // the proto's default
+  EXPECT_EQ(options.min_period, 200u);   // the proto's default
   EXPECT_EQ(options.max_period, 1600u);  // 8 × travel_period when unset
   config.set_travel_period(50);
   config.set_max_travel_period(120);
@@ -310,6 +310,39 @@ TEST(SkewControllerTest, TopKSyncMakesTheDensityTheKnob) {
   sync.set_threshold(0);
   sync.mutable_compression()->set_selection(pb::SELECT_ALL);
   EXPECT_EQ(SkewKnobOf(sync), SkewKnob::kTheta);
+}
+
+// FedAvg (and DiLoCo): the averaging period is the knob; a high loss
+// shortens it, and a site proposes it in whole clocks within its bounds.
+TEST(SkewControllerTest, AveragingSyncMakesThePeriodTheKnob) {
+  pb::SyncConfig sync;
+  sync.set_kind(pb::MODEL_AVERAGING);
+  sync.set_averaging_period(50);
+  sync.mutable_skewscout()->set_min_averaging_period(4);
+  sync.mutable_skewscout()->set_max_averaging_period(100);
+  ASSERT_EQ(SkewKnobOf(sync), SkewKnob::kAveragingPeriod);
+  EXPECT_STREQ(SkewKnobName(SkewKnobOf(sync)), "averaging_period");
+  const SkewControlOptions options = SkewControlOptionsFrom(sync);
+  EXPECT_TRUE(options.larger_is_looser);
+  EXPECT_DOUBLE_EQ(options.min_knob, 4);
+  EXPECT_DOUBLE_EQ(options.max_knob, 100);
+  EXPECT_DOUBLE_EQ(InitialKnob(sync), 50);
+  SkewController controller = Make(options, InitialKnob(sync));
+  controller.Observe(1, 1, "eu", Scores(2000, 0.9, 0.85, 100));
+  EXPECT_DOUBLE_EQ(controller.knob(), 25);  // a high loss: average sooner
+  for (int i = 0; i < 10; ++i) {
+    controller.Observe(2 + i, 2 + i, "eu", Scores(2000, 0.9, 0.8, 200));
+  }
+  EXPECT_DOUBLE_EQ(controller.knob(), 4);  // bounded
+  const pb::SkewScoutConfig& config = sync.skewscout();
+  EXPECT_EQ(ProposedPeriod(4, config), 4u);
+  EXPECT_EQ(ProposedPeriod(12.5, config), 13u);
+  EXPECT_EQ(ProposedPeriod(12.4, config), 12u);
+  EXPECT_EQ(ProposedPeriod(1, config), 4u);
+  EXPECT_EQ(ProposedPeriod(1e9, config), 100u);
+  EXPECT_EQ(ProposedPeriod(std::nan(""), config), 100u);
+  sync.set_kind(pb::DILOCO);
+  EXPECT_EQ(SkewKnobOf(sync), SkewKnob::kAveragingPeriod);
 }
 
 TEST(SkewControllerTest, BadOptionsAreRefusedByName) {
