@@ -467,12 +467,13 @@ Status OuterSteps::RestoreFrom(const pb::OuterStepCheckpoint& saved,
   }
   for (const pb::OuterRoundCheckpoint& round_state : saved.rounds()) {
     const int64_t clock = round_state.clock();
-    const bool starts_round =
-        options_.adaptive
-            ? clock > restored.closed_[0] &&
-                  clock <= restored.NextRoundClock() +
-                               static_cast<int64_t>(options_.max_period)
-            : restored.FragmentDueAt(clock).has_value();
+    // An adaptive period's rounds after the next were accepted when their
+    // clock could not be checked yet (a peer's, or this site's replayed
+    // after a restart: any number of rounds ahead); the schedule checks
+    // them as it reaches them.
+    const bool starts_round = options_.adaptive
+                                  ? clock > restored.closed_[0]
+                                  : restored.FragmentDueAt(clock).has_value();
     if (!starts_round) {
       return DataLossError("the checkpoint has an outer round at clock " +
                            std::to_string(clock) + ", which starts no round");

@@ -370,17 +370,26 @@ TEST(OuterStepsTest, AdaptivePeriodReplaysOwnRoundsAhead) {
   ASSERT_TRUE(steps.AddOwn(10, delta, {}, 4).ok());
   ASSERT_TRUE(steps.AddOwn(14, delta, {}, 6).ok());
   ASSERT_TRUE(steps.AddOwn(20, delta, {}, 6).ok());
-  ASSERT_TRUE(steps.AddPeer(10, 0, delta, 20, 5).ok());
-  ASSERT_TRUE(steps.CloseReady());
-  EXPECT_EQ(steps.NextRoundClock(), 14);
-  ASSERT_TRUE(steps.AddPeer(14, 0, delta, 20, 8).ok());
-  ASSERT_TRUE(steps.CloseReady());
-  EXPECT_EQ(steps.NextRoundClock(), 20);
-  ASSERT_TRUE(steps.AddPeer(20, 0, delta, 20, 6).ok());
-  ASSERT_TRUE(steps.CloseReady());
-  EXPECT_EQ(steps.NextRoundClock(), 26);
-  EXPECT_EQ(steps.rounds_dropped(), 0u);
-  EXPECT_EQ(steps.steps(), 3u);
+  // A checkpoint taken in the middle of the replay restores too.
+  pb::OuterStepCheckpoint meta;
+  Checkpoint arrays;
+  steps.SaveTo(&meta);
+  steps.AppendArrays(&arrays.arrays);
+  OuterSteps restored = Make(AdaptiveOptions(1), 2);
+  ASSERT_TRUE(restored.RestoreFrom(meta, arrays).ok());
+  for (OuterSteps* site : {&steps, &restored}) {
+    ASSERT_TRUE(site->AddPeer(10, 0, delta, 20, 5).ok());
+    ASSERT_TRUE(site->CloseReady());
+    EXPECT_EQ(site->NextRoundClock(), 14);
+    ASSERT_TRUE(site->AddPeer(14, 0, delta, 20, 8).ok());
+    ASSERT_TRUE(site->CloseReady());
+    EXPECT_EQ(site->NextRoundClock(), 20);
+    ASSERT_TRUE(site->AddPeer(20, 0, delta, 20, 6).ok());
+    ASSERT_TRUE(site->CloseReady());
+    EXPECT_EQ(site->NextRoundClock(), 26);
+    EXPECT_EQ(site->rounds_dropped(), 0u);
+    EXPECT_EQ(site->steps(), 3u);
+  }
 }
 
 TEST(OuterStepsTest, AdaptivePeriodSurvivesTheCheckpoint) {
