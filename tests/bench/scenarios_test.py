@@ -269,6 +269,33 @@ class NoniidTest(unittest.TestCase):
                                   stderr=subprocess.STDOUT, text=True)
             self.assertEqual(proc.returncode, 0, proc.stdout)
 
+    def test_every_algorithm_is_a_valid_job(self):
+        noniid = scenario("noniid")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "job.pbtxt")
+            for name, sync in noniid.algorithms(1).items():
+                with open(path, "w") as f:
+                    f.write(noniid.job_text(name, "dirichlet01", sync, 60,
+                                            True))
+                proc = subprocess.run([MERIDIAN, "validate", path],
+                                      stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+                self.assertEqual(proc.returncode, 0, name + ": " + proc.stdout)
+
+    def test_final_knob_of_fedavg_is_the_agreed_period(self):
+        noniid = scenario("noniid")
+
+        def site(period, knob):
+            return {"sync": {"diloco": {"adaptive_period": True,
+                                        "period": period},
+                             "skewscout": {"final_theta": knob}}}
+        report = {"sites": [site(4, 3.2), site(4, 5.0)]}
+        self.assertEqual(noniid.measure(report, 60)["final_theta"], 4)
+        # Gaia's knob is each site's own θ.
+        report = {"sites": [{"sync": {"skewscout": {"final_theta": 0.01}}},
+                            {"sync": {"skewscout": {"final_theta": 0.03}}}]}
+        self.assertAlmostEqual(noniid.measure(report, 60)["final_theta"], 0.02)
+
     def test_estimate_spread_is_per_site_and_peer_after_the_transient(self):
         noniid = scenario("noniid")
 
