@@ -104,6 +104,11 @@ std::optional<uint32_t> OuterSteps::FragmentDueAt(int64_t clock) const {
   return FragmentOf(clock);
 }
 
+std::optional<uint32_t> OuterSteps::FragmentOfTag(int64_t clock) const {
+  if (options_.adaptive) return 0;
+  return FragmentDueAt(clock);
+}
+
 int64_t OuterSteps::NextRoundClock() const {
   return closed_[0] + static_cast<int64_t>(period_);
 }
@@ -211,8 +216,7 @@ Status OuterSteps::CheckRound(int64_t clock, size_t size, const char* whose,
   } else if (options_.adaptive) {
     MERIDIAN_RETURN_IF_ERROR(CheckAdaptiveClock(clock, whose));
   }
-  std::optional<uint32_t> fragment =
-      options_.adaptive ? std::optional<uint32_t>(0) : FragmentDueAt(clock);
+  std::optional<uint32_t> fragment = FragmentOfTag(clock);
   if (!fragment) {
     return InvalidArgumentError(
         std::string(whose) + " outer gradient is tagged with clock " +

@@ -107,6 +107,11 @@ class OuterSteps {
   // H/F, 2H/F, ...; fragment (clock / (H/F) - 1) mod F; adaptive: fragment
   // 0 at NextRoundClock()).
   std::optional<uint32_t> FragmentDueAt(int64_t clock) const;
+  // The fragment of an outer gradient tagged with round `clock`: as
+  // FragmentDueAt, except that with an adaptive period it is 0 for any
+  // clock (a round ahead of the next is not known yet: AddOwn and AddPeer
+  // check the tag).
+  std::optional<uint32_t> FragmentOfTag(int64_t clock) const;
   // Adaptive period: the clock of the next round to close (the last
   // closed round's clock + period()), and the period in force.
   bool adaptive() const { return options_.adaptive; }

@@ -791,9 +791,7 @@ class SyncEngine::Impl {
                               const pb::LoggedMessage& record) {
     const int64_t round = header.mirror_update().outer_round();
     if (outer_->HasOwn(round)) return Status::Ok();  // sent to every peer
-    std::optional<uint32_t> fragment = outer_->adaptive()
-                                           ? std::optional<uint32_t>(0)
-                                           : outer_->FragmentDueAt(round);
+    std::optional<uint32_t> fragment = outer_->FragmentOfTag(round);
     const std::string where = "the outgoing log's outer gradient " +
                               std::to_string(record.sequence()) +
                               " for site '" + record.peer() + "'";
@@ -2019,11 +2017,7 @@ class SyncEngine::Impl {
   void AddToOuterRound(const Envelope& message, Peer& peer) {
     const pb::Header& header = message.header;
     const int64_t round = header.mirror_update().outer_round();
-    // An adaptive period's rounds are checked by AddPeer (a round ahead is
-    // not known yet).
-    std::optional<uint32_t> fragment = outer_->adaptive()
-                                           ? std::optional<uint32_t>(0)
-                                           : outer_->FragmentDueAt(round);
+    std::optional<uint32_t> fragment = outer_->FragmentOfTag(round);
     if (!fragment) {
       return Refuse(message.routing_id, header,
                     {pb::ERROR_MALFORMED, "outer gradient tagged with round " +
