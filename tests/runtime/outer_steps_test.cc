@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <utility>
 #include <vector>
 
 namespace meridian {
@@ -29,6 +30,15 @@ OuterSteps Make(const OuterStepOptions& options, uint64_t elements) {
   Result<OuterSteps> steps = OuterSteps::Create(options, elements);
   EXPECT_TRUE(steps.ok()) << steps.status();
   return std::move(*steps);
+}
+
+// What a site's checkpoint keeps of `steps`: the bookkeeping and the
+// arrays, taken together.
+std::pair<pb::OuterStepCheckpoint, Checkpoint> Save(const OuterSteps& steps) {
+  std::pair<pb::OuterStepCheckpoint, Checkpoint> saved;
+  steps.SaveTo(&saved.first);
+  steps.AppendArrays(&saved.second.arrays);
+  return saved;
 }
 
 TEST(OuterStepsTest, RefusesBadOptions) {
@@ -203,10 +213,7 @@ TEST(OuterStepsTest, CheckpointRoundTripKeepsOpenRounds) {
   steps.Start(std::vector<float>{1, 2, 3, 4});
   ASSERT_TRUE(steps.AddOwn(10, std::vector<float>{0.1f, 0, 0, 0}).ok());
   ASSERT_TRUE(steps.AddPeer(10, 1, std::vector<float>{0.2f, 0, 0, 0}, 10).ok());
-  pb::OuterStepCheckpoint meta;
-  Checkpoint arrays;
-  steps.SaveTo(&meta);
-  steps.AppendArrays(&arrays.arrays);
+  auto [meta, arrays] = Save(steps);
 
   OuterSteps restored = Make(Options(2), 4);
   ASSERT_TRUE(restored.RestoreFrom(meta, arrays).ok());
@@ -371,10 +378,7 @@ TEST(OuterStepsTest, AdaptivePeriodReplaysOwnRoundsAhead) {
   ASSERT_TRUE(steps.AddOwn(14, delta, {}, 6).ok());
   ASSERT_TRUE(steps.AddOwn(20, delta, {}, 6).ok());
   // A checkpoint taken in the middle of the replay restores too.
-  pb::OuterStepCheckpoint meta;
-  Checkpoint arrays;
-  steps.SaveTo(&meta);
-  steps.AppendArrays(&arrays.arrays);
+  auto [meta, arrays] = Save(steps);
   OuterSteps restored = Make(AdaptiveOptions(1), 2);
   ASSERT_TRUE(restored.RestoreFrom(meta, arrays).ok());
   for (OuterSteps* site : {&steps, &restored}) {
@@ -401,10 +405,7 @@ TEST(OuterStepsTest, AdaptivePeriodSurvivesTheCheckpoint) {
   ASSERT_EQ(steps.NextRoundClock(), 14);
   // Round 14: the peer's Δ with its proposal is in, this site's is not.
   ASSERT_TRUE(steps.AddPeer(14, 0, std::vector<float>{0.3f, 0}, 12, 3).ok());
-  pb::OuterStepCheckpoint meta;
-  Checkpoint arrays;
-  steps.SaveTo(&meta);
-  steps.AppendArrays(&arrays.arrays);
+  auto [meta, arrays] = Save(steps);
   EXPECT_EQ(meta.period(), 4u);
   ASSERT_EQ(meta.period_changes_size(), 1);
 
