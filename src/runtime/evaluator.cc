@@ -154,6 +154,11 @@ void Evaluator::Record(const EvalResult& result, uint64_t version,
   point.set_model_version(version);
   point.set_commits(commits);
   if (options_.theta) point.set_theta(options_.theta());
+  if (options_.skew_knob) {
+    if (std::optional<double> knob = options_.skew_knob()) {
+      point.set_skew_knob(*knob);
+    }
+  }
   const double target = options_.target;
   const MetricSpec metric = options_.model->metric();
   bool reached_now = false;

@@ -59,6 +59,8 @@ struct EvaluatorOptions {
   std::function<uint64_t()> commits;
   // The sync's threshold now, for the timeline (may be empty).
   std::function<double()> theta;
+  // SkewScout's knob now (may be empty; nullopt: no SkewScout).
+  std::function<std::optional<double>()> skew_knob;
 };
 
 // A peer's travelled model to score (SkewScout) and, once scored, how it

@@ -383,6 +383,7 @@ void OuterSteps::SaveTo(pb::OuterStepCheckpoint* out) const {
   for (int64_t clock : closed_) out->add_closed(clock);
   if (options_.adaptive) {
     out->set_period(period_);
+    out->set_rounds_dropped(rounds_dropped_);
     for (const PeriodChange& change : period_changes_) {
       pb::OuterPeriodChange* saved = out->add_period_changes();
       saved->set_round(change.round);
@@ -453,6 +454,7 @@ Status OuterSteps::RestoreFrom(const pb::OuterStepCheckpoint& saved,
                            std::to_string(options_.min_period) + ", " +
                            std::to_string(options_.max_period) + "]");
     }
+    restored.rounds_dropped_ = saved.rounds_dropped();
     restored.period_changes_.clear();
     const int first = std::max(
         0, saved.period_changes_size() - static_cast<int>(kMaxPeriodChanges));

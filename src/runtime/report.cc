@@ -347,16 +347,23 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
 Status WriteTimelineCsv(const std::vector<pb::SiteSummary>& sites,
                         const std::string& path) {
   std::ostringstream out;
-  out << "site,t_s,accuracy,loss,model_version,commits,theta,metric\n";
+  out << "site,t_s,accuracy,loss,model_version,commits,theta,metric,"
+         "skew_knob\n";
   char row[256];
   for (const pb::SiteSummary& site : sites) {
     for (const pb::EvalPoint& point : site.timeline()) {
-      std::snprintf(row, sizeof(row), ",%.3f,%.6f,%.6f,%llu,%llu,%.6g,%.6f\n",
+      std::snprintf(row, sizeof(row), ",%.3f,%.6f,%.6f,%llu,%llu,%.6g,%.6f,",
                     point.t_s(), point.accuracy(), point.loss(),
                     static_cast<unsigned long long>(point.model_version()),
                     static_cast<unsigned long long>(point.commits()),
                     point.theta(), point.metric());
       out << site.name() << row;
+      // Empty without SkewScout.
+      if (point.has_skew_knob()) {
+        std::snprintf(row, sizeof(row), "%.6g", point.skew_knob());
+        out << row;
+      }
+      out << "\n";
     }
   }
   return WriteFileAtomically(path, out.str());

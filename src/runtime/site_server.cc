@@ -40,6 +40,7 @@
 #include <cmath>
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -175,6 +176,11 @@ class SiteServer::Impl {
     eval.training_s = [this] { return EvalTime(); };
     eval.commits = [this] { return commits_.load(); };
     eval.theta = [this] { return theta_.load(std::memory_order_relaxed); };
+    eval.skew_knob = [this]() -> std::optional<double> {
+      const double knob = skew_knob_.load(std::memory_order_relaxed);
+      if (std::isnan(knob)) return std::nullopt;
+      return knob;
+    };
     eval.holdout_set = std::move(holdout_set);
     evaluator_ = std::make_unique<Evaluator>(std::move(eval));
     summary_.set_name(site_config_.name());
@@ -245,6 +251,11 @@ class SiteServer::Impl {
       MERIDIAN_ASSIGN_OR_RETURN(sync_, SyncEngine::Create(std::move(sync)));
     }
     MERIDIAN_RETURN_IF_ERROR(OpenCheckpoints());
+    // The first evaluations already see the knob (restored or initial).
+    if (sync_) {
+      skew_knob_.store(sync_->skew_knob().value_or(kNoSkewKnob),
+                       std::memory_order_relaxed);
+    }
     metrics_server_ = StartMetricsServerOrWarn(
         &metrics_registry_,
         options_.metrics_address.empty() ? site_config_.metrics_address()
@@ -1631,6 +1642,8 @@ class SiteServer::Impl {
                             score.scores);
     }
     theta_.store(sync_->theta(), std::memory_order_relaxed);
+    skew_knob_.store(sync_->skew_knob().value_or(kNoSkewKnob),
+                     std::memory_order_relaxed);
   }
 
   // ---- durability (checkpoints, site_checkpoint.h) -------------------------
@@ -1923,6 +1936,10 @@ class SiteServer::Impl {
   std::atomic<uint64_t> commits_{0};
   // The sync's threshold, for the evaluator's timeline (event loop writes).
   std::atomic<double> theta_{0};
+  // SkewScout's knob, likewise; NaN: no SkewScout.
+  static constexpr double kNoSkewKnob =
+      std::numeric_limits<double>::quiet_NaN();
+  std::atomic<double> skew_knob_{kNoSkewKnob};
   uint64_t rejected_ = 0;
   uint64_t pulls_ = 0;
   uint64_t loss_evaluations_ = 0;

@@ -514,6 +514,14 @@ class SyncEngine::Impl {
   }
 
   double theta() const { return last_theta_; }
+  std::optional<double> skew_knob() const {
+    if (!skew_) return std::nullopt;
+    // The period a site proposes is its own; the one in effect is agreed.
+    if (skew_knob_ == SkewKnob::kAveragingPeriod) {
+      return static_cast<double>(outer_->period());
+    }
+    return skew_->knob();
+  }
   uint64_t bytes_sent() const {
     uint64_t total = 0;
     for (const auto& peer : peers_) total += peer->out.bytes_sent();
@@ -2216,6 +2224,9 @@ const std::string& SyncEngine::finished_peer() const {
 }
 bool SyncEngine::Finish(double timeout_s) { return impl_->Finish(timeout_s); }
 double SyncEngine::theta() const { return impl_->theta(); }
+std::optional<double> SyncEngine::skew_knob() const {
+  return impl_->skew_knob();
+}
 uint64_t SyncEngine::bytes_sent() const { return impl_->bytes_sent(); }
 int64_t SyncEngine::slowest_peer_clock() const {
   return impl_->slowest_peer_clock();

@@ -125,6 +125,9 @@ class SyncEngine {
   bool Finish(double timeout_s);
 
   double theta() const;
+  // SkewScout's knob in effect: θ, the top-k density, or the agreed
+  // averaging period (clocks); nullopt without SkewScout.
+  std::optional<double> skew_knob() const;
   uint64_t bytes_sent() const;
   int64_t slowest_peer_clock() const;
   pb::SyncSummary Summary() const;

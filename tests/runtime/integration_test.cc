@@ -219,7 +219,8 @@ TEST_P(ConvergenceTest, FourWorkersConverge) {
   std::string header;
   std::getline(timeline, header);
   EXPECT_EQ(header,
-            "site,t_s,accuracy,loss,model_version,commits,theta,metric");
+            "site,t_s,accuracy,loss,model_version,commits,theta,metric,"
+            "skew_knob");
   int rows = 0;
   for (std::string line; std::getline(timeline, line);) ++rows;
   EXPECT_EQ(rows, report.sites(0).timeline_size());
@@ -715,6 +716,13 @@ TEST_F(IntegrationTest, SkewedSitesWithSkewScoutEndWithinTheTargetOfDense) {
       EXPECT_GE(d.theta_after(), 0.001) << site.name();
       EXPECT_LE(d.theta_after(), 0.5) << site.name();
     }
+    // The timeline follows the θ the controller set.
+    ASSERT_GT(site.timeline_size(), 0) << site.name();
+    for (const pb::EvalPoint& point : site.timeline()) {
+      ASSERT_TRUE(point.has_skew_knob()) << site.name();
+      EXPECT_GE(point.skew_knob(), 0.001) << site.name();
+      EXPECT_LE(point.skew_knob(), 0.5) << site.name();
+    }
   }
   EXPECT_GT(decisions, 0u);
 }
@@ -772,6 +780,18 @@ TEST_F(IntegrationTest, SkewScoutShortensFedAvgsPeriodAndEverySiteAgrees) {
       tightened += d.action() == "tighten";
       EXPECT_GE(d.theta_after(), 2) << site.name();
       EXPECT_LE(d.theta_after(), 80) << site.name();
+    }
+    // The timeline shows the period in effect: the job's 20 clocks or
+    // one the sites agreed on, never a site's own proposal.
+    std::set<double> agreed{20};
+    for (const pb::OuterPeriodChange& change : rounds.period_changes()) {
+      agreed.insert(change.period());
+    }
+    ASSERT_GT(site.timeline_size(), 0) << site.name();
+    for (const pb::EvalPoint& point : site.timeline()) {
+      ASSERT_TRUE(point.has_skew_knob()) << site.name();
+      EXPECT_TRUE(agreed.contains(point.skew_knob()))
+          << site.name() << " " << point.skew_knob();
     }
   }
   EXPECT_GT(tightened, 0u);

@@ -365,6 +365,11 @@ TEST(OuterStepsTest, AdaptivePeriodRefusesWhatNoHonestPeerSends) {
   EXPECT_EQ(steps.NextRoundClock(), 24);
   EXPECT_EQ(steps.rounds(), 0u);
   EXPECT_EQ(steps.rounds_dropped(), 1u);
+  // The count survives a restart: report.json's total stays the run's.
+  auto [meta, arrays] = Save(steps);
+  OuterSteps restored = Make(AdaptiveOptions(2), 2);
+  ASSERT_TRUE(restored.RestoreFrom(meta, arrays).ok());
+  EXPECT_EQ(restored.rounds_dropped(), 1u);
 }
 
 // A restarted site replays its own rounds sent after its checkpoint: they
