@@ -21,7 +21,9 @@ WorkloadSpeedTest  reading meridian_bench's JSON: the wall-clock rate, the
                    kernel set it ran on, a failed benchmark named
 NoniidTest         ALGORITHM@SECONDS: a valid job that sends between
                    clocks, refused for FedAvg; SkewScout's estimate spread
-                   per (site, peer) against their sampling error
+                   per (site, peer) against their sampling error;
+                   --summarize-only rebuilds the medians from the runs in
+                   OUTDIR and names a missing one
 """
 
 import argparse
@@ -295,6 +297,42 @@ class NoniidTest(unittest.TestCase):
         report = {"sites": [{"sync": {"skewscout": {"final_theta": 0.01}}},
                             {"sync": {"skewscout": {"final_theta": 0.03}}}]}
         self.assertAlmostEqual(noniid.measure(report, 60)["final_theta"], 0.02)
+
+    def test_summarize_only_rebuilds_the_table_from_the_runs(self):
+        def report(final, wan_mb):
+            return {"final_accuracy": final, "wan_bytes_total": wan_mb * 1e6,
+                    "sites": [{"timeline": [{"t_s": 50, "accuracy": final}]}]}
+        finals = {"one-ps": [0.87, 0.85, 0.86], "gaia-0.05": [0.70, 0.74,
+                                                             0.72]}
+        with tempfile.TemporaryDirectory() as out:
+            for name, values in finals.items():
+                for r, final in enumerate(values, 1):
+                    run_dir = os.path.join(out, "runs", f"disjoint-{name}-r{r}")
+                    os.makedirs(run_dir)
+                    with open(os.path.join(run_dir, "report.json"), "w") as f:
+                        json.dump(report(final, 10 * r), f)
+            proc = run_script("noniid", out, "--skews", "disjoint", "--only",
+                              "one-ps,gaia-0.05", "--repeat", "3",
+                              "--summarize-only")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            self.assertNotIn("running", proc.stdout)  # nothing was run
+            with open(os.path.join(out, "results.md")) as f:
+                table = f.read()
+            # Medians with their ranges; the loss from the medians.
+            self.assertIn("| disjoint | one-ps | 0.860 (0.850–0.870) | +0.0 |",
+                          table)
+            self.assertIn("| disjoint | gaia-0.05 | 0.720 (0.700–0.740) | "
+                          "+14.0 |", table)
+            self.assertIn("20.0 (10.0–30.0)", table)  # WAN MB
+            # A run missing from OUTDIR is named.
+            os.remove(os.path.join(out, "runs", "disjoint-gaia-0.05-r2",
+                                   "report.json"))
+            proc = run_script("noniid", out, "--skews", "disjoint", "--only",
+                              "one-ps,gaia-0.05", "--repeat", "3",
+                              "--summarize-only")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertIn(os.path.join(out, "runs", "disjoint-gaia-0.05-r2",
+                                       "report.json"), proc.stdout)
 
     def test_estimate_spread_is_per_site_and_peer_after_the_transient(self):
         noniid = scenario("noniid")
