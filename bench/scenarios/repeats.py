@@ -15,6 +15,8 @@ runs with their range. What they share is here:
   fmt_cell       a markdown cell: "median (min–max)", or the value alone
                  when there was one run
   summarize      median_range of every numeric quantity of a list of rows
+  read_report    a run's report.json (just run, or already there for
+                 --summarize-only); exits naming a missing or broken one
 
 A time to a target (or the bytes, steps until it) that a run did not reach
 is None, and counts as later than every run that reached it: the median of
@@ -29,7 +31,9 @@ used.
 """
 
 import argparse
+import json
 import math
+import os
 import statistics
 
 
@@ -168,3 +172,15 @@ def note(repeat, counted="reached", runs="runs", sides="variants"):
             f"{runs} that did not reach it as later than any that did (— : "
             f"the median one did not); its range is that of the {runs} that "
             f"did, with \"k of {repeat} {words}\" when not all did.")
+
+
+def read_report(run_dir, script):
+    """RUN_DIR/report.json (just run, or already there for
+    --summarize-only); exits naming a missing or broken one, the message
+    prefixed with [SCRIPT]."""
+    path = os.path.join(run_dir, "report.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"[{script}] cannot read {path}: {error}")

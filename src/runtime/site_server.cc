@@ -252,10 +252,7 @@ class SiteServer::Impl {
     }
     MERIDIAN_RETURN_IF_ERROR(OpenCheckpoints());
     // The first evaluations already see the knob (restored or initial).
-    if (sync_) {
-      skew_knob_.store(sync_->skew_knob().value_or(kNoSkewKnob),
-                       std::memory_order_relaxed);
-    }
+    if (sync_) PublishSyncKnobs();
     metrics_server_ = StartMetricsServerOrWarn(
         &metrics_registry_,
         options_.metrics_address.empty() ? site_config_.metrics_address()
@@ -1641,6 +1638,11 @@ class SiteServer::Impl {
       sync_->OnTravelScored(score.peer, score.travel_id, score.clock,
                             score.scores);
     }
+    PublishSyncKnobs();
+  }
+
+  // θ and SkewScout's knob for the evaluator's timeline.
+  void PublishSyncKnobs() {
     theta_.store(sync_->theta(), std::memory_order_relaxed);
     skew_knob_.store(sync_->skew_knob().value_or(kNoSkewKnob),
                      std::memory_order_relaxed);
