@@ -52,20 +52,20 @@
 #include <zmq_addon.hpp>
 
 #include "bench_util.h"
-#include "meridian/dataset.h"
+#include "meridian/train/dataset.h"
 #include "meridian/job.pb.h"
-#include "meridian/layout.h"
-#include "meridian/log.h"
-#include "meridian/message.h"
-#include "meridian/model.h"
-#include "meridian/optimizer.h"
-#include "meridian/param_store.h"
+#include "meridian/core/layout.h"
+#include "meridian/core/log.h"
+#include "meridian/net/message.h"
+#include "meridian/train/model.h"
+#include "meridian/train/optimizer.h"
+#include "meridian/ps/param_store.h"
 #include "meridian/report.pb.h"
-#include "meridian/security.h"
-#include "meridian/site_server.h"
-#include "meridian/status.h"
-#include "meridian/sync.h"
-#include "meridian/transport.h"
+#include "meridian/net/security.h"
+#include "meridian/site/site_server.h"
+#include "meridian/core/status.h"
+#include "meridian/sync/sync.h"
+#include "meridian/net/transport.h"
 #include "meridian/wire.pb.h"
 #include "testing/test_data.h"
 
@@ -626,7 +626,7 @@ class SiteHarness {
     pb::Header hello;
     hello.set_type(pb::HELLO);
     hello.mutable_hello()->set_worker_index(0);
-    layout_.ToSpecs(hello.mutable_hello()->mutable_layout());
+    LayoutToSpecs(layout_, hello.mutable_hello()->mutable_layout());
     MERIDIAN_ASSIGN_OR_RETURN(Envelope welcome,
                               client_->Call(hello, {}, kCallTimeout));
     if (welcome.header.type() != pb::WELCOME) {

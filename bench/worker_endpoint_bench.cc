@@ -53,13 +53,13 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "meridian/config.h"
-#include "meridian/layout.h"
-#include "meridian/message.h"
-#include "meridian/model.h"
-#include "meridian/transport.h"
+#include "meridian/config/config.h"
+#include "meridian/core/layout.h"
+#include "meridian/net/message.h"
+#include "meridian/train/model.h"
+#include "meridian/net/transport.h"
 #include "meridian/wire.pb.h"
-#include "runtime/process.h"
+#include "meridian/core/process.h"
 #include "testing/test_data.h"
 
 namespace meridian {
@@ -226,7 +226,7 @@ void Bench::Join() {
   pb::Header hello = MakeHeader(pb::HELLO, Worker(1), ++worker1_seq_);
   hello.mutable_hello()->set_worker_index(1);
   hello.mutable_hello()->set_incarnation(0x5eed0001);
-  layout_.ToSpecs(hello.mutable_hello()->mutable_layout());
+  LayoutToSpecs(layout_, hello.mutable_hello()->mutable_layout());
   SendHeader(*worker1_, hello);
   worker1_last_ = SteadyClock::now();
   // Worker 0's HELLO completes the site: both WELCOMEs come now.
@@ -234,7 +234,7 @@ void Bench::Join() {
   hello0.set_type(pb::HELLO);
   hello0.mutable_hello()->set_worker_index(0);
   hello0.mutable_hello()->set_incarnation(0x5eed0000);
-  layout_.ToSpecs(hello0.mutable_hello()->mutable_layout());
+  LayoutToSpecs(layout_, hello0.mutable_hello()->mutable_layout());
   Result<Envelope> welcome = good_->Call(hello0, {}, milliseconds(30000));
   if (!welcome.ok() || welcome->header.type() != pb::WELCOME) {
     Die("worker 0 was not welcomed: " + (welcome.ok()

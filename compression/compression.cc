@@ -3,7 +3,7 @@
 // index_coding.cc and value_coding.cc; this file chooses between them,
 // lays out the buffer, runs zstd and keeps the error-feedback books.
 
-#include "meridian/compression.h"
+#include "meridian/compression/compression.h"
 
 #include <zstd.h>
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <span>
 
-#include "meridian/status.h"
+#include "meridian/core/status.h"
 
 namespace meridian::compression {
 

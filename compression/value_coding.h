@@ -10,7 +10,7 @@
 #include <span>
 
 #include "meridian/job.pb.h"
-#include "meridian/status.h"
+#include "meridian/core/status.h"
 
 namespace meridian::compression {
 

@@ -12,22 +12,22 @@
 #include <string>
 #include <vector>
 
-#include "meridian/addresses.h"
-#include "meridian/config.h"
-#include "meridian/dataset.h"
-#include "meridian/launcher.h"
-#include "meridian/local_training.h"
-#include "meridian/log.h"
-#include "meridian/model.h"
-#include "meridian/plots.h"
-#include "meridian/report.h"
-#include "meridian/security.h"
-#include "meridian/site_server.h"
-#include "meridian/top.h"
-#include "meridian/wan_control.h"
-#include "meridian/wan_presets.h"
-#include "meridian/wanem.h"
-#include "meridian/worker.h"
+#include "meridian/sync/addresses.h"
+#include "meridian/config/config.h"
+#include "meridian/train/dataset.h"
+#include "meridian/launch/launcher.h"
+#include "meridian/train/local_training.h"
+#include "meridian/core/log.h"
+#include "meridian/train/model.h"
+#include "meridian/report/plots.h"
+#include "meridian/report/report.h"
+#include "meridian/net/security.h"
+#include "meridian/site/site_server.h"
+#include "meridian/report/top.h"
+#include "meridian/wan/control.h"
+#include "meridian/wan/presets.h"
+#include "meridian/wan/wanem.h"
+#include "meridian/worker/worker.h"
 
 namespace meridian {
 namespace {

@@ -6,9 +6,9 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "meridian/log.h"
-#include "meridian/wan_control.h"
-#include "meridian/wan_units.h"
+#include "meridian/core/log.h"
+#include "meridian/wan/control.h"
+#include "meridian/wan/units.h"
 #include "wan/emulator.h"
 
 namespace meridian::wan {

@@ -2,7 +2,7 @@
 // builders. No ZeroMQ, no emulator (this file is fuzzed).
 #include <string>
 
-#include "meridian/wan_control.h"
+#include "meridian/wan/control.h"
 #include "wan/model.h"
 
 namespace meridian::wan {

@@ -19,10 +19,10 @@
 #include <thread>
 #include <vector>
 
-#include "meridian/log.h"
-#include "meridian/mutex.h"
-#include "meridian/thread_annotations.h"
-#include "meridian/wan_units.h"
+#include "meridian/core/log.h"
+#include "meridian/core/mutex.h"
+#include "meridian/core/thread_annotations.h"
+#include "meridian/wan/units.h"
 #include "wan/shaper.h"
 #include "wan/socket_util.h"
 #include "wan/zmtp.h"

@@ -33,10 +33,10 @@
 #include <string_view>
 #include <vector>
 
-#include "meridian/clock.h"
+#include "meridian/core/clock.h"
 #include "meridian/job.pb.h"
 #include "meridian/wan_control.pb.h"
-#include "meridian/status.h"
+#include "meridian/core/status.h"
 #include "wan/model.h"
 
 namespace meridian::wan {

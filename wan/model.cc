@@ -3,7 +3,7 @@
 #include <string>
 
 #include "wan/model.h"
-#include "meridian/wan_units.h"
+#include "meridian/wan/units.h"
 
 namespace meridian::wan {
 namespace {

@@ -10,9 +10,9 @@
 #include <string>
 #include <string_view>
 
-#include "meridian/clock.h"
+#include "meridian/core/clock.h"
 #include "meridian/job.pb.h"
-#include "meridian/status.h"
+#include "meridian/core/status.h"
 
 namespace meridian::wan {
 

@@ -3,7 +3,7 @@
 #include <map>
 #include <set>
 
-#include "meridian/wan_presets.h"
+#include "meridian/wan/presets.h"
 
 namespace meridian::wan {
 namespace {

@@ -36,7 +36,7 @@
 #include <random>
 #include <vector>
 
-#include "meridian/clock.h"
+#include "meridian/core/clock.h"
 #include "wan/model.h"
 
 namespace meridian::wan {

@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <string>
 
-#include "meridian/clock.h"
-#include "meridian/status.h"
+#include "meridian/core/clock.h"
+#include "meridian/core/status.h"
 #include "wan/model.h"
 
 namespace meridian::wan {

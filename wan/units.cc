@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "meridian/wan_units.h"
+#include "meridian/wan/units.h"
 
 namespace meridian::wan {
 namespace {

@@ -1,4 +1,4 @@
-#include "meridian/wanem.h"
+#include "meridian/wan/wanem.h"
 
 #include <unistd.h>
 
@@ -8,11 +8,11 @@
 #include <memory>
 #include <thread>
 
-#include "meridian/log.h"
-#include "meridian/metrics.h"
-#include "meridian/wan_control.h"
-#include "meridian/wan_presets.h"
-#include "meridian/wan_units.h"
+#include "meridian/core/log.h"
+#include "meridian/metrics/metrics.h"
+#include "meridian/wan/control.h"
+#include "meridian/wan/presets.h"
+#include "meridian/wan/units.h"
 
 namespace meridian::wan {
 namespace {

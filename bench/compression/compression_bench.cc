@@ -58,10 +58,10 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "meridian/compression.h"
-#include "meridian/config.h"
+#include "meridian/compression/compression.h"
+#include "meridian/config/config.h"
 #include "meridian/job.pb.h"
-#include "meridian/status.h"
+#include "meridian/core/status.h"
 #include "real_updates.h"
 
 namespace meridian {

@@ -5,9 +5,9 @@
 #include <span>
 #include <utility>
 
-#include "meridian/local_training.h"
-#include "meridian/model.h"
-#include "meridian/sync.h"
+#include "meridian/train/local_training.h"
+#include "meridian/train/model.h"
+#include "meridian/sync/sync.h"
 
 namespace meridian::bench {
 namespace {

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "meridian/compression.h"
+#include "meridian/compression/compression.h"
 #include "meridian/job.pb.h"
-#include "meridian/layout.h"
-#include "meridian/status.h"
+#include "meridian/core/layout.h"
+#include "meridian/core/status.h"
 
 namespace meridian::bench {
 

@@ -47,8 +47,8 @@
 #include <thread>
 #include <vector>
 
-#include "meridian/wan_control.h"
-#include "runtime/process.h"  // src/: ChildProcess
+#include "meridian/wan/control.h"
+#include "meridian/core/process.h"  // src/: ChildProcess
 #include "wan/socket_util.h"  // wan/: ListenTcp, ConnectTcp, WriteAll
 
 namespace {

@@ -1,4 +1,4 @@
-#include "meridian/config.h"
+#include "meridian/config/config.h"
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/generated_enum_reflection.h>
@@ -21,10 +21,10 @@
 #include <tuple>
 #include <utility>
 
-#include "meridian/metrics.h"
-#include "meridian/wan_presets.h"
-#include "meridian/wan_units.h"
-#include "meridian/z85.h"
+#include "meridian/metrics/metrics.h"
+#include "meridian/wan/presets.h"
+#include "meridian/wan/units.h"
+#include "meridian/core/z85.h"
 
 namespace meridian {
 namespace {

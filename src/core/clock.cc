@@ -1,4 +1,4 @@
-#include "meridian/clock.h"
+#include "meridian/core/clock.h"
 
 #include <thread>
 

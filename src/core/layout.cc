@@ -1,4 +1,4 @@
-#include "meridian/layout.h"
+#include "meridian/core/layout.h"
 
 #include <algorithm>
 #include <limits>
@@ -51,27 +51,6 @@ const TensorInfo* ModelLayout::Find(std::string_view name) const {
     if (info.name == name) return &info;
   }
   return nullptr;
-}
-
-void ModelLayout::ToSpecs(
-    google::protobuf::RepeatedPtrField<pb::TensorSpec>* specs) const {
-  specs->Clear();
-  for (const TensorInfo& info : tensors_) {
-    pb::TensorSpec* spec = specs->Add();
-    spec->set_name(info.name);
-    for (uint64_t dim : info.shape) spec->add_shape(dim);
-  }
-}
-
-Result<ModelLayout> ModelLayout::FromSpecs(
-    const google::protobuf::RepeatedPtrField<pb::TensorSpec>& specs) {
-  ModelLayout layout;
-  for (const pb::TensorSpec& spec : specs) {
-    MERIDIAN_RETURN_IF_ERROR(layout.Add(
-        spec.name(),
-        std::vector<uint64_t>(spec.shape().begin(), spec.shape().end())));
-  }
-  return layout;
 }
 
 std::string ModelLayout::DebugString() const {

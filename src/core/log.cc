@@ -1,4 +1,4 @@
-#include "meridian/log.h"
+#include "meridian/core/log.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,8 +9,8 @@
 #include <iterator>
 #include <utility>
 
-#include "meridian/mutex.h"
-#include "meridian/thread_annotations.h"
+#include "meridian/core/mutex.h"
+#include "meridian/core/thread_annotations.h"
 
 namespace meridian {
 namespace {

@@ -1,4 +1,4 @@
-#include "meridian/status.h"
+#include "meridian/core/status.h"
 
 namespace meridian {
 

@@ -1,4 +1,4 @@
-#include "meridian/z85.h"
+#include "meridian/core/z85.h"
 
 #include <cstdint>
 

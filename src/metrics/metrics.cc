@@ -1,4 +1,4 @@
-#include "meridian/metrics.h"
+#include "meridian/metrics/metrics.h"
 
 #include <arpa/inet.h>
 #include <httplib.h>
@@ -20,7 +20,7 @@
 #include <system_error>
 #include <thread>
 
-#include "meridian/log.h"
+#include "meridian/core/log.h"
 
 namespace meridian {
 namespace {

@@ -1,13 +1,35 @@
-#include "meridian/message.h"
+#include "meridian/net/message.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
-#include "meridian/log.h"
+#include "meridian/core/log.h"
 
 namespace meridian {
+
+void LayoutToSpecs(const ModelLayout& layout,
+                   google::protobuf::RepeatedPtrField<pb::TensorSpec>* specs) {
+  specs->Clear();
+  for (const TensorInfo& info : layout.tensors()) {
+    pb::TensorSpec* spec = specs->Add();
+    spec->set_name(info.name);
+    for (uint64_t dim : info.shape) spec->add_shape(dim);
+  }
+}
+
+Result<ModelLayout> LayoutFromSpecs(
+    const google::protobuf::RepeatedPtrField<pb::TensorSpec>& specs) {
+  ModelLayout layout;
+  for (const pb::TensorSpec& spec : specs) {
+    MERIDIAN_RETURN_IF_ERROR(layout.Add(
+        spec.name(),
+        std::vector<uint64_t>(spec.shape().begin(), spec.shape().end())));
+  }
+  return layout;
+}
+
 namespace {
 
 Rejection Reject(pb::ErrorCode code, std::string reason) {

@@ -1,4 +1,4 @@
-#include "meridian/security.h"
+#include "meridian/net/security.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 #include <system_error>
 #include <utility>
 
-#include "meridian/log.h"
+#include "meridian/core/log.h"
 
 namespace meridian {
 namespace {

@@ -1,4 +1,4 @@
-#include "meridian/transport.h"
+#include "meridian/net/transport.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -7,8 +7,8 @@
 #include <iterator>
 #include <zmq_addon.hpp>
 
-#include "meridian/log.h"
-#include "meridian/security.h"
+#include "meridian/core/log.h"
+#include "meridian/net/security.h"
 
 namespace meridian {
 namespace {

@@ -1,4 +1,4 @@
-#include "meridian/param_store.h"
+#include "meridian/ps/param_store.h"
 
 #include <Eigen/Core>
 #include <algorithm>

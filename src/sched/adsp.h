@@ -12,8 +12,8 @@
 #include <span>
 #include <vector>
 
-#include "meridian/clock.h"
-#include "meridian/status.h"
+#include "meridian/core/clock.h"
+#include "meridian/core/status.h"
 
 namespace meridian {
 

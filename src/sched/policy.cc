@@ -1,4 +1,4 @@
-#include "meridian/policy.h"
+#include "meridian/sched/policy.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,12 +1,12 @@
-#include "meridian/addresses.h"
+#include "meridian/sync/addresses.h"
 
 #include <arpa/inet.h>
 
 #include <cctype>
 #include <cstdlib>
 
-#include "meridian/config.h"
-#include "meridian/sync.h"
+#include "meridian/config/config.h"
+#include "meridian/sync/sync.h"
 
 namespace meridian {
 namespace {

@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "meridian/sync.h"
+#include "meridian/sync/sync.h"
 
 namespace meridian {
 

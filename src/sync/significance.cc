@@ -2,8 +2,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "meridian/optimizer.h"
-#include "meridian/sync.h"
+#include "meridian/train/optimizer.h"
+#include "meridian/sync/sync.h"
 
 namespace meridian {
 

@@ -1,4 +1,4 @@
-#include "meridian/skew_control.h"
+#include "meridian/sync/skew_control.h"
 
 #include <algorithm>
 #include <cmath>

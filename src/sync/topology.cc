@@ -1,7 +1,7 @@
 #include <algorithm>
 
-#include "meridian/config.h"
-#include "meridian/sync.h"
+#include "meridian/config/config.h"
+#include "meridian/sync/sync.h"
 
 namespace meridian {
 namespace {

@@ -30,8 +30,8 @@
 #include <utility>
 #include <vector>
 
-#include "meridian/dataset.h"
-#include "meridian/model.h"
+#include "meridian/train/dataset.h"
+#include "meridian/train/model.h"
 #include "train/kernels.h"
 #include "train/model_internal.h"
 

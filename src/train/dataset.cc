@@ -1,6 +1,6 @@
 // Normalisation, loading a job's raw data and the per-worker sample split.
 
-#include "meridian/dataset.h"
+#include "meridian/train/dataset.h"
 
 #include <algorithm>
 #include <array>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "meridian/config.h"
+#include "meridian/config/config.h"
 
 namespace meridian {
 namespace {

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "meridian/dataset.h"
-#include "meridian/model.h"
+#include "meridian/train/dataset.h"
+#include "meridian/train/model.h"
 #include "train/model_internal.h"
 
 namespace meridian {

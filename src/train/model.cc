@@ -1,6 +1,6 @@
 // MakeModel and what the model implementations share.
 
-#include "meridian/model.h"
+#include "meridian/train/model.h"
 
 #include <algorithm>
 #include <cmath>

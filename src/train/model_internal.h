@@ -13,8 +13,8 @@
 #include <span>
 #include <vector>
 
-#include "meridian/dataset.h"
-#include "meridian/model.h"
+#include "meridian/train/dataset.h"
+#include "meridian/train/model.h"
 
 namespace meridian::model_internal {
 

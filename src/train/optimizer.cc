@@ -1,4 +1,4 @@
-#include "meridian/optimizer.h"
+#include "meridian/train/optimizer.h"
 
 #include <Eigen/Core>
 #include <cmath>

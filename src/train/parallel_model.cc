@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "meridian/model.h"
-#include "meridian/mutex.h"
-#include "meridian/thread_annotations.h"
+#include "meridian/train/model.h"
+#include "meridian/core/mutex.h"
+#include "meridian/core/thread_annotations.h"
 
 namespace meridian {
 namespace {

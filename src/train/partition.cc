@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "meridian/dataset.h"
+#include "meridian/train/dataset.h"
 #include "train/random_draws.h"
 
 namespace meridian {

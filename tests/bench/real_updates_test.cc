@@ -10,8 +10,8 @@
 #include <span>
 #include <vector>
 
-#include "meridian/local_training.h"
-#include "meridian/model.h"
+#include "meridian/train/local_training.h"
+#include "meridian/train/model.h"
 #include "testing/test_data.h"
 
 namespace meridian::bench {

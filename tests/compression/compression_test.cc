@@ -2,7 +2,7 @@
 // every kind of input within its stated bound, error feedback conserves
 // the update, and corrupt buffers are refused without a crash.
 
-#include "meridian/compression.h"
+#include "meridian/compression/compression.h"
 
 #include <gtest/gtest.h>
 

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "meridian/compression.h"
+#include "meridian/compression/compression.h"
 #include "tests/compression/test_util.h"
 
 namespace meridian {

@@ -12,7 +12,7 @@
 
 #include "compression/format.h"
 #include "compression/varint.h"
-#include "meridian/compression.h"
+#include "meridian/compression/compression.h"
 #include "meridian/job.pb.h"
 
 namespace meridian::testing {

@@ -1,4 +1,4 @@
-#include "meridian/config.h"
+#include "meridian/config/config.h"
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>

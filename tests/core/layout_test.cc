@@ -1,4 +1,4 @@
-#include "meridian/layout.h"
+#include "meridian/core/layout.h"
 
 #include <gtest/gtest.h>
 
@@ -89,39 +89,6 @@ TEST(ModelLayoutTest, Find) {
   EXPECT_EQ(layout.Find(""), nullptr);
 }
 
-TEST(ModelLayoutTest, SpecsRoundTrip) {
-  const ModelLayout layout = TwoLayerLayout();
-  google::protobuf::RepeatedPtrField<pb::TensorSpec> specs;
-  specs.Add()->set_name("stale");  // ToSpecs replaces the contents
-  layout.ToSpecs(&specs);
-  ASSERT_EQ(specs.size(), 4);
-  EXPECT_EQ(specs[0].name(), "fc1.w");
-  ASSERT_EQ(specs[0].shape_size(), 2);
-  EXPECT_EQ(specs[0].shape(0), 784u);
-  EXPECT_EQ(specs[0].shape(1), 128u);
-  EXPECT_EQ(specs[3].name(), "fc2.b");
-
-  Result<ModelLayout> back = ModelLayout::FromSpecs(specs);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_TRUE(*back == layout);
-  EXPECT_EQ(back->num_elements(), layout.num_elements());
-  EXPECT_EQ(back->Find("fc2.b")->offset, 101760u);
-}
-
-TEST(ModelLayoutTest, FromSpecsRejectsInvalidSpecs) {
-  google::protobuf::RepeatedPtrField<pb::TensorSpec> specs;
-  pb::TensorSpec* a = specs.Add();
-  a->set_name("a");
-  a->add_shape(2);
-  *specs.Add() = *a;  // duplicate name
-  EXPECT_EQ(ModelLayout::FromSpecs(specs).status().code(),
-            StatusCode::kInvalidArgument);
-
-  specs.RemoveLast();
-  specs.Add()->set_name("no_shape");
-  EXPECT_EQ(ModelLayout::FromSpecs(specs).status().code(),
-            StatusCode::kInvalidArgument);
-}
 
 TEST(ModelLayoutTest, Equality) {
   ModelLayout a;

@@ -1,7 +1,7 @@
 // Log lines that untrusted text cannot forge (one line per message,
 // escaped, capped), Sanitized() for quoting peer strings, and the rate
 // limiter of repeated lines, on a manual clock.
-#include "meridian/log.h"
+#include "meridian/core/log.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "meridian/clock.h"
+#include "meridian/core/clock.h"
 
 namespace meridian {
 namespace {

@@ -1,4 +1,4 @@
-#include "meridian/status.h"
+#include "meridian/core/status.h"
 
 #include <gtest/gtest.h>
 

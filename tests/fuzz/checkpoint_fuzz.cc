@@ -29,8 +29,8 @@
 #include <span>
 #include <vector>
 
-#include "meridian/status.h"
-#include "runtime/checkpoint.h"
+#include "meridian/core/status.h"
+#include "durable/checkpoint.h"
 
 namespace {
 

@@ -23,9 +23,9 @@
 #include <span>
 #include <vector>
 
-#include "meridian/compression.h"
+#include "meridian/compression/compression.h"
 #include "meridian/job.pb.h"
-#include "meridian/status.h"
+#include "meridian/core/status.h"
 
 namespace {
 

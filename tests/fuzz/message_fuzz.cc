@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "meridian/layout.h"
-#include "meridian/message.h"
+#include "meridian/core/layout.h"
+#include "meridian/net/message.h"
 #include "meridian/wire.pb.h"
 
 namespace {

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "meridian/metrics.h"
+#include "meridian/metrics/metrics.h"
 
 namespace {
 

@@ -21,9 +21,9 @@
 #include <string_view>
 
 #include "meridian/wan_control.pb.h"
-#include "meridian/wan_control.h"
+#include "meridian/wan/control.h"
 #include "wan/model.h"
-#include "meridian/wan_units.h"
+#include "meridian/wan/units.h"
 
 namespace {
 

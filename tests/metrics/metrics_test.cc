@@ -1,6 +1,6 @@
 // The metrics registry's Prometheus text, its parser, and the HTTP endpoint
 // over real sockets.
-#include "meridian/metrics.h"
+#include "meridian/metrics/metrics.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>

@@ -1,4 +1,4 @@
-#include "meridian/message.h"
+#include "meridian/net/message.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "meridian/transport.h"
+#include "meridian/net/transport.h"
 
 namespace meridian {
 namespace {
@@ -95,6 +95,49 @@ pb::ErrorCode DecodeCode(const Wire& wire) {
 
 // ---------------------------------------------------------------------------
 // DecodeMessage
+
+ModelLayout TwoLayerLayout() {
+  ModelLayout layout;
+  EXPECT_TRUE(layout.Add("fc1.w", {784, 128}).ok());
+  EXPECT_TRUE(layout.Add("fc1.b", {128}).ok());
+  EXPECT_TRUE(layout.Add("fc2.w", {128, 10}).ok());
+  EXPECT_TRUE(layout.Add("fc2.b", {10}).ok());
+  return layout;
+}
+
+TEST(LayoutSpecsTest, RoundTrip) {
+  const ModelLayout layout = TwoLayerLayout();
+  google::protobuf::RepeatedPtrField<pb::TensorSpec> specs;
+  specs.Add()->set_name("stale");  // ToSpecs replaces the contents
+  LayoutToSpecs(layout, &specs);
+  ASSERT_EQ(specs.size(), 4);
+  EXPECT_EQ(specs[0].name(), "fc1.w");
+  ASSERT_EQ(specs[0].shape_size(), 2);
+  EXPECT_EQ(specs[0].shape(0), 784u);
+  EXPECT_EQ(specs[0].shape(1), 128u);
+  EXPECT_EQ(specs[3].name(), "fc2.b");
+
+  Result<ModelLayout> back = LayoutFromSpecs(specs);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == layout);
+  EXPECT_EQ(back->num_elements(), layout.num_elements());
+  EXPECT_EQ(back->Find("fc2.b")->offset, 101760u);
+}
+
+TEST(LayoutSpecsTest, RejectsInvalidSpecs) {
+  google::protobuf::RepeatedPtrField<pb::TensorSpec> specs;
+  pb::TensorSpec* a = specs.Add();
+  a->set_name("a");
+  a->add_shape(2);
+  *specs.Add() = *a;  // duplicate name
+  EXPECT_EQ(LayoutFromSpecs(specs).status().code(),
+            StatusCode::kInvalidArgument);
+
+  specs.RemoveLast();
+  specs.Add()->set_name("no_shape");
+  EXPECT_EQ(LayoutFromSpecs(specs).status().code(),
+            StatusCode::kInvalidArgument);
+}
 
 TEST(DecodeMessageTest, AcceptsWellFormedCommit) {
   const Wire wire = ValidCommit();

@@ -8,10 +8,10 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "meridian/clock.h"
-#include "meridian/log.h"
-#include "meridian/message.h"
-#include "meridian/transport.h"
+#include "meridian/core/clock.h"
+#include "meridian/core/log.h"
+#include "meridian/net/message.h"
+#include "meridian/net/transport.h"
 
 namespace meridian {
 namespace {

@@ -1,6 +1,6 @@
 // CURVE keys, key files, the ZAP handler and secured sockets
 // (include/meridian/security.h), with real ZeroMQ sockets on loopback.
-#include "meridian/security.h"
+#include "meridian/net/security.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "meridian/config.h"
+#include "meridian/config/config.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
 

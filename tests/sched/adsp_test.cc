@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "meridian/clock.h"
+#include "meridian/core/clock.h"
 
 namespace meridian {
 namespace {

@@ -10,8 +10,8 @@
 #include <set>
 #include <vector>
 
-#include "meridian/clock.h"
-#include "meridian/policy.h"
+#include "meridian/core/clock.h"
+#include "meridian/sched/policy.h"
 #include "sched/virtual_site.h"
 
 namespace meridian {

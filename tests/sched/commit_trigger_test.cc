@@ -2,8 +2,8 @@
 
 #include <vector>
 
-#include "meridian/clock.h"
-#include "meridian/policy.h"
+#include "meridian/core/clock.h"
+#include "meridian/sched/policy.h"
 
 namespace meridian {
 namespace {

@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "meridian/clock.h"
-#include "meridian/policy.h"
+#include "meridian/core/clock.h"
+#include "meridian/sched/policy.h"
 #include "sched/virtual_site.h"
 
 namespace meridian {

@@ -1,4 +1,4 @@
-#include "meridian/policy.h"
+#include "meridian/sched/policy.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "meridian/clock.h"
+#include "meridian/core/clock.h"
 
 namespace meridian {
 namespace {

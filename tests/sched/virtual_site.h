@@ -12,8 +12,8 @@
 #include <tuple>
 #include <vector>
 
-#include "meridian/clock.h"
-#include "meridian/policy.h"
+#include "meridian/core/clock.h"
+#include "meridian/sched/policy.h"
 
 namespace meridian::testing_sched {
 

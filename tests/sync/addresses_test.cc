@@ -1,10 +1,10 @@
-#include "meridian/addresses.h"
+#include "meridian/sync/addresses.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 
-#include "meridian/config.h"
+#include "meridian/config/config.h"
 
 namespace meridian {
 namespace {

@@ -1,7 +1,7 @@
 // SkewScout's communication control on a scripted sequence of estimates
 // (virtual time: the controller sees only the numbers it is given).
 
-#include "meridian/skew_control.h"
+#include "meridian/sync/skew_control.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "meridian/sync.h"
+#include "meridian/sync/sync.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "meridian/config.h"
+#include "meridian/config/config.h"
 
 namespace meridian {
 namespace {

@@ -9,11 +9,11 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "meridian/config.h"
-#include "meridian/model.h"
-#include "meridian/sync.h"
-#include "meridian/transport.h"
-#include "runtime/process.h"
+#include "meridian/config/config.h"
+#include "meridian/train/model.h"
+#include "meridian/sync/sync.h"
+#include "meridian/net/transport.h"
+#include "meridian/core/process.h"
 #include "testing/scripted_worker.h"
 #include "testing/site_control.h"
 

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "meridian/job.pb.h"
-#include "meridian/site_server.h"
-#include "meridian/status.h"
-#include "meridian/wan_control.h"
+#include "meridian/site/site_server.h"
+#include "meridian/core/status.h"
+#include "meridian/wan/control.h"
 
 namespace meridian::testing {
 

@@ -2,9 +2,9 @@
 
 #include <chrono>
 
-#include "meridian/compression.h"
-#include "meridian/message.h"
-#include "meridian/transport.h"
+#include "meridian/compression/compression.h"
+#include "meridian/net/message.h"
+#include "meridian/net/transport.h"
 
 namespace meridian::testing {
 

@@ -10,9 +10,9 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "meridian/layout.h"
-#include "meridian/mutex.h"
-#include "meridian/status.h"
+#include "meridian/core/layout.h"
+#include "meridian/core/mutex.h"
+#include "meridian/core/status.h"
 #include "meridian/wire.pb.h"
 
 namespace meridian::testing {

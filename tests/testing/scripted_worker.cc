@@ -3,8 +3,8 @@
 #include <random>
 #include <thread>
 
-#include "meridian/message.h"
-#include "meridian/transport.h"
+#include "meridian/net/message.h"
+#include "meridian/net/transport.h"
 
 namespace meridian::testing {
 
@@ -21,7 +21,7 @@ Status RunScriptedWorker(zmq::context_t& context, const std::string& endpoint,
   pb::Header hello;
   hello.set_type(pb::HELLO);
   hello.mutable_hello()->set_worker_index(0);
-  layout.ToSpecs(hello.mutable_hello()->mutable_layout());
+  LayoutToSpecs(layout, hello.mutable_hello()->mutable_layout());
   MERIDIAN_ASSIGN_OR_RETURN(Envelope reply, client.Call(hello, {}, timeout));
   if (reply.header.type() != pb::WELCOME) {
     return InternalError("no WELCOME: " + DescribeHeader(reply.header));

@@ -9,8 +9,8 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "meridian/layout.h"
-#include "meridian/status.h"
+#include "meridian/core/layout.h"
+#include "meridian/core/status.h"
 
 namespace meridian::testing {
 

@@ -6,9 +6,9 @@
 #include <thread>
 #include <vector>
 
-#include "meridian/message.h"
-#include "meridian/security.h"
-#include "meridian/transport.h"
+#include "meridian/net/message.h"
+#include "meridian/net/security.h"
+#include "meridian/net/transport.h"
 
 namespace meridian::testing {
 namespace {

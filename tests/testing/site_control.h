@@ -11,8 +11,8 @@
 #include <zmq.hpp>
 
 #include "meridian/report.pb.h"
-#include "meridian/status.h"
-#include "runtime/process.h"
+#include "meridian/core/status.h"
+#include "meridian/core/process.h"
 
 namespace meridian::testing {
 

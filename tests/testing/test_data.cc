@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "meridian/dataset.h"
+#include "meridian/train/dataset.h"
 
 namespace meridian::testing {
 namespace {

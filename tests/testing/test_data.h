@@ -7,7 +7,7 @@
 #include <string>
 
 #include "meridian/job.pb.h"
-#include "meridian/status.h"
+#include "meridian/core/status.h"
 
 namespace meridian::testing {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "meridian/model.h"
+#include "meridian/train/model.h"
 
 namespace meridian::kernels {
 namespace {

@@ -15,9 +15,9 @@
 #include <set>
 #include <vector>
 
-#include "meridian/dataset.h"
-#include "meridian/model.h"
-#include "meridian/optimizer.h"
+#include "meridian/train/dataset.h"
+#include "meridian/train/model.h"
+#include "meridian/train/optimizer.h"
 
 namespace meridian {
 namespace {

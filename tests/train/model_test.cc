@@ -1,4 +1,4 @@
-#include "meridian/model.h"
+#include "meridian/train/model.h"
 
 #include <gtest/gtest.h>
 
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "meridian/dataset.h"
-#include "meridian/optimizer.h"
+#include "meridian/train/dataset.h"
+#include "meridian/train/optimizer.h"
 #include "train/kernels.h"
 #include "train/model_test_util.h"
 

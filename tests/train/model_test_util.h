@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "meridian/model.h"
+#include "meridian/train/model.h"
 #include "train/kernels.h"
 
 namespace meridian::testing {

@@ -1,4 +1,4 @@
-#include "meridian/optimizer.h"
+#include "meridian/train/optimizer.h"
 
 #include <gtest/gtest.h>
 

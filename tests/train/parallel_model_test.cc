@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "meridian/config.h"
-#include "meridian/dataset.h"
-#include "meridian/model.h"
+#include "meridian/config/config.h"
+#include "meridian/train/dataset.h"
+#include "meridian/train/model.h"
 #include "train/model_test_util.h"
 
 namespace meridian {

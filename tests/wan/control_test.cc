@@ -4,7 +4,7 @@
 
 #include <zmq.hpp>
 
-#include "meridian/wan_control.h"
+#include "meridian/wan/control.h"
 #include "wan/emulator.h"
 #include "wan/wan_test_util.h"
 

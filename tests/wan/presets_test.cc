@@ -2,7 +2,7 @@
 #include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
 
-#include "meridian/wan_presets.h"
+#include "meridian/wan/presets.h"
 
 namespace meridian::wan {
 namespace {

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "wan/model.h"
-#include "meridian/wan_units.h"
+#include "meridian/wan/units.h"
 
 namespace meridian::wan {
 namespace {

@@ -13,8 +13,8 @@
 #include <sstream>
 #include <zmq.hpp>
 
-#include "meridian/wan_control.h"
-#include "runtime/process.h"
+#include "meridian/wan/control.h"
+#include "meridian/core/process.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
 #include "wan/wan_test_util.h"

@@ -1,0 +1,960 @@
+#include "meridian/launch/launcher.h"
+
+#include <google/protobuf/text_format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "meridian/core/clock.h"
+#include "meridian/config/config.h"
+#include "meridian/core/log.h"
+#include "meridian/train/model.h"
+#include "meridian/report/report.h"
+#include "meridian/net/security.h"
+#include "meridian/sync/sync.h"
+#include "meridian/net/transport.h"
+#include "launch/endpoints_file.h"
+#include "meridian/core/format.h"
+#include "meridian/core/process.h"
+#include "launch/run_manifest.h"
+#include "launch/supervisor.h"
+#include "launch/wanem_control.h"
+
+namespace meridian {
+namespace {
+
+constexpr double kProgressPeriodS = 1.0;
+constexpr double kPlainProgressPeriodS = 5.0;
+// A site whose status requests have gone unanswered this long is shown as
+// down on the progress line.
+constexpr double kDownAfterS = 2.0;
+constexpr auto kStatusTimeout = std::chrono::milliseconds(300);
+constexpr auto kSetPeersTimeout = std::chrono::seconds(10);
+
+std::atomic<bool> g_stop_signal{false};
+std::atomic<int> g_stop_signals{0};
+
+void OnStopSignal(int) {
+  g_stop_signal.store(true);
+  g_stop_signals.fetch_add(1);
+}
+
+std::string SelfExecutable() {
+  std::error_code error;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::string("meridian") : path.string();
+}
+
+// Every site on one line (logs, pipes): "[ t s] a: ...  | b: ...".
+std::string FormatProgress(
+    const std::vector<std::pair<std::string, std::string>>& sites,
+    double wall_s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "[%6.1f s]", wall_s);
+  std::string line = buf;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    line += (i == 0 ? " " : "  | ") + sites[i].first + ": " + sites[i].second;
+  }
+  return line;
+}
+
+// One line per site (a terminal), names aligned, the time on the first.
+std::vector<std::string> FormatProgressLines(
+    const std::vector<std::pair<std::string, std::string>>& sites,
+    double wall_s) {
+  size_t width = 0;
+  for (const auto& site : sites) width = std::max(width, site.first.size());
+  char stamp[32];
+  std::snprintf(stamp, sizeof(stamp), "[%6.1f s]", wall_s);
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    std::string name = sites[i].first;
+    name.resize(width, ' ');
+    lines.push_back(
+        (i == 0 ? std::string(stamp) : std::string(std::strlen(stamp), ' ')) +
+        " " + name + "  " + sites[i].second);
+  }
+  return lines;
+}
+
+// Removes the "metrics=HOST:PORT" field from the fields of a ready line
+// and returns its value ("" without one).
+std::string TakeMetricsField(std::string* fields) {
+  const size_t at = fields->find("metrics=");
+  if (at == std::string::npos) return "";
+  size_t end = fields->find(' ', at);
+  if (end == std::string::npos) end = fields->size();
+  std::string value = fields->substr(at + 8, end - at - 8);
+  fields->erase(at, end - at);
+  while (!fields->empty() && fields->back() == ' ') fields->pop_back();
+  return value;
+}
+
+// A site server on the progress line.
+struct SiteProgress {
+  std::string name;
+  size_t child = 0;  // index into the supervised children
+  std::unique_ptr<RpcClient> client;
+  std::optional<pb::SiteStatus> status;
+  int64_t clock = 0;         // from the status reply's header
+  double last_answer_s = 0;  // when a status request last answered
+  bool answering = true;     // the last status request answered
+};
+
+// How `meridian run` supervises the children of `job`.
+SupervisorOptions SupervisionOf(const pb::JobConfig& job,
+                                const RunOptions& options) {
+  SupervisorOptions supervision;
+  supervision.fail_fast = options.fail_fast;
+  supervision.max_restarts =
+      options.max_restarts.value_or(job.fault().max_restarts());
+  supervision.first_backoff_s = job.fault().restart_backoff_s();
+  supervision.stop_requested = options.stop_requested;
+  supervision.stop_signals = options.stop_signals;
+  return supervision;
+}
+
+// One `meridian run`: what to start, in which order, and what a restart of
+// each role means (SupervisorHooks); the Supervisor runs the children, the
+// files of OUT/ are the manifest's and the endpoints file's.
+class JobRun final : private SupervisorHooks {
+ public:
+  JobRun(const pb::JobConfig& job, const RunOptions& options)
+      : job_(job),
+        options_(options),
+        manifest_(options.out_dir),
+        endpoints_(options.out_dir + "/endpoints.json", job.name()),
+        wanem_control_(job, &manifest_, &wall_),
+        supervisor_(SupervisionOf(job, options), &wall_, &manifest_,
+                    &endpoints_, this) {}
+
+  Result<pb::RunReport> Run() {
+    MERIDIAN_RETURN_IF_ERROR(PrepareOutDir());
+    MERIDIAN_RETURN_IF_ERROR(PrepareSecurity());
+    MERIDIAN_RETURN_IF_ERROR(PrepareControlToken());
+    manifest_.Save();
+    if (Status started = StartChildren(); !started.ok()) {
+      supervisor_.FailStart(started);
+    }
+    Monitor();
+    ForgetEphemeralKeys();
+    return Report();
+  }
+
+ private:
+  // ---- time, files ---------------------------------------------------------
+
+  double Now() const { return wall_.ElapsedSeconds(); }
+
+  std::string SummaryPath(const std::string& site) const {
+    return options_.out_dir + "/site-" + site + ".json";
+  }
+
+  // OUT/logs/; site summaries of an earlier run go. A fresh run starts a
+  // new manifest and deletes OUT/checkpoints/ (an earlier run's checkpoints
+  // must never be resumed by accident); a resumed one continues the
+  // manifest and keeps them.
+  Status PrepareOutDir() {
+    std::error_code error;
+    std::filesystem::create_directories(options_.out_dir + "/logs", error);
+    if (error) {
+      return InvalidArgumentError("cannot create output directory '" +
+                                  options_.out_dir + "': " + error.message());
+    }
+    for (const pb::SiteConfig& site : job_.site()) {
+      std::filesystem::remove(SummaryPath(site.name()), error);
+    }
+    if (options_.resume) {
+      MERIDIAN_RETURN_IF_ERROR(manifest_.Continue());
+      MLOG(INFO) << "resuming the run in " << options_.out_dir << " (resume "
+                 << manifest_.resumes() << ", started "
+                 << FormatSeconds(UnixSeconds() - manifest_.started_unix_s())
+                 << " s ago)";
+      return Status::Ok();
+    }
+    std::filesystem::remove_all(options_.out_dir + "/checkpoints", error);
+    if (error) {
+      return InvalidArgumentError(
+          "cannot delete the checkpoints of an earlier "
+          "run in '" +
+          options_.out_dir + "/checkpoints': " + error.message());
+    }
+    manifest_.Start(job_, options_.config_path);
+    return Status::Ok();
+  }
+
+  // CURVE between site servers (security.h). A job that lists the sites'
+  // public keys runs as is: each site reads <security.key_dir>/<site>.key.
+  // A job without keys gets ephemeral key pairs in OUT/keys/, and every
+  // role runs the derived job file OUT/job.pbtxt that lists them. A site
+  // with worker_curve_public_key needs security.key_dir: its workers read
+  // <key_dir>/workers/<site>.key (no ephemeral worker keys are made).
+  Status PrepareSecurity() {
+    std::vector<int> syncing;
+    for (int s = 0; s < job_.site_size(); ++s) {
+      if (HasServer(job_.site(s)) && job_.sync().kind() != pb::SYNC_NONE &&
+          !RoleOf(job_, s).Peers().empty()) {
+        syncing.push_back(s);
+      }
+    }
+    std::vector<int> remote_workers;  // sites whose workers cross the WAN
+    for (int s = 0; s < job_.site_size(); ++s) {
+      if (ServingSite(job_, s) != s) remote_workers.push_back(s);
+    }
+    std::vector<int> worker_curve;  // sites whose worker endpoint is CURVE
+    for (int s = 0; s < job_.site_size(); ++s) {
+      if (HasServer(job_.site(s)) && WorkerCurveEnabled(job_, s)) {
+        worker_curve.push_back(s);
+      }
+    }
+    if (syncing.empty() && remote_workers.empty() && worker_curve.empty()) {
+      return Status::Ok();
+    }
+    if (!job_.security().curve()) {
+      MLOG(WARNING) << "cross-site links are plaintext: security { curve: "
+                       "false }";
+      return Status::Ok();
+    }
+    for (int s : remote_workers) {
+      if (WorkerCurveEnabled(job_, ServingSite(job_, s))) continue;
+      MLOG(WARNING) << "workers of site '" << job_.site(s).name()
+                    << "' reach site '" << job_.site(s).server_site()
+                    << "''s server in plaintext (server_site, the "
+                       "BSP-over-WAN baseline, is not encrypted; the "
+                       "serving site may list worker_curve_public_key)";
+    }
+    if (!worker_curve.empty()) {
+      const std::string& name = job_.site(worker_curve.front()).name();
+      if (job_.security().key_dir().empty()) {
+        return FailedPreconditionError(
+            "site '" + name +
+            "' lists worker_curve_public_key but the job has no security { "
+            "key_dir }: `meridian run` reads each site's secret key from "
+            "<key_dir>/<site>.key and its workers' from <key_dir>/" +
+            kWorkerKeySubdir + "/<site>.key (`meridian keygen --site " + name +
+            " --out <key_dir>/" + kWorkerKeySubdir +
+            "` writes one); it makes no ephemeral worker keys");
+      }
+      MLOG(INFO) << "CURVE on the worker endpoints of " << worker_curve.size()
+                 << " site(s); workers read their keys "
+                 << "from " << job_.security().key_dir() << "/"
+                 << kWorkerKeySubdir;
+    }
+    if (syncing.empty() && worker_curve.empty()) return Status::Ok();
+    // One machine, one key file per site: a key file meant for a single
+    // role must not reach every site (nor a site's workers).
+    if (std::getenv(kSecretKeyEnv) != nullptr) {
+      MLOG(WARNING) << "ignoring $" << kSecretKeyEnv
+                    << ": each site reads its own key file";
+      ::unsetenv(kSecretKeyEnv);
+    }
+    if (syncing.empty()) return Status::Ok();
+    const bool listed = std::any_of(syncing.begin(), syncing.end(), [&](int s) {
+      return job_.site(s).has_curve_public_key();
+    });
+    if (listed) {
+      if (job_.security().key_dir().empty()) {
+        return FailedPreconditionError(
+            "the job lists the sites' curve_public_key but no security { "
+            "key_dir }: `meridian run` reads each site's secret key from "
+            "<key_dir>/<site>.key");
+      }
+      MLOG(INFO) << "CURVE on: links between site servers are encrypted; "
+                    "sites read their secret keys from "
+                 << job_.security().key_dir();
+      return Status::Ok();
+    }
+    std::error_code error;
+    const std::string key_dir =
+        std::filesystem::absolute(options_.out_dir + "/keys", error).string();
+    pb::JobConfig derived = job_;
+    for (int s : syncing) {
+      const std::string& name = job_.site(s).name();
+      // Ephemeral: the keys of an earlier run into this directory go.
+      std::filesystem::remove(key_dir + "/" + name + ".key", error);
+      std::filesystem::remove(key_dir + "/" + name + ".pub", error);
+      MERIDIAN_ASSIGN_OR_RETURN(CurveKeyPair pair, GenerateCurveKeyPair());
+      MERIDIAN_RETURN_IF_ERROR(WriteCurveKeyFiles(key_dir, name, pair));
+      ephemeral_keys_.push_back(key_dir + "/" + name + ".key");
+      derived.mutable_site(s)->set_curve_public_key(pair.public_key);
+    }
+    derived.mutable_security()->set_key_dir(key_dir);
+    std::string text;
+    if (!google::protobuf::TextFormat::PrintToString(derived, &text)) {
+      return InternalError("cannot print the derived job file");
+    }
+    std::string path = options_.out_dir + "/job.pbtxt";
+    if (std::filesystem::equivalent(options_.config_path, path, error)) {
+      path = options_.out_dir + "/job-curve.pbtxt";  // never the input
+    }
+    {
+      std::ofstream out(path, std::ios::trunc);
+      out << "# Written by `meridian run` from " << options_.config_path
+          << ": the job with ephemeral CURVE keys (secret halves in " << key_dir
+          << ").\n"
+          << text;
+      if (!out) return InvalidArgumentError("cannot write '" + path + "'");
+    }
+    options_.config_path = path;
+    MLOG(INFO) << "CURVE on: generated ephemeral key pairs for "
+               << syncing.size() << " sites in " << key_dir
+               << "; every role runs " << path << " (the job plus their "
+               << "public keys)";
+    return Status::Ok();
+  }
+
+  // A fresh control token for this run (a resumed run too: its site
+  // servers all start again), in <out>/control.token for the site servers
+  // and the operator. Only SET_PEERS uses it here; the launcher stops its
+  // children with signals.
+  Status PrepareControlToken() {
+    MERIDIAN_ASSIGN_OR_RETURN(control_token_, GenerateControlToken());
+    control_token_file_ = options_.out_dir + "/control.token";
+    return WriteControlTokenFile(control_token_file_, control_token_);
+  }
+
+  // Every child has exited: the secret halves of ephemeral keys go (the
+  // public halves stay with the derived job file).
+  void ForgetEphemeralKeys() {
+    std::error_code error;
+    for (const std::string& path : ephemeral_keys_) {
+      std::filesystem::remove(path, error);
+    }
+    ephemeral_keys_.clear();
+  }
+
+  // ---- start ---------------------------------------------------------------
+
+  Status StartChildren() {
+    binary_ = options_.binary.empty() ? SelfExecutable() : options_.binary;
+    MERIDIAN_RETURN_IF_ERROR(StartSiteServers());
+    MERIDIAN_RETURN_IF_ERROR(StartWanem());
+    endpoints_.Write();
+    MERIDIAN_RETURN_IF_ERROR(IntroducePeers());
+    const std::string logs = options_.out_dir + "/logs/";
+    size_t workers = 0;
+    for (int s = 0; s < job_.site_size(); ++s) {
+      const pb::SiteConfig& site = job_.site(s);
+      MERIDIAN_ASSIGN_OR_RETURN(const std::string site_endpoint,
+                                WorkerEndpoint(s));
+      for (uint32_t w = 0; w < SiteWorkerCount(site); ++w) {
+        std::string endpoint = site_endpoint;
+        if (WorkerGroupOf(site, w).has_link()) {
+          MERIDIAN_ASSIGN_OR_RETURN(
+              endpoint, wanem_control_.RouteWorker(s, w, site_endpoint));
+        }
+        Supervised child;
+        child.role = Role::kWorker;
+        child.name =
+            "worker " + std::to_string(w) + " of site '" + site.name() + "'";
+        child.subject = site.name() + "/" + std::to_string(w);
+        child.site = ServingSite(job_, s);
+        child.argv = {
+            binary_,     "worker",    "--config", options_.config_path,
+            "--site",    site.name(), "--index",  std::to_string(w),
+            "--connect", endpoint};
+        child.log_path =
+            logs + "worker-" + site.name() + "-" + std::to_string(w) + ".log";
+        MERIDIAN_RETURN_IF_ERROR(supervisor_.Spawn(std::move(child)).status());
+        ++workers;
+      }
+    }
+    MLOG(INFO) << "started " << progress_.size() << " site servers and "
+               << workers << " workers; logs in " << logs;
+    if (!options_.fail_fast && supervisor_.max_restarts() > 0) {
+      MLOG(INFO) << "a child that fails is restarted up to "
+                 << supervisor_.max_restarts()
+                 << " times (fault.max_restarts; --fail-fast stops the job "
+                    "at the first failure)";
+    }
+    return Status::Ok();
+  }
+
+  // Starts a server for every site that runs one and waits until each
+  // listens; records their endpoints. A restart reuses those endpoints.
+  Status StartSiteServers() {
+    const std::string logs = options_.out_dir + "/logs/";
+    server_endpoints_.assign(job_.site_size(), "");
+    mirror_endpoints_.assign(job_.site_size(), "");
+    std::vector<size_t> started;
+    for (int s = 0; s < job_.site_size(); ++s) {
+      const pb::SiteConfig& site = job_.site(s);
+      if (!HasServer(site)) continue;
+      Supervised child;
+      child.role = Role::kSite;
+      child.name = "site server '" + site.name() + "'";
+      child.subject = "site '" + site.name() + "'";
+      child.site = s;
+      child.argv = {binary_,
+                    "site",
+                    "--config",
+                    options_.config_path,
+                    "--site",
+                    site.name(),
+                    "--bind",
+                    "tcp://127.0.0.1:*",
+                    "--mirror-bind",
+                    "tcp://127.0.0.1:*",
+                    "--out",
+                    options_.out_dir,
+                    "--ready-fd",
+                    std::to_string(kReadyFd),
+                    "--metrics",
+                    "127.0.0.1:0",
+                    "--await-peers",
+                    "--control-token-file",
+                    control_token_file_};
+      if (options_.resume) child.argv.push_back("--resume");
+      child.log_path = logs + "site-" + site.name() + ".log";
+      MERIDIAN_ASSIGN_OR_RETURN(const size_t i,
+                                supervisor_.Spawn(std::move(child)));
+      started.push_back(i);
+    }
+    // Every server loads its data at once; wait for their ready lines
+    // together (an interrupt meanwhile stops the start).
+    const double deadline = Now() + kReadyTimeoutS;
+    for (size_t i : started) {
+      MERIDIAN_ASSIGN_OR_RETURN(const std::string line,
+                                supervisor_.AwaitReadyLine(i, deadline));
+      MERIDIAN_RETURN_IF_ERROR(OnSiteReady(i, line));
+      supervisor_.MarkRunning(i);
+    }
+    return Status::Ok();
+  }
+
+  // A site server's ready line: "ready <worker endpoint> [<mirror
+  // endpoint>] [metrics=<address>]". The first records its endpoints and
+  // fixes them in its restart command (so workers, peers and wanem routes
+  // reach a restarted server where they reached the first); later ones
+  // must match.
+  Status OnSiteReady(size_t i, const std::string& line) {
+    const Supervised& server = supervisor_.child(i);
+    const int s = server.site;
+    std::string rest = line.substr(6);
+    const std::string metrics = TakeMetricsField(&rest);
+    std::istringstream fields(rest);
+    std::string endpoint, mirror;
+    fields >> endpoint >> mirror;
+    const bool first = server_endpoints_[s].empty();
+    if (first) {
+      server_endpoints_[s] = endpoint;
+      mirror_endpoints_[s] = mirror;
+      std::vector<std::string> argv = server.argv;
+      auto set_flag = [&](const std::string& flag, const std::string& value) {
+        auto it = std::find(argv.begin(), argv.end(), flag);
+        if (it != argv.end() && it + 1 != argv.end()) *(it + 1) = value;
+      };
+      set_flag("--bind", endpoint);
+      if (!mirror.empty()) set_flag("--mirror-bind", mirror);
+      if (std::find(argv.begin(), argv.end(), "--resume") == argv.end()) {
+        argv.push_back("--resume");
+      }
+      supervisor_.SetRestartArgv(i, std::move(argv));
+      SiteProgress progress;
+      progress.name = job_.site(s).name();
+      progress.child = i;
+      pb::Endpoint self;
+      self.set_site(job_.site(s).name());
+      self.set_role(pb::ROLE_LAUNCHER);
+      progress.client =
+          std::make_unique<RpcClient>(context_, server_endpoints_[s], self);
+      if (WorkerCurveEnabled(job_, s)) {
+        // Status requests and SET_PEERS reach a CURVE worker endpoint only
+        // with the workers' key (<key_dir>/workers/<site>.key).
+        MERIDIAN_ASSIGN_OR_RETURN(const WorkerCurveKeys keys,
+                                  LoadWorkerCurveKeys(job_, s, ""));
+        MERIDIAN_RETURN_IF_ERROR(progress.client->SetCurve(
+            keys.own.public_key, keys.own.secret_key, keys.server_public_key));
+      }
+      progress.last_answer_s = Now();
+      progress_.push_back(std::move(progress));
+    } else if (endpoint != server_endpoints_[s] ||
+               (!mirror_endpoints_[s].empty() &&
+                mirror != mirror_endpoints_[s])) {
+      return FailedPreconditionError(
+          server.name + " came back on " + endpoint + " " + mirror +
+          " instead of " + server_endpoints_[s] + " " + mirror_endpoints_[s]);
+    }
+    endpoints_.Set(server.name, "site", job_.site(s).name(), metrics,
+                   "running");
+    return Status::Ok();
+  }
+
+  // Tells every site server where its sync peers listen; keeps each
+  // request to tell a restarted server again.
+  Status IntroducePeers() {
+    for (const SiteProgress& progress : progress_) {
+      const int s = supervisor_.child(progress.child).site;
+      if (mirror_endpoints_[s].empty()) continue;  // syncs with nobody
+      pb::Header request;
+      request.set_type(pb::SET_PEERS);
+      request.set_control_token(control_token_);
+      pb::Peers* peers = request.mutable_peers();
+      for (int peer : RoleOf(job_, s).Peers()) {
+        pb::Peer* entry = peers->add_peer();
+        entry->set_site(job_.site(peer).name());
+        MERIDIAN_ASSIGN_OR_RETURN(std::string endpoint,
+                                  MirrorEndpoint(s, peer));
+        entry->set_endpoint(std::move(endpoint));
+      }
+      peers_requests_[s] = request;
+      MERIDIAN_RETURN_IF_ERROR(SendPeers(s).WithContext("introducing peers"));
+    }
+    return Status::Ok();
+  }
+
+  Status SendPeers(int s) {
+    auto request = peers_requests_.find(s);
+    if (request == peers_requests_.end()) return Status::Ok();
+    for (SiteProgress& progress : progress_) {
+      if (supervisor_.child(progress.child).site != s) continue;
+      Result<Envelope> reply =
+          progress.client->Call(request->second, {}, kSetPeersTimeout);
+      if (!reply.ok()) return reply.status();
+      if (reply->header.type() == pb::ERROR) {
+        return FailedPreconditionError(
+            "site '" + job_.site(s).name() +
+            "' refused its peers: " + reply->header.error().message());
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Where site `from`'s server sends its updates for site `to`: through a
+  // wanem route when the WAN is emulated.
+  Result<std::string> MirrorEndpoint(int from, int to) {
+    return wanem_control_.Route(from, to, mirror_endpoints_[to]);
+  }
+
+  // Where the workers of site `s` connect: their serving site's server,
+  // across the WAN when it is another site's.
+  Result<std::string> WorkerEndpoint(int s) {
+    const int serving = ServingSite(job_, s);
+    if (serving == s) return server_endpoints_[s];
+    return wanem_control_.Route(s, serving, server_endpoints_[serving]);
+  }
+
+  // Whether any two sites exchange traffic (a site using another's server,
+  // or sites that sync).
+  bool HasCrossSiteTraffic() const {
+    for (int s = 0; s < job_.site_size(); ++s) {
+      if (ServingSite(job_, s) != s) return true;
+      if (HasServer(job_.site(s)) && job_.sync().kind() != pb::SYNC_NONE &&
+          !RoleOf(job_, s).Peers().empty()) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Starts `meridian wanem` with every link of the job; routes are added
+  // as the pairs of sites that talk are known. Every cross-site byte then
+  // crosses it and is counted (shaped unless wan.emulate is false).
+  Status StartWanem() {
+    if (!HasCrossSiteTraffic() && !HasWorkerLinks(job_)) return Status::Ok();
+    Supervised child;
+    child.role = Role::kWanem;
+    child.name = "wanem";
+    child.subject = "wanem";
+    child.argv = {binary_,
+                  "wanem",
+                  "--config",
+                  options_.config_path,
+                  "--dynamic-routes",
+                  "--control",
+                  "tcp://127.0.0.1:0",
+                  "--traffic-csv",
+                  options_.out_dir + "/traffic.csv",
+                  "--ready-fd",
+                  std::to_string(kReadyFd),
+                  "--metrics",
+                  "127.0.0.1:0"};
+    child.log_path = options_.out_dir + "/logs/wanem.log";
+    MERIDIAN_ASSIGN_OR_RETURN(const size_t i,
+                              supervisor_.Spawn(std::move(child)));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::string line,
+                              supervisor_.ReadReadyLine(i));
+    OnWanemReady(line);
+    supervisor_.MarkRunning(i);
+    MLOG(INFO) << "wanem shapes every link between sites"
+               << (HasWorkerLinks(job_) ? " and every worker's access link"
+                                        : "")
+               << "; control at " << wanem_control_.endpoint();
+    return Status::Ok();
+  }
+
+  // wanem's ready line: "ready <control endpoint> [metrics=<address>]".
+  // A new process: a new entry of the manifest, counting from 0.
+  void OnWanemReady(const std::string& line) {
+    std::string rest = line.substr(6);
+    const std::string metrics = TakeMetricsField(&rest);
+    const std::string& name = supervisor_.child(*supervisor_.wanem()).name;
+    endpoints_.Set(name, "wanem", "", metrics, "running");
+    endpoints_.SetControlAddress(name, rest);
+    endpoints_.Write();
+    wanem_control_.Connect(rest);
+  }
+
+  // ---- what a restart means per role (SupervisorHooks) ---------------------
+
+  Status TakeReadyLine(size_t child, const std::string& line) override {
+    if (supervisor_.child(child).role == Role::kSite) {
+      return OnSiteReady(child, line);
+    }
+    OnWanemReady(line);
+    return Status::Ok();
+  }
+
+  Status CompleteStart(size_t child) override {
+    const Supervised& started = supervisor_.child(child);
+    return started.role == Role::kSite ? SendPeers(started.site)
+                                       : wanem_control_.ReAddRoutes();
+  }
+
+  std::string RecoveryNote(size_t child) override {
+    switch (supervisor_.child(child).role) {
+      case Role::kSite:
+        return "; continues from its checkpoint (--resume)";
+      case Role::kWanem:
+        return "; " + std::to_string(wanem_control_.routes()) +
+               " routes re-added on their ports";
+      case Role::kWorker:
+        return "";
+    }
+    return "";
+  }
+
+  void BeforeRestart(size_t child) override {
+    switch (supervisor_.child(child).role) {
+      case Role::kWanem:
+        // The new process truncates traffic.csv.
+        manifest_.SetAsideTrafficCsv();
+        return;
+      case Role::kSite:
+        for (SiteProgress& progress : progress_) {
+          if (progress.child == child) progress.status.reset();
+        }
+        return;
+      case Role::kWorker:
+        return;
+    }
+  }
+
+  void WanemEnded() override { wanem_control_.Ended(); }
+
+  void ReadFinalWanCounters() override { wanem_control_.ReadFinal(); }
+
+  // ---- the monitor loop ----------------------------------------------------
+
+  // A child's end is noticed within about kMonitorInterval: a pass waits
+  // for wanem at most kCounterPollTimeout (and not at all once its process
+  // is gone); only a site server that does not answer its status request
+  // (once per kProgressPeriodS) holds a pass up to kStatusTimeout.
+  void Monitor() {
+    while (supervisor_.stage() != Stage::kDone) {
+      supervisor_.CheckSignals();
+      // A change was logged: the live block is drawn again below the log
+      // lines instead of over them.
+      if (supervisor_.StepChildren()) progress_lines_ = 0;
+      supervisor_.AdvanceStop();
+      const Stage stage = supervisor_.stage();
+      if (stage == Stage::kRunning || stage == Stage::kStopWorkers ||
+          stage == Stage::kStopSites) {
+        PollWanem();
+      }
+      if (stage == Stage::kRunning) ShowProgress();
+      std::this_thread::sleep_for(kMonitorInterval);
+    }
+  }
+
+  // wanem's counters, about once per kWanPollPeriodS, while its process
+  // runs: checked (waitpid) right before, so a dead wanem is not asked.
+  void PollWanem() {
+    const std::optional<size_t> wanem = supervisor_.wanem();
+    if (!wanem || !supervisor_.ProcessRunning(*wanem)) return;
+    wanem_control_.Poll();
+  }
+
+  // ---- progress ------------------------------------------------------------
+
+  void ShowProgress() {
+    const double now = Now();
+    if (now < next_progress_s_) return;
+    next_progress_s_ = now + kProgressPeriodS;
+    PollProgress();
+    const bool tty =
+        options_.progress != nullptr && ::isatty(::fileno(options_.progress));
+    if (!tty && (options_.progress == nullptr || now < next_plain_s_)) return;
+    std::vector<std::pair<std::string, std::string>> sites;
+    for (const SiteProgress& site : progress_) {
+      sites.emplace_back(site.name, FormatSiteProgress(View(site)));
+    }
+    if (tty) {
+      // Redraw the block of site lines in place: up to its first line,
+      // then each line cleared and rewritten.
+      const std::vector<std::string> lines = FormatProgressLines(sites, now);
+      std::string block;
+      if (progress_lines_ > 0) {
+        block += "\033[" + std::to_string(progress_lines_) + "A";
+      }
+      for (const std::string& line : lines) block += "\r\033[K" + line + "\n";
+      std::fputs(block.c_str(), options_.progress);
+      progress_lines_ = static_cast<int>(lines.size());
+    } else {
+      next_plain_s_ = now + kPlainProgressPeriodS;
+      std::fprintf(options_.progress, "%s\n",
+                   FormatProgress(sites, now).c_str());
+    }
+    std::fflush(options_.progress);
+  }
+
+  SiteProgressView View(const SiteProgress& site) const {
+    const Supervised& child = supervisor_.child(site.child);
+    SiteProgressView view;
+    view.metric = ModelMetric(job_.model()).name;
+    view.status = site.status ? &*site.status : nullptr;
+    view.clock = site.clock;
+    view.restarting = child.state == ChildState::kBackoff ||
+                      child.state == ChildState::kStarting;
+    view.attempt =
+        child.policy.restarts() + (child.state == ChildState::kBackoff ? 1 : 0);
+    view.finished = child.state == ChildState::kDone && child.process &&
+                    child.process->succeeded();
+    const double silent = Now() - site.last_answer_s;
+    if (!site.answering && silent >= kDownAfterS) view.silent_s = silent;
+    return view;
+  }
+
+  // Asks every running site server for its status (a restarting one is
+  // not asked: it is shown as restarting).
+  void PollProgress() {
+    for (SiteProgress& site : progress_) {
+      if (supervisor_.child(site.child).state != ChildState::kRunning) {
+        site.last_answer_s = Now();
+        site.answering = true;
+        continue;
+      }
+      pb::Header request;
+      request.set_type(pb::STATUS_REQUEST);
+      Result<Envelope> reply = site.client->Call(request, {}, kStatusTimeout);
+      if (reply.ok() && reply->header.type() == pb::STATUS_REPLY) {
+        site.status = reply->header.status();
+        site.clock = reply->header.clock();
+        site.last_answer_s = Now();
+        site.answering = true;
+      } else {
+        site.answering = false;
+      }
+    }
+  }
+
+  // ---- the report ----------------------------------------------------------
+
+  Result<pb::RunReport> Report() {
+    std::vector<pb::SiteSummary> summaries;
+    std::string missing;
+    for (const pb::SiteConfig& site : job_.site()) {
+      if (!HasServer(site)) continue;
+      pb::SiteSummary summary;
+      Status read = ReadJsonFile(SummaryPath(site.name()), &summary);
+      if (read.ok()) {
+        summaries.push_back(std::move(summary));
+      } else {
+        missing += (missing.empty() ? "" : ", ") + site.name();
+      }
+    }
+    std::string outcome;
+    const std::string& failure = supervisor_.failure();
+    if (!failure.empty()) {
+      // Who failed and how; the log's tail stays in the error.
+      const std::string first_line = failure.substr(0, failure.find('\n'));
+      outcome = "failed: " + first_line.substr(0, first_line.find("; its log"));
+    } else if (supervisor_.interrupted()) {
+      outcome = "interrupted";
+    } else if (!summaries.empty()) {
+      // The reason of a site that stopped on its own account.
+      outcome = summaries.front().stop_reason();
+      for (const pb::SiteSummary& summary : summaries) {
+        if (!summary.stopped_by_peer()) {
+          outcome = summary.stop_reason();
+          break;
+        }
+      }
+    }
+    pb::RunReport report =
+        BuildRunReport(job_, summaries, wall_.ElapsedSeconds(), outcome);
+    manifest_.CompleteReport(&report);
+    MERIDIAN_RETURN_IF_ERROR(
+        WriteJsonFile(report, options_.out_dir + "/report.json"));
+    MERIDIAN_RETURN_IF_ERROR(
+        WriteTimelineCsv(summaries, options_.out_dir + "/timeline.csv"));
+    if (!failure.empty()) return UnavailableError(failure);
+    if (summaries.empty()) {
+      return UnavailableError("no site server wrote its summary (" + missing +
+                              ")");
+    }
+    if (!missing.empty()) {
+      return UnavailableError("site servers without a summary: " + missing);
+    }
+    return report;
+  }
+
+  const pb::JobConfig& job_;
+  // A copy: PrepareSecurity may point config_path at the derived job file.
+  RunOptions options_;
+  std::vector<std::string> ephemeral_keys_;  // secret key files we wrote
+  std::string control_token_;                // this run's (PrepareControlToken)
+  std::string control_token_file_;           // <out>/control.token
+  Stopwatch wall_;
+  zmq::context_t context_;
+  std::string binary_;
+  // OUT/run.json: the launcher's events and wanem's counters live here.
+  RunManifestFile manifest_;
+  EndpointsFile endpoints_;  // OUT/endpoints.json
+  WanemControl wanem_control_;
+  // Every child; its indices are those of progress_ and the hooks.
+  Supervisor supervisor_;
+  std::vector<std::string> server_endpoints_;  // by site index; "" if none
+  std::vector<std::string> mirror_endpoints_;  // by site index; "" if none
+  std::map<int, pb::Header> peers_requests_;   // SET_PEERS by site index
+  std::vector<SiteProgress> progress_;         // one per site server
+  double next_progress_s_ = 0;
+  double next_plain_s_ = kPlainProgressPeriodS;
+  int progress_lines_ = 0;  // lines of the live block drawn on a terminal
+};
+
+}  // namespace
+
+std::string FormatSiteProgress(const SiteProgressView& site) {
+  char buf[256];
+  if (site.restarting) {
+    return "restarting (attempt " + std::to_string(site.attempt) + ")";
+  }
+  if (site.silent_s >= 0) {
+    std::snprintf(buf, sizeof(buf), "down (no answer for %.0f s)",
+                  site.silent_s);
+    return buf;
+  }
+  if (site.status == nullptr) return "starting";
+  const pb::SiteStatus& status = *site.status;
+  std::string line;
+  if (status.workers_joined() < status.workers_expected() &&
+      status.elapsed_s() <= 0) {
+    std::snprintf(buf, sizeof(buf), "%u/%u workers joined",
+                  status.workers_joined(), status.workers_expected());
+    line = buf;
+  } else {
+    const pb::EvalPoint& eval = status.last_eval();
+    const bool accuracy = site.metric == "accuracy";
+    std::snprintf(buf, sizeof(buf),
+                  "train %.1f s  %s %.4f  loss %.4f  %.0f commits/s",
+                  status.elapsed_s(), accuracy ? "acc" : site.metric.c_str(),
+                  accuracy ? eval.accuracy() : eval.metric(), eval.loss(),
+                  status.commits_per_s());
+    line = buf;
+    if (status.has_theta()) {
+      std::snprintf(buf, sizeof(buf), "  clock %lld  theta %.3g  WAN %.1f MB",
+                    static_cast<long long>(site.clock), status.theta(),
+                    status.wan_bytes_sent() / 1e6);
+      line += buf;
+    }
+  }
+  if (status.workers_dead() > 0) {
+    line += "  workers dead " + std::to_string(status.workers_dead());
+  }
+  if (status.peers_unreachable() > 0) {
+    line += "  peers unreachable " + std::to_string(status.peers_unreachable());
+  }
+  if (site.finished) line += "  finished";
+  return line;
+}
+
+Result<pb::RunReport> RunJob(const pb::JobConfig& job,
+                             const RunOptions& options) {
+  SetLogRole("launcher");
+  JobRun run(job, options);
+  return run.Run();
+}
+
+Status RunWithSiteWorkers(const std::string& config_path,
+                          const pb::JobConfig& job, const std::string& site,
+                          const std::string& log_dir, const std::string& binary,
+                          const std::function<Status()>& serve) {
+  MERIDIAN_ASSIGN_OR_RETURN(const int s, FindSite(job, site));
+  std::error_code error;
+  std::filesystem::create_directories(log_dir, error);
+  if (error) {
+    return InvalidArgumentError("cannot create log directory '" + log_dir +
+                                "': " + error.message());
+  }
+  const std::string self = binary.empty() ? SelfExecutable() : binary;
+  std::vector<ChildProcess> workers;
+  auto stop_workers = [&](double grace_s) {
+    Stopwatch waited;
+    int signal = 0;
+    while (true) {
+      bool all_done = true;
+      for (ChildProcess& worker : workers) all_done &= worker.Poll();
+      if (all_done) return;
+      if (waited.ElapsedSeconds() > grace_s && signal != SIGKILL) {
+        signal = signal == 0 ? SIGTERM : SIGKILL;
+        for (ChildProcess& worker : workers) worker.Signal(signal);
+        waited.Reset();
+        grace_s = kKillGraceS;
+      }
+      std::this_thread::sleep_for(kMonitorInterval);
+    }
+  };
+  for (uint32_t w = 0; w < SiteWorkerCount(job.site(s)); ++w) {
+    Result<ChildProcess> child = ChildProcess::Spawn(
+        "worker " + std::to_string(w) + " of site '" + site + "'",
+        {self, "worker", "--config", config_path, "--site", site, "--index",
+         std::to_string(w)},
+        log_dir + "/worker-" + site + "-" + std::to_string(w) + ".log");
+    if (!child.ok()) {
+      stop_workers(0);
+      return child.status();
+    }
+    workers.push_back(std::move(*child));
+  }
+  MLOG(INFO) << "started " << workers.size() << " workers of site '" << site
+             << "'; their logs are in " << log_dir;
+  Status served = serve();
+  stop_workers(kWorkerGraceS);
+  if (!served.ok()) return served;
+  for (ChildProcess& worker : workers) {
+    if (!worker.succeeded()) {
+      return UnavailableError(worker.name() + " " + worker.DescribeExit() +
+                              "; its log " + worker.log_path() +
+                              " ends with:\n" + worker.LogTail(kLogTailLines));
+    }
+  }
+  return Status::Ok();
+}
+
+const std::atomic<bool>* InstallStopSignalHandlers() {
+  struct sigaction action {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  return &g_stop_signal;
+}
+
+const std::atomic<int>* StopSignalCount() { return &g_stop_signals; }
+
+}  // namespace meridian

@@ -1,0 +1,206 @@
+#include "site/evaluator.h"
+
+#include <chrono>
+
+#include "meridian/core/log.h"
+
+namespace meridian {
+
+Evaluator::Evaluator(EvaluatorOptions options) : options_(std::move(options)) {}
+
+Evaluator::~Evaluator() { Stop(); }
+
+void Evaluator::Start() {
+  if (started_) return;
+  started_ = true;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Evaluator::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Evaluator::RequestLoss() {
+  if (!evaluates_loss()) return;
+  {
+    MutexLock lock(&mu_);
+    loss_requested_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::vector<std::pair<double, Duration>> Evaluator::TakeLossResults() {
+  std::vector<std::pair<double, Duration>> results;
+  MutexLock lock(&mu_);
+  results.swap(loss_results_);
+  return results;
+}
+
+bool Evaluator::RequestTravelScore(TravelScore request,
+                                   std::vector<float> model) {
+  if (options_.holdout_set.size() == 0 ||
+      model.size() != options_.store->num_elements()) {
+    return false;
+  }
+  {
+    MutexLock lock(&mu_);
+    if (travel_.has_value() || stop_) return false;
+    travel_.emplace(std::move(request), std::move(model));
+  }
+  cv_.notify_all();
+  return true;
+}
+
+std::vector<TravelScore> Evaluator::TakeTravelScores() {
+  std::vector<TravelScore> scores;
+  MutexLock lock(&mu_);
+  scores.swap(travel_scores_);
+  return scores;
+}
+
+// Test-set evaluations every eval_period_s, loss evaluations and travelled
+// models as soon as they are asked for. The work happens with mu_
+// released.
+void Evaluator::Loop() {
+  const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      FromSeconds(options_.eval_period_s));
+  std::vector<float> params(options_.store->num_elements());
+  std::vector<uint8_t> own_correct;  // per held-out sample, reused
+  std::vector<uint8_t> travelled_correct;
+  auto next_test = std::chrono::steady_clock::now();
+  mu_.lock();
+  while (!stop_) {
+    if (loss_requested_) {
+      loss_requested_ = false;
+      mu_.unlock();
+      const Duration taken_at = options_.clock->Now();
+      options_.store->Snapshot(params);
+      const EvalResult result =
+          options_.model->Evaluate(params, options_.loss_set);
+      mu_.lock();
+      loss_results_.emplace_back(result.loss, taken_at);
+      continue;
+    }
+    if (travel_.has_value()) {
+      // travel_ stays set while it is scored, so a new request is refused.
+      TravelScore score = travel_->first;
+      const std::vector<float> travelled = std::move(travel_->second);
+      mu_.unlock();
+      options_.store->Snapshot(params);
+      // Both on the same samples: the gap's noise is only where they
+      // disagree.
+      TravelScores& scores = score.scores;
+      scores.own_accuracy =
+          options_.model
+              ->EvaluateSamples(params, options_.holdout_set, &own_correct)
+              .accuracy;
+      scores.travelled_accuracy =
+          options_.model
+              ->EvaluateSamples(travelled, options_.holdout_set,
+                                &travelled_correct)
+              .accuracy;
+      scores.samples = static_cast<uint32_t>(own_correct.size());
+      scores.discordant = 0;
+      if (travelled_correct.size() == own_correct.size()) {
+        for (size_t i = 0; i < own_correct.size(); ++i) {
+          scores.discordant += own_correct[i] != travelled_correct[i];
+        }
+      } else {
+        scores.samples = 0;  // unusable: the controller ignores it
+      }
+      mu_.lock();
+      travel_scores_.push_back(std::move(score));
+      travel_.reset();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= next_test) {
+      mu_.unlock();
+      const uint64_t commits = options_.commits();
+      const uint64_t version = options_.store->Snapshot(params);
+      EvaluateTestSet(params, version, commits);
+      next_test = std::chrono::steady_clock::now() + period;
+      mu_.lock();
+      continue;
+    }
+    cv_.wait_until(mu_, next_test);
+  }
+  mu_.unlock();
+}
+
+void Evaluator::EvaluateNow() {
+  std::vector<float> params(options_.store->num_elements());
+  const uint64_t commits = options_.commits();
+  const uint64_t version = options_.store->Snapshot(params);
+  EvaluateTestSet(params, version, commits);
+}
+
+void Evaluator::EvaluateTestSet(std::span<const float> params, uint64_t version,
+                                uint64_t commits) {
+  Record(options_.model->Evaluate(params, options_.test_set), version, commits);
+}
+
+void Evaluator::Record(const EvalResult& result, uint64_t version,
+                       uint64_t commits) {
+  pb::EvalPoint point;
+  point.set_t_s(options_.training_s());
+  point.set_accuracy(result.accuracy);
+  point.set_loss(result.loss);
+  point.set_metric(result.metric);
+  point.set_model_version(version);
+  point.set_commits(commits);
+  if (options_.theta) point.set_theta(options_.theta());
+  if (options_.skew_knob) {
+    if (std::optional<double> knob = options_.skew_knob()) {
+      point.set_skew_knob(*knob);
+    }
+  }
+  const double target = options_.target;
+  const MetricSpec metric = options_.model->metric();
+  bool reached_now = false;
+  {
+    MutexLock lock(&mu_);
+    timeline_.push_back(point);
+    if (target > 0 && metric.Reached(result.metric, target) &&
+        time_to_target_s_ < 0) {
+      time_to_target_s_ = point.t_s();
+      reached_now = true;
+    }
+  }
+  if (reached_now) {
+    target_reached_.store(true);
+    MLOG(INFO) << "target " << metric.name << " " << target << " reached at "
+               << point.t_s() << " s (" << metric.name << " " << result.metric
+               << ")";
+  }
+}
+
+void Evaluator::Restore(std::vector<pb::EvalPoint> timeline,
+                        double time_to_target_s) {
+  MutexLock lock(&mu_);
+  timeline_ = std::move(timeline);
+  time_to_target_s_ = time_to_target_s;
+  target_reached_.store(time_to_target_s >= 0);
+}
+
+std::vector<pb::EvalPoint> Evaluator::Timeline() const {
+  MutexLock lock(&mu_);
+  return timeline_;
+}
+
+std::optional<pb::EvalPoint> Evaluator::Last() const {
+  MutexLock lock(&mu_);
+  if (timeline_.empty()) return std::nullopt;
+  return timeline_.back();
+}
+
+double Evaluator::time_to_target_s() const {
+  MutexLock lock(&mu_);
+  return time_to_target_s_;
+}
+
+}  // namespace meridian

@@ -1,0 +1,349 @@
+#include "sync/mirror_delivery.h"
+
+#include <algorithm>
+
+#include "meridian/core/log.h"
+#include "meridian/net/message.h"
+
+namespace meridian {
+namespace {
+
+// Acknowledgements of newly applied messages are spaced at least this far
+// apart (seconds): often enough for the sender's delivery-rate estimate
+// and the final flush, rare enough to cost nothing on the link.
+constexpr double kAckSpacingS = 0.05;
+
+}  // namespace
+
+// ---- OutboundChannel --------------------------------------------------------
+
+OutboundChannel::OutboundChannel(std::string peer, pb::Endpoint self,
+                                 uint64_t incarnation, DeliveryOptions options)
+    : peer_(std::move(peer)),
+      self_(std::move(self)),
+      incarnation_(incarnation),
+      options_(options) {}
+
+void OutboundChannel::Attach(std::unique_ptr<zmq::socket_t> socket,
+                             pb::Header hello, double now) {
+  socket_ = std::move(socket);
+  try {
+    // Never block the event loop on a slow peer: what ZeroMQ does not take
+    // now stays in the retention and goes out on a later Pump.
+    socket_->set(zmq::sockopt::sndtimeo, 0);
+  } catch (const zmq::error_t& error) {
+    MLOG(WARNING) << "channel to site '" << peer_
+                  << "': cannot make sends non-blocking: " << error.what();
+  }
+  hello_ = std::move(hello);
+  hello_pending_ = true;
+  next_to_send_ =
+      retained_.empty() ? next_sequence_ : retained_.front().sequence;
+  Pump(now);
+}
+
+uint64_t OutboundChannel::Enqueue(pb::Header header,
+                                  std::vector<std::string> frames, double now) {
+  RetainedMessage message;
+  message.sequence = next_sequence_++;
+  header.set_sequence(message.sequence);
+  header.SerializeToString(&message.header);
+  message.bytes = message.header.size();
+  for (const std::string& frame : frames) message.bytes += frame.size();
+  message.frames = std::move(frames);
+  retained_bytes_ += message.bytes;
+  retained_.push_back(std::move(message));
+  Pump(now);
+  return retained_.back().sequence;
+}
+
+void OutboundChannel::Pump(double now) {
+  if (!socket_) return;
+  if (hello_pending_) {
+    SendHello(now);
+    if (hello_pending_) return;  // ZeroMQ would block: later
+  }
+  if (!retained_.empty()) {
+    const uint64_t first = retained_.front().sequence;
+    next_to_send_ = std::max(next_to_send_, first);
+    while (next_to_send_ < next_sequence_) {
+      RetainedMessage& message = retained_[next_to_send_ - first];
+      if (!SendRetained(message, now)) return;
+      if (message.sent_s < 0) message.sent_s = now;
+      last_sent_sequence_ = message.sequence;
+      ++next_to_send_;
+    }
+  }
+  if (last_send_s_ < 0 || now - last_send_s_ >= options_.heartbeat_interval_s) {
+    pb::Header heartbeat = MakeHeader(pb::HEARTBEAT, self_, 0);
+    heartbeat.mutable_heartbeat()->set_last_sequence(last_sent_sequence_);
+    if (SendControl(heartbeat, now)) ++heartbeats_sent_;
+  }
+}
+
+void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
+  last_ack_s_ = now;
+  // Incarnation 0: the receiver does not know who we are (it restarted
+  // without our hello) and asks for the hello and everything it misses.
+  if (ack.incarnation() != 0 && ack.incarnation() != incarnation_) {
+    return;  // for an earlier run of this site
+  }
+  peer_clock_ = ack.clock();
+  const uint64_t applied = std::min(ack.applied_sequence(), last_sequence());
+  if (applied > applied_sequence_) {
+    for (const RetainedMessage& message : retained_) {
+      if (message.sequence > applied) break;
+      if (message.sequence > applied_sequence_) {
+        delivered_bytes_ += message.bytes;
+        rate_bytes_ += message.bytes;
+        if (message.sent_s >= 0 && message.sequence == applied) {
+          const double round_trip = now - message.sent_s;
+          if (min_round_trip_s_ < 0 || round_trip < min_round_trip_s_) {
+            min_round_trip_s_ = round_trip;
+          }
+        }
+      }
+    }
+  }
+  if (rate_start_s_ < 0) rate_start_s_ = now;
+  if (now - rate_start_s_ >= 0.5) {
+    const double sample =
+        static_cast<double>(rate_bytes_) / (now - rate_start_s_);
+    delivery_rate_ = std::max(sample, 0.9 * delivery_rate_);
+    rate_bytes_ = 0;
+    rate_start_s_ = now;
+  }
+  if (ack.resend()) {
+    // The receiver may have lost what it applied (it restarted from an
+    // older checkpoint): trust it, and go back to what it has.
+    applied_sequence_ = applied;
+  } else {
+    applied_sequence_ = std::max(applied_sequence_, applied);
+  }
+  durable_sequence_ = std::max(
+      durable_sequence_, std::min(ack.durable_sequence(), applied_sequence_));
+  Forget(options_.wait_for_durable ? durable_sequence_ : applied_sequence_);
+  if (ack.resend()) {
+    ++resend_requests_;
+    const uint64_t from = applied_sequence_ + 1;
+    if (!retained_.empty() && from < retained_.front().sequence) {
+      MLOG(ERROR) << "site '" << peer_ << "' asks for messages from " << from
+                  << " but this site kept only " << retained_.front().sequence
+                  << " onwards (it acknowledged "
+                  << "them as durable before): they cannot be sent again";
+    }
+    const uint64_t first =
+        retained_.empty() ? next_sequence_ : retained_.front().sequence;
+    const uint64_t restart = std::max(from, first);
+    if (restart < next_to_send_) messages_resent_ += next_to_send_ - restart;
+    next_to_send_ = restart;
+    last_sent_sequence_ = applied_sequence_;
+    hello_pending_ = true;
+    Pump(now);
+  }
+}
+
+bool OutboundChannel::Saturated(double now) const {
+  if (congested()) return true;
+  for (const RetainedMessage& message : retained_) {
+    if (message.sequence <= applied_sequence_) continue;
+    if (message.sequence >= next_to_send_ || message.sent_s < 0) break;
+    const double limit =
+        std::max(kSaturationS, 4 * std::max(min_round_trip_s_, 0.0));
+    return now - message.sent_s > limit;
+  }
+  return false;
+}
+
+uint64_t OutboundChannel::window() const {
+  return std::max<uint64_t>(kMinWindowBytes,
+                            static_cast<uint64_t>(kWindowS * delivery_rate_));
+}
+
+uint64_t OutboundChannel::backlog_bytes() const {
+  uint64_t backlog = 0;
+  for (const RetainedMessage& message : retained_) {
+    if (message.sequence > applied_sequence_ &&
+        message.sequence < next_to_send_) {
+      backlog += message.bytes;
+    }
+  }
+  return backlog;
+}
+
+OutboundChannel::State OutboundChannel::Save() const {
+  State state;
+  state.next_sequence = next_sequence_;
+  state.applied_sequence = applied_sequence_;
+  state.durable_sequence = durable_sequence_;
+  state.retained.assign(retained_.begin(), retained_.end());
+  return state;
+}
+
+void OutboundChannel::Restore(State state) {
+  resumed_ = true;
+  next_sequence_ = state.next_sequence;
+  applied_sequence_ = state.applied_sequence;
+  durable_sequence_ = state.durable_sequence;
+  last_sent_sequence_ = applied_sequence_;
+  retained_.clear();
+  retained_bytes_ = 0;
+  for (RetainedMessage& message : state.retained) {
+    retained_bytes_ += message.bytes;
+    retained_.push_back(std::move(message));
+  }
+}
+
+void OutboundChannel::RestoreLogged(RetainedMessage message) {
+  if (message.sequence < next_sequence_) return;  // in the checkpoint
+  if (message.sequence != next_sequence_) {
+    MLOG(ERROR) << "outgoing log for site '" << peer_ << "' jumps from "
+                << next_sequence_ - 1 << " to " << message.sequence;
+  }
+  next_sequence_ = message.sequence + 1;
+  retained_bytes_ += message.bytes;
+  retained_.push_back(std::move(message));
+}
+
+void OutboundChannel::SendHello(double now) {
+  pb::Header hello = hello_;
+  pb::MirrorHello* body = hello.mutable_mirror_hello();
+  body->set_incarnation(incarnation_);
+  body->set_first_sequence(retained_.empty() ? next_sequence_
+                                             : retained_.front().sequence);
+  body->set_resumed(resumed_);
+  if (SendControl(hello, now)) hello_pending_ = false;
+}
+
+bool OutboundChannel::SendRetained(const RetainedMessage& message, double now) {
+  try {
+    const bool more = !message.frames.empty();
+    if (!socket_->send(
+            zmq::buffer(message.header),
+            more ? zmq::send_flags::sndmore : zmq::send_flags::none)) {
+      return false;  // would block: the peer is not reading fast enough
+    }
+    for (size_t i = 0; i < message.frames.size(); ++i) {
+      // Once the first frame was taken the rest of a multipart message is
+      // queued: this cannot half-fail on EAGAIN.
+      socket_->send(zmq::buffer(message.frames[i]),
+                    i + 1 < message.frames.size() ? zmq::send_flags::sndmore
+                                                  : zmq::send_flags::none);
+    }
+  } catch (const zmq::error_t& error) {
+    MLOG(ERROR) << "channel to site '" << peer_ << "': " << error.what();
+    return false;
+  }
+  bytes_sent_ += message.bytes;
+  last_send_s_ = now;
+  return true;
+}
+
+bool OutboundChannel::SendControl(const pb::Header& header, double now) {
+  std::string bytes;
+  header.SerializeToString(&bytes);
+  try {
+    if (!socket_->send(zmq::buffer(bytes), zmq::send_flags::none)) {
+      return false;
+    }
+  } catch (const zmq::error_t& error) {
+    MLOG(ERROR) << "channel to site '" << peer_ << "': " << error.what();
+    return false;
+  }
+  bytes_sent_ += bytes.size();
+  last_send_s_ = now;
+  return true;
+}
+
+void OutboundChannel::Forget(uint64_t up_to) {
+  while (!retained_.empty() && retained_.front().sequence <= up_to &&
+         retained_.front().sequence < next_to_send_) {
+    retained_bytes_ -= retained_.front().bytes;
+    retained_.pop_front();
+  }
+}
+
+// ---- InboundChannel ---------------------------------------------------------
+
+InboundChannel::Admission InboundChannel::Admit(uint64_t sequence, double now) {
+  last_heard_s_ = now;
+  if (sequence <= applied_) {
+    ++duplicates_;
+    return Admission::kDuplicate;
+  }
+  if (sequence > applied_ + 1) {
+    if (!gap_) ++gaps_;
+    gap_ = true;
+    return Admission::kGap;
+  }
+  return Admission::kApply;
+}
+
+std::string InboundChannel::OnHello(uint64_t incarnation,
+                                    uint64_t first_sequence, bool resumed,
+                                    double now) {
+  last_heard_s_ = now;
+  ack_now_ = true;
+  std::string note;
+  if (incarnation_ != 0 && incarnation != incarnation_) {
+    if (!resumed) {
+      note = "restarted without its state (its channel starts again at 1)";
+      applied_ = 0;
+      durable_ = 0;
+      acked_ = 0;
+    } else {
+      note = "restarted";
+    }
+  }
+  incarnation_ = incarnation;
+  if (first_sequence > applied_ + 1) {
+    if (!note.empty()) note += "; ";
+    note += "messages " + std::to_string(applied_ + 1) + " to " +
+            std::to_string(first_sequence - 1) +
+            " are no longer available from it";
+    applied_ = first_sequence - 1;
+  }
+  return note;
+}
+
+void InboundChannel::OnHeartbeat(uint64_t last_sequence, double now) {
+  last_heard_s_ = now;
+  if (last_sequence > applied_) {
+    if (!gap_) ++gaps_;
+    gap_ = true;
+  }
+}
+
+std::optional<pb::MirrorAck> InboundChannel::AckDue(double now, int64_t clock) {
+  if (incarnation_ == 0) return std::nullopt;  // nobody to answer yet
+  bool due =
+      ack_now_ || (options_.checkpointed && durable_ != acked_durable_) ||
+      last_ack_s_ < 0 || now - last_ack_s_ >= options_.heartbeat_interval_s ||
+      (applied_ != acked_ && now - last_ack_s_ >= kAckSpacingS);
+  bool resend = false;
+  if (gap_ && (last_resend_request_s_ < 0 ||
+               now - last_resend_request_s_ >= options_.heartbeat_interval_s)) {
+    resend = true;
+    due = true;
+  }
+  if (!due) return std::nullopt;
+  const uint64_t durable =
+      options_.checkpointed ? std::min(durable_, applied_) : applied_;
+  pb::MirrorAck ack;
+  ack.set_applied_sequence(applied_);
+  ack.set_durable_sequence(durable);
+  ack.set_incarnation(incarnation_);
+  ack.set_clock(clock);
+  if (resend) {
+    ack.set_resend(true);
+    gap_ = false;
+    last_resend_request_s_ = now;
+  }
+  acked_ = applied_;
+  acked_durable_ = durable_;
+  last_ack_s_ = now;
+  ack_now_ = false;
+  return ack;
+}
+
+}  // namespace meridian

@@ -1,0 +1,311 @@
+// Delivery of mirror messages between two site servers, exactly once in
+// order, across broken connections, restarts of the WAN emulator and
+// crashes of either site (with checkpoints).
+//
+// ZeroMQ keeps order on one TCP connection but loses what was in a
+// connection that breaks; it reconnects silently. On top of it, per
+// direction of a pair of sites:
+//   - the sender numbers every message that carries state (MIRROR_UPDATE,
+//     MIRROR_INDICES, MIRROR_CLOCK) 1, 2, 3 ... on the channel, and keeps
+//     each one (OutboundChannel's retention) until the receiver's
+//     acknowledgement says its durable checkpoint holds it (or, without
+//     checkpoints, that it was applied);
+//   - the receiver (InboundChannel) applies message n only after n - 1,
+//     drops what it has applied already (a duplicate from a resend) and,
+//     when it sees a gap (a later number, or a HEARTBEAT naming a later
+//     last number), asks for a resend of everything after what it applied;
+//   - both directions stay alive: the sender sends a HEARTBEAT when nothing
+//     went out for an interval, the receiver acknowledges at least every
+//     interval, so each side notices a silent peer.
+// MIRROR_HELLO (layout, incarnation, first sequence number) and the
+// HEARTBEAT / MIRROR_ACK control messages are outside the numbering.
+//
+// Memory: the retention holds at most `retention_limit_bytes` (checked
+// before a message is created: full() tells the sync engine to keep
+// further changes in the channel's accumulator, which is bounded by the
+// model); ZeroMQ's queue holds at most its high-water mark, because the
+// channel sends without blocking and keeps what did not go out.
+//
+// Both classes are driven by the site server's event-loop thread only: not
+// thread-safe.
+#ifndef MERIDIAN_SYNC_MIRROR_DELIVERY_H_
+#define MERIDIAN_SYNC_MIRROR_DELIVERY_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "meridian/core/status.h"
+#include "meridian/wire.pb.h"
+
+namespace meridian {
+
+struct DeliveryOptions {
+  // A HEARTBEAT goes out when nothing else did for this long; the receiver
+  // acknowledges at least this often.
+  double heartbeat_interval_s = 1.0;
+  // Bytes of messages kept for a resend; full() beyond it.
+  uint64_t retention_limit_bytes = uint64_t{4} << 20;
+  // Sender: forget a message only once the receiver's checkpoint holds it
+  // (durable_sequence), not when it was merely applied: the receiver may
+  // crash and restart from that checkpoint.
+  bool wait_for_durable = true;
+  // Receiver: this site writes checkpoints, and what it applied counts as
+  // durable once NoteDurable() says a checkpoint holds it; false: applied
+  // is durable (nothing better will come).
+  bool checkpointed = false;
+};
+
+// A message as kept for (re)sending: serialized header and payload frames.
+struct RetainedMessage {
+  uint64_t sequence = 0;
+  std::string header;               // pb::Header, sequence stamped
+  std::vector<std::string> frames;  // payload, one per slice
+  uint64_t bytes = 0;               // header + frames
+  double sent_s = -1;  // first handed to ZeroMQ (-1: not yet, or unknown)
+};
+
+// The sending half of a channel to one peer site. Owns its DEALER socket
+// once Attach()ed.
+class OutboundChannel {
+ public:
+  OutboundChannel(std::string peer, pb::Endpoint self, uint64_t incarnation,
+                  DeliveryOptions options);
+  OutboundChannel(const OutboundChannel&) = delete;
+  OutboundChannel& operator=(const OutboundChannel&) = delete;
+
+  const std::string& peer() const { return peer_; }
+  bool attached() const { return socket_ != nullptr; }
+  zmq::socket_t* socket() { return socket_.get(); }
+
+  // Takes the connected socket (a DEALER; this sets its send timeout to 0)
+  // and the MIRROR_HELLO to introduce this site with; sends the hello,
+  // then whatever is waiting.
+  void Attach(std::unique_ptr<zmq::socket_t> socket, pb::Header hello,
+              double now);
+
+  // Numbers `header` (the next sequence number), keeps it with `frames`
+  // and sends it as soon as ZeroMQ takes it. Returns its sequence number.
+  // Precondition: !full() unless the message must not wait (a final
+  // flush).
+  uint64_t Enqueue(pb::Header header, std::vector<std::string> frames,
+                   double now);
+
+  // Sends what is waiting, in order, while ZeroMQ takes it without
+  // blocking; a HEARTBEAT when nothing went out for an interval. Call on
+  // every turn of the event loop.
+  void Pump(double now);
+
+  // An acknowledgement from the peer (received on this channel's socket).
+  // Forgets what it allows, and on `resend` sends the hello and everything
+  // after applied_sequence again.
+  void OnAck(const pb::MirrorAck& ack, double now);
+
+  // Retention at its limit: create no new messages for this peer.
+  bool full() const {
+    return retained_bytes_ >= options_.retention_limit_bytes;
+  }
+  // Flow control: more is on the way than the link delivered in
+  // kWindowS (window(), at least kMinWindowBytes). Create no new message
+  // then: the changes wait, and merge, in the peer's accumulator, and the
+  // link's queue — what a heartbeat waits behind — stays short, so a slow
+  // link is not mistaken for a dead peer.
+  static constexpr double kWindowS = 2.0;
+  static constexpr uint64_t kMinWindowBytes = 16 * 1024;
+  bool congested() const { return backlog_bytes() > window(); }
+  uint64_t window() const;
+  // The link's delivery rate as acknowledgements show it (bytes/s; the
+  // recent peak, decaying 10% per half second), 0 before any.
+  double delivery_rate() const { return delivery_rate_; }
+  // The link is saturated: it is congested(), or its oldest
+  // unacknowledged message has waited more than kSaturationS, or 4 round
+  // trips (the shortest seen), whichever is longer — it queues what it is
+  // given. The bandwidth-adaptive threshold rises while it is (and while
+  // the peer is not silent: a frozen peer acknowledges nothing either).
+  static constexpr double kSaturationS = 1.0;
+  bool Saturated(double now) const;
+  // Every message up to `sequence` was applied by the peer.
+  bool Delivered(uint64_t sequence) const {
+    return applied_sequence_ >= sequence;
+  }
+
+  uint64_t last_sequence() const { return next_sequence_ - 1; }
+  uint64_t applied_sequence() const { return applied_sequence_; }
+  uint64_t durable_sequence() const { return durable_sequence_; }
+  // The peer's last clock from this site, as its last acknowledgement
+  // said (-1: not heard).
+  int64_t peer_view_of_clock() const { return peer_clock_; }
+  double last_ack_s() const { return last_ack_s_; }
+  uint64_t retained_bytes() const { return retained_bytes_; }
+  uint64_t retained_messages() const { return retained_.size(); }
+  // Bytes of messages handed to ZeroMQ and not yet acknowledged as
+  // applied: what the link has not delivered yet.
+  uint64_t backlog_bytes() const;
+  // Cumulative bytes of messages the peer acknowledged as applied.
+  uint64_t delivered_bytes() const { return delivered_bytes_; }
+  // Bytes handed to ZeroMQ (headers and payloads, resends included;
+  // control messages too).
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  uint64_t messages_resent() const { return messages_resent_; }
+  uint64_t resend_requests() const { return resend_requests_; }
+  // HEARTBEATs handed to ZeroMQ.
+  uint64_t heartbeats_sent() const { return heartbeats_sent_; }
+
+  // ---- checkpoints -----------------------------------------------------
+  // The channel's state for a checkpoint: next sequence number and every
+  // retained message.
+  struct State {
+    uint64_t next_sequence = 1;
+    uint64_t applied_sequence = 0;
+    uint64_t durable_sequence = 0;
+    std::vector<RetainedMessage> retained;
+  };
+  State Save() const;
+  // Before Attach: continues from a checkpoint's state.
+  void Restore(State state);
+  // Before Attach, after Restore: a message of the outgoing log (sent,
+  // or about to be, after the checkpoint). Ignored when it is not newer
+  // than what the channel has.
+  void RestoreLogged(RetainedMessage message);
+
+ private:
+  void SendHello(double now);
+  // Hands one message to ZeroMQ without blocking; false when it would
+  // block.
+  bool SendRetained(const RetainedMessage& message, double now);
+  bool SendControl(const pb::Header& header, double now);
+  void Forget(uint64_t up_to);
+
+  const std::string peer_;
+  const pb::Endpoint self_;
+  const uint64_t incarnation_;
+  const DeliveryOptions options_;
+  std::unique_ptr<zmq::socket_t> socket_;
+  pb::Header hello_;
+
+  uint64_t next_sequence_ = 1;
+  // Contiguous sequence numbers [front, next_sequence_): forgotten only
+  // from the front.
+  std::deque<RetainedMessage> retained_;
+  // Messages from this number on wait to be handed to ZeroMQ.
+  uint64_t next_to_send_ = 1;
+  // What a HEARTBEAT names as sent (set back on a resend request).
+  uint64_t last_sent_sequence_ = 0;
+  uint64_t retained_bytes_ = 0;
+  uint64_t applied_sequence_ = 0;
+  uint64_t durable_sequence_ = 0;
+  int64_t peer_clock_ = -1;
+  bool hello_pending_ = false;
+  bool resumed_ = false;  // Restore()d from a checkpoint
+
+  double last_send_s_ = -1;  // anything handed to ZeroMQ
+  double last_ack_s_ = -1;
+  double delivery_rate_ = 0;
+  double min_round_trip_s_ = -1;  // send to acknowledgement, shortest seen
+  uint64_t rate_bytes_ = 0;       // delivered since rate_start_s_
+  double rate_start_s_ = -1;
+  uint64_t bytes_sent_ = 0;
+  uint64_t delivered_bytes_ = 0;
+  uint64_t messages_resent_ = 0;
+  uint64_t heartbeats_sent_ = 0;
+  uint64_t resend_requests_ = 0;
+};
+
+// The receiving half: what this site knows of one peer's channel towards
+// it. Pure bookkeeping; the sync engine applies messages and sends the
+// acknowledgements it asks for on the mirror socket.
+class InboundChannel {
+ public:
+  explicit InboundChannel(DeliveryOptions options) : options_(options) {}
+
+  // See DeliveryOptions::checkpointed.
+  void SetCheckpointed(bool checkpointed) {
+    options_.checkpointed = checkpointed;
+  }
+
+  enum class Admission {
+    kApply,      // the next message: apply it, then Applied()
+    kDuplicate,  // applied before (a resend): drop
+    kGap,        // messages before it are missing: drop, a resend is asked
+  };
+  // A numbered message arrived.
+  Admission Admit(uint64_t sequence, double now);
+  // It was applied (or refused for good: either way it is done); `bytes`:
+  // its size, counted until a checkpoint holds it.
+  void Applied(uint64_t sequence, uint64_t bytes = 0) {
+    applied_ = sequence;
+    bytes_since_durable_ += bytes;
+  }
+
+  // MIRROR_HELLO: `incarnation` of the sender, which may send from
+  // `first_sequence` on; `resumed`: it restarted from a checkpoint and
+  // continues the numbering. Returns a description of what changed for the
+  // log (a restarted sender, a gap that cannot be filled), empty when
+  // nothing noteworthy happened.
+  std::string OnHello(uint64_t incarnation, uint64_t first_sequence,
+                      bool resumed, double now);
+  // HEARTBEAT naming the sender's last sequence number.
+  void OnHeartbeat(uint64_t last_sequence, double now);
+  void Heard(double now) { last_heard_s_ = now; }
+  // Acknowledge at the next AckDue (a final flush: the sender waits for
+  // it before it exits).
+  void AckSoon() { ack_now_ = true; }
+
+  // A checkpoint holding everything applied up to `sequence` is durable;
+  // `bytes_after`: the bytes applied since that checkpoint's snapshot.
+  void NoteDurable(uint64_t sequence, uint64_t bytes_after = 0) {
+    durable_ = std::max(durable_, sequence);
+    bytes_since_durable_ = std::min(bytes_since_durable_, bytes_after);
+  }
+  // Bytes of messages applied that no durable checkpoint holds yet: the
+  // sender keeps as much for a resend.
+  uint64_t bytes_since_durable() const { return bytes_since_durable_; }
+
+  // The acknowledgement to send now, if one is due: after a gap or a
+  // hello at once (a resend request at most every interval), after new
+  // messages at most every 50 ms, otherwise every heartbeat interval.
+  // `clock`: the last clock received from the sender.
+  std::optional<pb::MirrorAck> AckDue(double now, int64_t clock);
+
+  bool hello() const { return incarnation_ != 0; }
+  uint64_t incarnation() const { return incarnation_; }
+  uint64_t applied() const { return applied_; }
+  uint64_t durable() const { return durable_; }
+  double last_heard_s() const { return last_heard_s_; }
+  uint64_t duplicates() const { return duplicates_; }
+  uint64_t gaps() const { return gaps_; }
+
+  // For checkpoints: the sender's incarnation and what was applied.
+  void Restore(uint64_t incarnation, uint64_t applied) {
+    incarnation_ = incarnation;
+    applied_ = applied;
+    durable_ = applied;
+    acked_ = 0;  // say so at once
+  }
+
+ private:
+  DeliveryOptions options_;
+  uint64_t incarnation_ = 0;
+  uint64_t applied_ = 0;
+  uint64_t durable_ = 0;
+  // What the last acknowledgement said (to send one only on change).
+  uint64_t acked_ = 0;
+  uint64_t acked_durable_ = 0;
+  double last_ack_s_ = -1;
+  bool gap_ = false;
+  bool ack_now_ = false;
+  double last_resend_request_s_ = -1;
+  double last_heard_s_ = -1;
+  uint64_t duplicates_ = 0;
+  uint64_t gaps_ = 0;
+  uint64_t bytes_since_durable_ = 0;
+};
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_SYNC_MIRROR_DELIVERY_H_

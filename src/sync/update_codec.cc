@@ -1,0 +1,222 @@
+#include "sync/update_codec.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "meridian/core/log.h"
+#include "meridian/sync/sync.h"
+
+namespace meridian {
+namespace {
+
+pb::CompressionConfig LosslessConfig(int zstd_level) {
+  pb::CompressionConfig config;
+  config.set_selection(pb::SELECT_ALL);
+  config.set_index_coding(pb::INDEX_AUTO);
+  config.set_value_coding(pb::VALUE_FP32);
+  config.set_zstd_level(zstd_level);
+  return config;
+}
+
+std::span<const std::byte> AsBytes(const std::string& bytes) {
+  return {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()};
+}
+
+}  // namespace
+
+Result<UpdateCodec> UpdateCodec::Create(const pb::SyncConfig& sync) {
+  pb::CompressionConfig main = sync.compression();
+  if (sync.kind() == pb::DENSE) main.set_index_coding(pb::INDEX_DENSE);
+  MERIDIAN_ASSIGN_OR_RETURN(UpdateEncoder configured,
+                            UpdateEncoder::Create(main));
+  MERIDIAN_ASSIGN_OR_RETURN(
+      UpdateEncoder lossless,
+      UpdateEncoder::Create(LosslessConfig(main.zstd_level())));
+  pb::CompressionConfig indices = LosslessConfig(1);
+  indices.set_value_coding(pb::VALUE_FP16);  // zeros: only indices matter
+  MERIDIAN_ASSIGN_OR_RETURN(UpdateEncoder index_encoder,
+                            UpdateEncoder::Create(indices));
+  pb::CompressionConfig travel = LosslessConfig(main.zstd_level());
+  travel.set_index_coding(pb::INDEX_DENSE);
+  travel.set_value_coding(sync.skewscout().travel_value_coding());
+  MERIDIAN_ASSIGN_OR_RETURN(UpdateEncoder travel_encoder,
+                            UpdateEncoder::Create(travel));
+  return UpdateCodec(std::move(configured), std::move(lossless),
+                     std::move(index_encoder), std::move(travel_encoder));
+}
+
+UpdateCodec::UpdateCodec(UpdateEncoder configured, UpdateEncoder lossless,
+                         UpdateEncoder indices, UpdateEncoder travel)
+    : configured_(std::move(configured)),
+      lossless_(std::move(lossless)),
+      indices_(std::move(indices)),
+      travel_(std::move(travel)) {}
+
+EncodedSlices UpdateCodec::Take(ParameterStore& store, size_t acc, double theta,
+                                pb::ThresholdMode mode, Fidelity fidelity) {
+  entries_.clear();
+  entry_values_.clear();
+  store.VisitAccumulator(acc, [&](const KeyRange& range,
+                                  std::span<const float> w,
+                                  std::span<float> a) {
+    TakeSignificant(a, w, theta, mode, range.begin, &entries_, &entry_values_);
+  });
+  return EncodeEntries(
+      store.layout(),
+      fidelity == Fidelity::kLossless ? lossless_ : configured_, &store, acc);
+}
+
+void UpdateCodec::TakeWholeModel(std::span<const float> model) {
+  entries_.clear();
+  entry_values_.clear();
+  for (uint64_t i = 0; i < model.size(); ++i) {
+    entries_.push_back(i);
+    entry_values_.push_back(model[i]);
+  }
+}
+
+EncodedSlices UpdateCodec::EncodeTravel(const ParameterStore& store,
+                                        std::span<const float> model) {
+  TakeWholeModel(model);
+  return EncodeEntries(store.layout(), travel_, /*residuals_to=*/nullptr, 0);
+}
+
+EncodedSlices UpdateCodec::EncodeRange(const ModelLayout& layout,
+                                       uint64_t begin,
+                                       std::span<const float> values) {
+  entries_.clear();
+  entry_values_.clear();
+  for (uint64_t i = 0; i < values.size(); ++i) {
+    entries_.push_back(begin + i);
+    entry_values_.push_back(values[i]);
+  }
+  return EncodeEntries(layout, configured_, /*residuals_to=*/nullptr, 0);
+}
+
+EncodedSlices UpdateCodec::EncodeEntries(const ModelLayout& layout,
+                                         UpdateEncoder& encoder,
+                                         ParameterStore* residuals_to,
+                                         size_t acc) {
+  EncodedSlices encoded;
+  encoded.entries = entries_.size();
+  residual_indices_.clear();
+  residual_values_.clear();
+  size_t next = 0;
+  for (const TensorInfo& tensor : layout.tensors()) {
+    const uint64_t end = tensor.offset + tensor.size;
+    local_indices_.clear();
+    local_values_.clear();
+    const size_t first = next;
+    while (next < entries_.size() && entries_[next] < end) {
+      local_indices_.push_back(
+          static_cast<uint32_t>(entries_[next] - tensor.offset));
+      local_values_.push_back(entry_values_[next]);
+      ++next;
+    }
+    if (local_indices_.empty()) continue;
+    residual_.assign(local_values_.size(), 0.0f);
+    Result<EncodedUpdate> result = encoder.EncodeSparse(
+        tensor.size, local_indices_, local_values_, residual_);
+    if (!result.ok()) {
+      // Cannot happen for finite values; keep the change rather than lose
+      // it.
+      MLOG(ERROR) << "cannot encode the update of '" << tensor.name
+                  << "': " << result.status() << "; kept for later";
+      for (size_t j = 0; j < local_values_.size(); ++j) {
+        residual_indices_.push_back(entries_[first + j]);
+        residual_values_.push_back(local_values_[j]);
+      }
+      continue;
+    }
+    for (size_t j = 0; j < residual_.size(); ++j) {
+      if (residual_[j] != 0.0f) {
+        residual_indices_.push_back(entries_[first + j]);
+        residual_values_.push_back(residual_[j]);
+      }
+    }
+    pb::TensorSlice slice;
+    slice.set_tensor(tensor.name);
+    slice.set_offset(0);
+    slice.set_length(tensor.size);
+    slice.set_dtype(pb::DTYPE_FLOAT32);
+    slice.set_codec(pb::CODEC_PIPELINE);
+    slice.set_payload_bytes(result->bytes.size());
+    encoded.slices.push_back(slice);
+    encoded.frames.emplace_back(
+        reinterpret_cast<const char*>(result->bytes.data()),
+        result->bytes.size());
+    encoded.bytes += result->bytes.size();
+  }
+  if (!residual_indices_.empty() && residuals_to != nullptr) {
+    residuals_to->AddToAccumulator(acc, residual_indices_, residual_values_);
+  }
+  return encoded;
+}
+
+EncodedSlices UpdateCodec::IndicesOnly(const EncodedSlices& update) {
+  EncodedSlices indices;
+  indices.entries = update.entries;
+  for (size_t i = 0; i < update.slices.size(); ++i) {
+    const pb::TensorSlice& slice = update.slices[i];
+    SparseUpdate sparse;
+    if (!decoder_
+             .DecodeSparse(AsBytes(update.frames[i]), slice.length(), &sparse)
+             .ok()) {
+      continue;
+    }
+    std::fill(sparse.values.begin(), sparse.values.end(), 0.0f);
+    Result<EncodedUpdate> result =
+        indices_.EncodeSparse(sparse.size, sparse.indices, sparse.values, {});
+    if (!result.ok()) continue;
+    pb::TensorSlice copy = slice;
+    copy.set_payload_bytes(result->bytes.size());
+    indices.slices.push_back(copy);
+    indices.frames.emplace_back(
+        reinterpret_cast<const char*>(result->bytes.data()),
+        result->bytes.size());
+  }
+  return indices;
+}
+
+Status UpdateCodec::Decode(const ModelLayout& layout, const pb::Header& header,
+                           std::span<const std::span<const std::byte>> frames) {
+  decoded_.indices.clear();
+  decoded_.values.clear();
+  if (static_cast<size_t>(header.slices_size()) != frames.size()) {
+    return InvalidArgumentError(
+        "the update has " + std::to_string(frames.size()) +
+        " payload frames for " + std::to_string(header.slices_size()) +
+        " slices");
+  }
+  for (int i = 0; i < header.slices_size(); ++i) {
+    const pb::TensorSlice& slice = header.slices(i);
+    const TensorInfo* tensor = layout.Find(slice.tensor());
+    if (tensor == nullptr) {
+      return InvalidArgumentError("slice " + std::to_string(i) +
+                                  ": unknown tensor '" + slice.tensor() + "'");
+    }
+    Status decoded = decoder_.DecodeSparse(frames[i], slice.length(), &sparse_);
+    if (decoded.ok() && sparse_.size != slice.length()) {
+      decoded = InvalidArgumentError(
+          "encoded slice has " + std::to_string(sparse_.size) +
+          " elements, the header says " + std::to_string(slice.length()));
+    }
+    if (!decoded.ok()) {
+      return InvalidArgumentError("slice " + std::to_string(i) + " ('" +
+                                  slice.tensor() + "'): " + decoded.message());
+    }
+    const uint64_t base = tensor->offset + slice.offset();
+    for (size_t j = 0; j < sparse_.indices.size(); ++j) {
+      decoded_.indices.push_back(base + sparse_.indices[j]);
+      decoded_.values.push_back(sparse_.values[j]);
+    }
+  }
+  const std::vector<uint64_t>& indices = decoded_.indices;
+  if (!std::is_sorted(indices.begin(), indices.end()) ||
+      std::adjacent_find(indices.begin(), indices.end()) != indices.end()) {
+    return InvalidArgumentError("slices overlap or are out of order");
+  }
+  return Status::Ok();
+}
+
+}  // namespace meridian

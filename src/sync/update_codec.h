@@ -1,0 +1,114 @@
+// How a sync engine turns accumulated change into the slices and payload
+// frames of a MIRROR_UPDATE (MIRROR_INDICES) and back: the configured
+// codec pipeline (sync.compression; dense indices for DENSE), a lossless
+// one (final flushes, MODEL_AVERAGING's whole model) and an index-only one
+// (the selective barrier's MIRROR_INDICES). Lossy coding's residuals go
+// back into the accumulator the change came from, so nothing is lost.
+//
+// Ownership and threads: owned by one SyncEngine and used by its event
+// loop alone; not thread-safe. Holds scratch buffers reused across calls:
+// their size is bounded by the model (one entry per parameter at most).
+#ifndef MERIDIAN_SYNC_UPDATE_CODEC_H_
+#define MERIDIAN_SYNC_UPDATE_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "meridian/compression/compression.h"
+#include "meridian/job.pb.h"
+#include "meridian/ps/param_store.h"
+#include "meridian/core/status.h"
+#include "meridian/wire.pb.h"
+
+namespace meridian {
+
+// One encoded update: a slice and a payload frame per tensor that changed.
+struct EncodedSlices {
+  std::vector<pb::TensorSlice> slices;
+  std::vector<std::string> frames;
+  uint64_t entries = 0;  // parameters it changes
+  uint64_t bytes = 0;    // payload bytes, summed over frames
+  bool empty() const { return slices.empty(); }
+};
+
+// A decoded update: flat parameter indices, ascending and unique, with
+// their values.
+struct DecodedUpdate {
+  std::vector<uint64_t> indices;
+  std::vector<float> values;
+};
+
+class UpdateCodec {
+ public:
+  enum class Fidelity { kConfigured, kLossless };
+
+  // The codecs of `sync` (its compression, a DENSE kind's dense indices).
+  // Fails naming what is wrong in the compression settings.
+  static Result<UpdateCodec> Create(const pb::SyncConfig& sync);
+
+  // Takes what passes `theta` (under `mode`) out of accumulator `acc` of
+  // `store` and encodes it; lossy residuals go back into `acc`.
+  EncodedSlices Take(ParameterStore& store, size_t acc, double theta,
+                     pb::ThresholdMode mode, Fidelity fidelity);
+  // The whole of `model` for SkewScout to score elsewhere, its values coded
+  // with sync.skewscout.travel_value_coding; the coding's error is
+  // dropped (the copy is never applied).
+  EncodedSlices EncodeTravel(const ParameterStore& store,
+                             std::span<const float> model);
+  // `values` as the flat indices [begin, begin + values.size()), through
+  // the configured pipeline; what its coding loses is dropped (DiLoCo's
+  // outer gradient: the caller keeps that part in its model).
+  EncodedSlices EncodeRange(const ModelLayout& layout, uint64_t begin,
+                            std::span<const float> values);
+  // The configured pipeline's top-k fraction from now on (SkewScout's
+  // density knob); UpdateEncoder::SetTopKFraction's errors.
+  Status SetTopKFraction(double fraction) {
+    return configured_.SetTopKFraction(fraction);
+  }
+  // The same slices with every value zero, index-coded (MIRROR_INDICES).
+  EncodedSlices IndicesOnly(const EncodedSlices& update);
+
+  // Decodes the slices of `header` (already checked against the layout
+  // and the codec) with one payload frame each into `decoded()`. Nothing
+  // is applied: a bad slice fails naming it.
+  Status Decode(const ModelLayout& layout, const pb::Header& header,
+                std::span<const std::span<const std::byte>> frames);
+  // What the last successful Decode produced; the caller may change the
+  // values (a retraction negates them).
+  DecodedUpdate& decoded() { return decoded_; }
+
+ private:
+  UpdateCodec(UpdateEncoder configured, UpdateEncoder lossless,
+              UpdateEncoder indices, UpdateEncoder travel);
+  // Encodes (entries_, entry_values_) per tensor of `layout`; residuals to
+  // accumulator `acc` of `residuals_to` (null: dropped).
+  EncodedSlices EncodeEntries(const ModelLayout& layout,
+                              UpdateEncoder& encoder,
+                              ParameterStore* residuals_to, size_t acc);
+  // Puts every element of `model` in (entries_, entry_values_).
+  void TakeWholeModel(std::span<const float> model);
+
+  UpdateEncoder configured_;
+  UpdateEncoder lossless_;
+  UpdateEncoder indices_;
+  UpdateEncoder travel_;
+  UpdateDecoder decoder_;
+  // Scratch, reused.
+  std::vector<uint64_t> entries_;
+  std::vector<float> entry_values_;
+  std::vector<uint32_t> local_indices_;
+  std::vector<float> local_values_;
+  std::vector<float> residual_;
+  std::vector<uint64_t> residual_indices_;
+  std::vector<float> residual_values_;
+  SparseUpdate sparse_;
+  DecodedUpdate decoded_;
+};
+
+}  // namespace meridian
+
+#endif  // MERIDIAN_SYNC_UPDATE_CODEC_H_

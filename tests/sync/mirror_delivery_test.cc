@@ -1,0 +1,372 @@
+// Exactly-once delivery of mirror messages (src/runtime/mirror_delivery.h)
+// over real ZeroMQ sockets: a sender's OutboundChannel on a DEALER, a
+// receiver's InboundChannel behind a ROUTER, time passed in explicitly.
+// Lost messages are messages the receiver never applies (what a broken
+// connection does); the receiver must notice and get them again, and never
+// apply one twice.
+#include "sync/mirror_delivery.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+#include <zmq.hpp>
+
+#include "meridian/net/message.h"
+#include "meridian/net/transport.h"
+
+namespace meridian {
+namespace {
+
+pb::Endpoint Site(const std::string& name) {
+  pb::Endpoint self;
+  self.set_site(name);
+  self.set_role(pb::ROLE_SITE_SERVER);
+  return self;
+}
+
+pb::Header Hello() { return MakeHeader(pb::MIRROR_HELLO, Site("a"), 0); }
+
+pb::Header Clock(int64_t clock) {
+  pb::Header header = MakeHeader(pb::MIRROR_CLOCK, Site("a"), 0);
+  header.set_clock(clock);
+  header.mutable_mirror_clock()->set_clock(clock);
+  return header;
+}
+
+// The receiving site: a ROUTER and the InboundChannel of its one peer.
+class Receiver {
+ public:
+  Receiver(zmq::context_t& context, const std::string& endpoint,
+           DeliveryOptions options)
+      : socket_(context, zmq::socket_type::router), in_(options) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.set(zmq::sockopt::router_handover, 1);
+    // A socket closed just before releases its port asynchronously.
+    for (int attempt = 0;; ++attempt) {
+      try {
+        socket_.bind(endpoint);
+        break;
+      } catch (const zmq::error_t& error) {
+        if (error.num() != EADDRINUSE || attempt == 100) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    endpoint_ = *BoundEndpoint(socket_);
+  }
+
+  // Where it listens (the port resolved).
+  const std::string& endpoint() const { return endpoint_; }
+
+  // Receives for up to `wait`, handling everything; messages whose
+  // sequence number is in `drop` are lost (never looked at) the first time.
+  void Receive(double now, std::chrono::milliseconds wait =
+                               std::chrono::milliseconds(200)) {
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      Result<Received> received =
+          ReceiveMessage(socket_, true, std::chrono::milliseconds(20));
+      ASSERT_TRUE(received.ok()) << received.status();
+      if (!received->message) continue;
+      const pb::Header& header = received->message->header;
+      routing_id_ = received->message->routing_id;
+      switch (header.type()) {
+        case pb::MIRROR_HELLO:
+          notes_.push_back(in_.OnHello(header.mirror_hello().incarnation(),
+                                       header.mirror_hello().first_sequence(),
+                                       header.mirror_hello().resumed(), now));
+          ++hellos_;
+          break;
+        case pb::HEARTBEAT:
+          in_.OnHeartbeat(header.heartbeat().last_sequence(), now);
+          break;
+        default:
+          if (drop_.erase(header.sequence()) > 0) break;  // lost
+          if (in_.Admit(header.sequence(), now) ==
+              InboundChannel::Admission::kApply) {
+            in_.Applied(header.sequence());
+            applied_.push_back(header.mirror_clock().clock());
+          }
+      }
+    }
+    if (std::optional<pb::MirrorAck> ack = in_.AckDue(now, 0)) {
+      pb::Header header = MakeHeader(pb::MIRROR_ACK, Site("b"), 0);
+      *header.mutable_mirror_ack() = *ack;
+      ASSERT_TRUE(SendMessage(socket_, header, {}, routing_id_).ok());
+    }
+  }
+
+  void Drop(uint64_t sequence) { drop_.insert(sequence); }
+  InboundChannel& in() { return in_; }
+  const std::vector<int64_t>& applied() const { return applied_; }
+  int hellos() const { return hellos_; }
+  const std::vector<std::string>& notes() const { return notes_; }
+
+ private:
+  zmq::socket_t socket_;
+  std::string endpoint_;
+  InboundChannel in_;
+  std::string routing_id_;
+  std::set<uint64_t> drop_;
+  std::vector<int64_t> applied_;  // the clocks of applied messages, in order
+  std::vector<std::string> notes_;
+  int hellos_ = 0;
+};
+
+// The sending site: an OutboundChannel on a DEALER connected to `endpoint`.
+std::unique_ptr<OutboundChannel> Sender(
+    zmq::context_t& context, const std::string& endpoint, uint64_t incarnation,
+    DeliveryOptions options, OutboundChannel::State* restore = nullptr) {
+  auto channel =
+      std::make_unique<OutboundChannel>("b", Site("a"), incarnation, options);
+  if (restore != nullptr) channel->Restore(*restore);
+  auto socket =
+      std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
+  socket->set(zmq::sockopt::linger, 0);
+  socket->set(zmq::sockopt::routing_id, "a#" + std::to_string(incarnation));
+  socket->connect(endpoint);
+  channel->Attach(std::move(socket), Hello(), 0.0);
+  return channel;
+}
+
+// Reads acknowledgements on the sender's socket.
+void ReadAcks(OutboundChannel& out, double now) {
+  while (true) {
+    Result<Received> received =
+        ReceiveMessage(*out.socket(), false, std::chrono::milliseconds(50));
+    ASSERT_TRUE(received.ok());
+    if (!received->message) return;
+    if (received->message->header.type() == pb::MIRROR_ACK) {
+      out.OnAck(received->message->header.mirror_ack(), now);
+    }
+  }
+}
+
+std::vector<int64_t> Range(int64_t from, int64_t to) {
+  std::vector<int64_t> out;
+  for (int64_t i = from; i <= to; ++i) out.push_back(i);
+  return out;
+}
+
+class MirrorDeliveryTest : public ::testing::Test {
+ protected:
+  zmq::context_t context_;
+  const std::string endpoint_ = "inproc://mirror-delivery-test";
+};
+
+TEST_F(MirrorDeliveryTest, DeliversInOrderAndForgetsWhatWasApplied) {
+  DeliveryOptions options;
+  Receiver receiver(context_, endpoint_, options);
+  auto out = Sender(context_, endpoint_, 7, options);
+  for (int64_t c = 1; c <= 5; ++c) out->Enqueue(Clock(c), {}, 0.1);
+  EXPECT_EQ(out->retained_messages(), 5u);
+  receiver.Receive(0.2);
+  EXPECT_EQ(receiver.applied(), Range(1, 5));
+  ReadAcks(*out, 0.3);
+  EXPECT_TRUE(out->Delivered(5));
+  // The receiver keeps no checkpoints: applied counts as durable.
+  EXPECT_EQ(out->retained_messages(), 0u);
+  EXPECT_GT(out->delivered_bytes(), 0u);
+  EXPECT_EQ(out->backlog_bytes(), 0u);
+}
+
+TEST_F(MirrorDeliveryTest, LostMessagesAreSentAgainAndAppliedOnce) {
+  DeliveryOptions options;
+  Receiver receiver(context_, endpoint_, options);
+  auto out = Sender(context_, endpoint_, 7, options);
+  receiver.Drop(3);
+  receiver.Drop(4);
+  for (int64_t c = 1; c <= 6; ++c) out->Enqueue(Clock(c), {}, 0.1);
+  // 3 and 4 vanished with a broken connection: 5 and 6 show the gap and
+  // are not applied out of order.
+  receiver.Receive(0.2);
+  EXPECT_EQ(receiver.applied(), Range(1, 2));
+  EXPECT_EQ(receiver.in().gaps(), 1u);
+  ReadAcks(*out, 0.3);  // the ack asks for a resend from 3
+  EXPECT_EQ(out->resend_requests(), 1u);
+  EXPECT_EQ(out->messages_resent(), 4u);
+  receiver.Receive(0.4);
+  EXPECT_EQ(receiver.applied(), Range(1, 6));
+  ReadAcks(*out, 0.5);
+  EXPECT_TRUE(out->Delivered(6));
+  EXPECT_EQ(receiver.in().duplicates(), 0u);
+}
+
+TEST_F(MirrorDeliveryTest, ALostTailIsNoticedFromTheHeartbeat) {
+  DeliveryOptions options;
+  options.heartbeat_interval_s = 1.0;
+  Receiver receiver(context_, endpoint_, options);
+  auto out = Sender(context_, endpoint_, 7, options);
+  receiver.Drop(2);
+  out->Enqueue(Clock(1), {}, 0.1);
+  out->Enqueue(Clock(2), {}, 0.1);  // the last message: nothing follows it
+  receiver.Receive(0.2);
+  EXPECT_EQ(receiver.applied(), Range(1, 1));
+  out->Pump(1.5);  // idle for an interval: a heartbeat naming 2
+  receiver.Receive(1.6);
+  ReadAcks(*out, 1.7);
+  receiver.Receive(1.8);
+  EXPECT_EQ(receiver.applied(), Range(1, 2));
+}
+
+TEST_F(MirrorDeliveryTest, DuplicatesOfAResendAreDropped) {
+  DeliveryOptions options;
+  Receiver receiver(context_, endpoint_, options);
+  auto out = Sender(context_, endpoint_, 7, options);
+  for (int64_t c = 1; c <= 3; ++c) out->Enqueue(Clock(c), {}, 0.1);
+  receiver.Receive(0.2);
+  // A stale resend request (e.g. sent before the messages arrived): the
+  // sender sends 1..3 again and the receiver drops all three.
+  pb::MirrorAck stale;
+  stale.set_applied_sequence(0);
+  stale.set_resend(true);
+  stale.set_incarnation(7);
+  out->OnAck(stale, 0.3);
+  receiver.Receive(0.4);
+  EXPECT_EQ(receiver.applied(), Range(1, 3));
+  EXPECT_EQ(receiver.in().duplicates(), 3u);
+}
+
+TEST_F(MirrorDeliveryTest, WaitsForTheReceiversCheckpointBeforeForgetting) {
+  DeliveryOptions options;
+  options.checkpointed = true;        // the receiver's checkpoints decide
+  options.retention_limit_bytes = 1;  // full as soon as one is kept
+  Receiver receiver(context_, endpoint_, options);
+  auto out = Sender(context_, endpoint_, 7, options);
+  out->Enqueue(Clock(1), {}, 0.1);
+  out->Enqueue(Clock(2), {}, 0.1);
+  EXPECT_TRUE(out->full());
+  receiver.Receive(0.2);
+  ReadAcks(*out, 0.3);
+  EXPECT_TRUE(out->Delivered(2));
+  EXPECT_EQ(out->retained_messages(), 2u);  // applied, not yet durable
+  EXPECT_TRUE(out->full());
+  receiver.in().NoteDurable(2);
+  receiver.Receive(0.4, std::chrono::milliseconds(50));
+  ReadAcks(*out, 0.5);
+  EXPECT_EQ(out->durable_sequence(), 2u);
+  EXPECT_EQ(out->retained_messages(), 0u);
+  EXPECT_FALSE(out->full());
+}
+
+// A receiver that crashed and restarted from its checkpoint has lost what
+// it applied after it; the sender still has it (it waited for the
+// checkpoint) and sends it again.
+TEST_F(MirrorDeliveryTest, AReceiverRestoredFromACheckpointGetsWhatItLost) {
+  DeliveryOptions options;
+  options.checkpointed = true;  // the receiver's checkpoints decide
+  auto out = std::unique_ptr<OutboundChannel>();
+  std::string endpoint;  // TCP: the sender reconnects to the new receiver
+  {
+    Receiver first(context_, "tcp://127.0.0.1:*", options);
+    endpoint = first.endpoint();
+    out = Sender(context_, endpoint, 7, options);
+    for (int64_t c = 1; c <= 4; ++c) out->Enqueue(Clock(c), {}, 0.1);
+    first.in().NoteDurable(0);
+    first.Receive(0.2);
+    ReadAcks(*out, 0.3);
+    first.in().NoteDurable(2);  // its checkpoint holds 1 and 2
+    first.Receive(0.4, std::chrono::milliseconds(50));
+    ReadAcks(*out, 0.5);
+    ASSERT_EQ(out->durable_sequence(), 2u);
+  }
+  Receiver second(context_, endpoint, options);
+  second.in().Restore(/*incarnation=*/7, /*applied=*/2);
+  out->Enqueue(Clock(5), {}, 1.0);  // reaches the new receiver: a gap
+  for (int turn = 0; turn < 50 && second.applied() != Range(3, 5); ++turn) {
+    const double now = 1.0 + 1.5 * (turn + 1);  // past a resend interval
+    out->Pump(now);
+    second.Receive(now);
+    ReadAcks(*out, now);
+  }
+  EXPECT_EQ(second.applied(), Range(3, 5));
+}
+
+// A sender that crashed and restarted from its checkpoint continues the
+// channel's numbering: the receiver drops what it already has.
+TEST_F(MirrorDeliveryTest, ARestartedSenderContinuesTheNumbering) {
+  DeliveryOptions options;
+  Receiver receiver(context_, endpoint_, options);
+  OutboundChannel::State saved;
+  {
+    auto out = Sender(context_, endpoint_, 7, options);
+    out->Enqueue(Clock(1), {}, 0.1);
+    saved = out->Save();  // checkpoint: message 1 kept
+    out->Enqueue(Clock(2), {}, 0.1);
+    receiver.Receive(0.2);
+    ASSERT_EQ(receiver.applied(), Range(1, 2));
+  }
+  // The new run restores the checkpoint and the outgoing log (message 2).
+  RetainedMessage logged;
+  logged.sequence = 2;
+  pb::Header two = Clock(2);
+  two.set_sequence(2);
+  two.SerializeToString(&logged.header);
+  logged.bytes = logged.header.size();
+  auto out = std::make_unique<OutboundChannel>("b", Site("a"), 8, options);
+  out->Restore(saved);
+  out->RestoreLogged(logged);
+  auto socket =
+      std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+  socket->set(zmq::sockopt::linger, 0);
+  socket->connect(endpoint_);
+  out->Attach(std::move(socket), Hello(), 1.0);
+  out->Enqueue(Clock(3), {}, 1.0);
+  receiver.Receive(1.1);
+  EXPECT_EQ(receiver.applied(), Range(1, 3));
+  EXPECT_EQ(receiver.in().duplicates(), 2u);
+  EXPECT_EQ(receiver.in().incarnation(), 8u);
+  ASSERT_FALSE(receiver.notes().empty());
+  EXPECT_EQ(receiver.notes().back(), "restarted");
+}
+
+TEST_F(MirrorDeliveryTest, ASenderRestartedWithoutStateStartsAgain) {
+  DeliveryOptions options;
+  Receiver receiver(context_, endpoint_, options);
+  {
+    auto out = Sender(context_, endpoint_, 7, options);
+    for (int64_t c = 1; c <= 3; ++c) out->Enqueue(Clock(c), {}, 0.1);
+    receiver.Receive(0.2);
+  }
+  auto out = Sender(context_, endpoint_, 9, options);
+  out->Enqueue(Clock(1), {}, 1.0);
+  receiver.Receive(1.1);
+  EXPECT_EQ(receiver.applied(), (std::vector<int64_t>{1, 2, 3, 1}));
+  EXPECT_NE(receiver.notes().back().find("without its state"),
+            std::string::npos);
+}
+
+TEST(InboundChannelTest, AcknowledgesOnChangeAndEveryInterval) {
+  DeliveryOptions options;
+  options.heartbeat_interval_s = 1.0;
+  options.checkpointed = true;  // durable only when a checkpoint says so
+  InboundChannel in(options);
+  EXPECT_FALSE(in.AckDue(0.0, 0));  // nobody said hello yet
+  in.OnHello(5, 1, false, 0.0);
+  ASSERT_TRUE(in.AckDue(0.0, 0));  // a hello is answered at once
+  EXPECT_FALSE(in.AckDue(0.01, 0));
+  ASSERT_EQ(in.Admit(1, 0.02), InboundChannel::Admission::kApply);
+  in.Applied(1);
+  EXPECT_FALSE(in.AckDue(0.03, 0));  // within the 50 ms spacing
+  std::optional<pb::MirrorAck> ack = in.AckDue(0.1, 4);
+  ASSERT_TRUE(ack);
+  EXPECT_EQ(ack->applied_sequence(), 1u);
+  EXPECT_EQ(ack->durable_sequence(), 0u);
+  EXPECT_EQ(ack->clock(), 4);
+  EXPECT_FALSE(in.AckDue(0.5, 4));
+  EXPECT_TRUE(in.AckDue(1.2, 4));  // liveness: at least every interval
+  // A gap asks for a resend at once, then at most once per interval.
+  EXPECT_EQ(in.Admit(3, 1.3), InboundChannel::Admission::kGap);
+  ack = in.AckDue(1.3, 4);
+  ASSERT_TRUE(ack);
+  EXPECT_TRUE(ack->resend());
+  EXPECT_EQ(in.Admit(4, 1.4), InboundChannel::Admission::kGap);
+  ack = in.AckDue(1.4, 4);
+  EXPECT_TRUE(!ack || !ack->resend());
+  EXPECT_EQ(in.Admit(1, 1.5), InboundChannel::Admission::kDuplicate);
+}
+
+}  // namespace
+}  // namespace meridian

@@ -1,0 +1,544 @@
+// A live site server's mirror socket fed bad messages by a hand-written
+// peer: an unknown site, skipped and backwards clocks, a model of another
+// shape, undecodable payloads. Each is refused with an ERROR naming the
+// problem, and the model stays untouched.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <zmq.hpp>
+
+#include "meridian/compression/compression.h"
+#include "meridian/config/config.h"
+#include "meridian/net/message.h"
+#include "meridian/metrics/metrics.h"
+#include "meridian/train/model.h"
+#include "meridian/site/site_server.h"
+#include "meridian/net/transport.h"
+#include "testing/mirror_messages.h"
+#include "testing/site_control.h"
+#include "testing/test_data.h"
+
+namespace meridian {
+namespace {
+
+using std::chrono::milliseconds;
+constexpr milliseconds kTimeout(10000);
+
+class MirrorInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_dir_ = testing::MakeTempDir("mirror-data");
+    testing::SyntheticDataOptions options;
+    options.train_samples = 100;
+    options.test_samples = 20;
+    ASSERT_TRUE(testing::WriteSyntheticIdx(data_dir_, options).ok());
+    job_ = testing::SmallJob(data_dir_, 1, /*hidden=*/4);
+    // Site b's mirror socket, where site a sends once it trains: a socket
+    // that is there (never read), so that a's channel to b delivers and
+    // closes at once instead of lingering on a port where nobody listens.
+    b_mirror_ = std::make_unique<zmq::socket_t>(sink_context_,
+                                                zmq::socket_type::router);
+    b_mirror_->set(zmq::sockopt::linger, 0);
+    b_mirror_->bind("tcp://127.0.0.1:*");
+    pb::SiteConfig* b = job_.add_site();
+    b->set_name("b");
+    b->set_mirror_address(b_mirror_->get(zmq::sockopt::last_endpoint));
+    b->add_workers()->set_count(1);
+    job_.mutable_server()->set_eval_period_s(30);
+    job_.set_time_budget_s(60);
+    // Plaintext: the test is the peer (CURVE: secure_sync_test.cc).
+    job_.mutable_security()->set_curve(false);
+    ConfigureJob(&job_);
+    ASSERT_TRUE(ValidateJobConfig(job_).empty());
+    SiteServerOptions options_a;
+    options_a.job = job_;
+    options_a.site = "site-a";
+    options_a.bind = "tcp://127.0.0.1:*";
+    options_a.mirror_bind = "tcp://127.0.0.1:*";
+    options_a.control_token = testing::kTestControlToken;
+    Result<std::unique_ptr<SiteServer>> server =
+        SiteServer::Create(std::move(options_a));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    thread_ = std::thread([this] { run_status_ = server_->Run(); });
+    Result<std::unique_ptr<Model>> model = MakeModel(job_.model(), 784, 10);
+    ASSERT_TRUE(model.ok());
+    layout_ = (*model)->layout();
+    initial_ = server_->Snapshot();
+    peer_ = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+    peer_->set(zmq::sockopt::linger, 0);
+    peer_->connect(server_->mirror_endpoint());
+  }
+
+  // What a derived fixture changes in the job before the site starts.
+  virtual void ConfigureJob(pb::JobConfig*) {}
+
+  void TearDown() override {
+    if (!thread_.joinable()) return;  // the test already stopped it
+    pb::Header shutdown;
+    shutdown.set_type(pb::SHUTDOWN);
+    shutdown.set_control_token(testing::kTestControlToken);
+    pb::Endpoint client;
+    client.set_role(pb::ROLE_CLIENT);
+    RpcClient control(context_, server_->endpoint(), client);
+    EXPECT_TRUE(control.Call(shutdown, {}, kTimeout).ok());
+    thread_.join();
+    EXPECT_TRUE(run_status_.ok()) << run_status_;
+  }
+
+  // A message of this hand-written peer: numbered 1, 2, 3 ... on its
+  // channel, except the unnumbered MIRROR_HELLO (mirror_delivery.h).
+  pb::Header From(pb::MessageType type, const std::string& site) {
+    pb::Endpoint sender;
+    sender.set_site(site);
+    sender.set_role(pb::ROLE_SITE_SERVER);
+    return MakeHeader(type, sender, type == pb::MIRROR_HELLO ? 0 : ++sequence_);
+  }
+
+  void Send(const pb::Header& header, std::vector<zmq::message_t> frames = {}) {
+    ASSERT_TRUE(SendMessage(*peer_, header, std::move(frames)).ok());
+  }
+
+  // Sends and expects an ERROR with `code` back.
+  void ExpectRefused(const pb::Header& header, pb::ErrorCode code,
+                     const std::string& mention,
+                     std::vector<zmq::message_t> frames = {}) {
+    Send(header, std::move(frames));
+    Result<Received> reply = NextError();
+    ASSERT_TRUE(reply.ok() && reply->message) << "no reply";
+    ASSERT_EQ(reply->message->header.type(), pb::ERROR);
+    EXPECT_EQ(reply->message->header.error().code(), code)
+        << reply->message->header.error().message();
+    EXPECT_NE(reply->message->header.error().message().find(mention),
+              std::string::npos)
+        << reply->message->header.error().message();
+  }
+
+  // The next reply that is not an acknowledgement (the site acknowledges
+  // what it applies; those are not what these tests look for).
+  Result<Received> NextError() {
+    while (true) {
+      Result<Received> reply = ReceiveMessage(*peer_, false, kTimeout);
+      if (!reply.ok() || !reply->message ||
+          reply->message->header.type() != pb::MIRROR_ACK) {
+        return reply;
+      }
+    }
+  }
+
+  void Hello(const std::string& site, const ModelLayout& layout) {
+    pb::Header hello = From(pb::MIRROR_HELLO, site);
+    LayoutToSpecs(layout, hello.mutable_mirror_hello()->mutable_layout());
+    hello.mutable_mirror_hello()->set_incarnation(1);
+    hello.mutable_mirror_hello()->set_first_sequence(1);
+    Send(hello);
+  }
+
+  pb::Header Clock(const std::string& site, int64_t clock) {
+    pb::Header header = From(pb::MIRROR_CLOCK, site);
+    header.set_clock(clock);
+    header.mutable_mirror_clock()->set_clock(clock);
+    return header;
+  }
+
+  // A MIRROR_UPDATE adding `value` to the first 3 elements of fc0.bias.
+  pb::Header Update(const std::string& site, int64_t clock, float value,
+                    std::vector<zmq::message_t>* frames) {
+    pb::Header header = From(pb::MIRROR_UPDATE, site);
+    EXPECT_TRUE(
+        testing::MakeBiasUpdate(layout_, clock, site, value, &header, frames)
+            .ok());
+    return header;
+  }
+
+  void ExpectModelUntouched() { EXPECT_EQ(server_->Snapshot(), initial_); }
+
+  // Worker answers the site holds, from its metrics endpoint (0 when it
+  // cannot be read).
+  double HeldReplies() {
+    Result<std::string> text = FetchMetricsText(server_->metrics_address(), 5);
+    if (!text.ok()) return 0;
+    Result<std::vector<MetricSample>> samples = ParseMetricsText(*text);
+    if (!samples.ok()) return 0;
+    double held = 0;
+    for (const MetricSample& sample : *samples) {
+      if (sample.name == "meridian_site_held_replies") held += sample.value;
+    }
+    return held;
+  }
+
+  std::string data_dir_;
+  // Declared before server_: they outlive it.
+  zmq::context_t sink_context_;
+  std::unique_ptr<zmq::socket_t> b_mirror_;
+  pb::JobConfig job_;
+  std::unique_ptr<SiteServer> server_;
+  std::thread thread_;
+  Status run_status_;
+  ModelLayout layout_;
+  std::vector<float> initial_;
+  zmq::context_t context_;
+  std::unique_ptr<zmq::socket_t> peer_;
+  uint64_t sequence_ = 0;
+};
+
+// The same site under DiLoCo (outer rounds every 4 clocks): a peer's outer
+// gradient must name a round that starts at its clock, lie within two
+// periods of this site's clock, and come once per round; else it is
+// refused, and the model is never touched (no round can close: this site
+// has not trained).
+// Under DILOCO and MODEL_AVERAGING (the same rounds, sync kind as the
+// parameter) a peer may send only outer gradients of rounds this site can
+// take.
+class MirrorInputOuterRoundsTest
+    : public MirrorInputTest,
+      public ::testing::WithParamInterface<pb::SyncKind> {
+ protected:
+  void ConfigureJob(pb::JobConfig* job) override {
+    job->mutable_sync()->set_kind(GetParam());
+    job->mutable_sync()->set_averaging_period(4);
+  }
+
+  pb::Header OuterGradient(int64_t round, std::vector<zmq::message_t>* frames) {
+    pb::Header header = Update("b", 1, 0.5f, frames);
+    header.mutable_mirror_update()->set_average(true);
+    header.mutable_mirror_update()->set_outer_round(round);
+    return header;
+  }
+};
+
+TEST_P(MirrorInputOuterRoundsTest, OuterGradientsOutsideTheRoundsAreRefused) {
+  Hello("b", layout_);
+  std::vector<zmq::message_t> frames;
+  // A plain update, as Gaia sends, is not applied either.
+  pb::Header header = Update("b", 1, 0.5f, &frames);
+  ExpectRefused(header, pb::ERROR_MALFORMED, "no round starts",
+                std::move(frames));
+  frames.clear();
+  header = OuterGradient(3, &frames);
+  ExpectRefused(header, pb::ERROR_MALFORMED, "no round starts",
+                std::move(frames));
+  frames.clear();
+  header = OuterGradient(400, &frames);
+  ExpectRefused(header, pb::ERROR_STALE, "ahead", std::move(frames));
+  frames.clear();
+  header = OuterGradient(4, &frames);
+  Send(header, std::move(frames));  // accepted: waits for this site's Δ
+  frames.clear();
+  header = OuterGradient(4, &frames);
+  ExpectRefused(header, pb::ERROR_STALE, "second", std::move(frames));
+  ExpectModelUntouched();
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, MirrorInputOuterRoundsTest,
+                         ::testing::Values(pb::DILOCO, pb::MODEL_AVERAGING),
+                         [](const auto& info) {
+                           return pb::SyncKind_Name(info.param);
+                         });
+
+// FedAvg under SkewScout: rounds follow the agreed schedule (the first at
+// the job's period) and every outer gradient carries a proposed period
+// within the bounds; anything else is refused and the model untouched.
+class MirrorInputAdaptiveRoundsTest : public MirrorInputOuterRoundsTest {
+ protected:
+  void ConfigureJob(pb::JobConfig* job) override {
+    MirrorInputOuterRoundsTest::ConfigureJob(job);
+    pb::SkewScoutConfig* scout = job->mutable_sync()->mutable_skewscout();
+    scout->set_enabled(true);
+    scout->set_min_averaging_period(2);
+    scout->set_max_averaging_period(16);
+  }
+};
+
+TEST_P(MirrorInputAdaptiveRoundsTest, RoundsOffTheScheduleOrBoundsAreRefused) {
+  Hello("b", layout_);
+  std::vector<zmq::message_t> frames;
+  pb::Header header = OuterGradient(8, &frames);  // the next round is at 4
+  header.mutable_mirror_update()->set_next_period(4);
+  ExpectRefused(header, pb::ERROR_MALFORMED, "agreed next round is at clock 4",
+                std::move(frames));
+  frames.clear();
+  header = OuterGradient(4, &frames);  // no proposal
+  ExpectRefused(header, pb::ERROR_MALFORMED, "period of 0 clocks",
+                std::move(frames));
+  frames.clear();
+  header = OuterGradient(4, &frames);
+  header.mutable_mirror_update()->set_next_period(17);
+  ExpectRefused(header, pb::ERROR_MALFORMED, "outside [2, 16]",
+                std::move(frames));
+  frames.clear();
+  header = OuterGradient(4, &frames);
+  header.mutable_mirror_update()->set_next_period(8);
+  Send(header, std::move(frames));  // accepted: waits for this site's Δ
+  frames.clear();
+  header = OuterGradient(4, &frames);
+  header.mutable_mirror_update()->set_next_period(8);
+  ExpectRefused(header, pb::ERROR_STALE, "second", std::move(frames));
+  ExpectModelUntouched();
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, MirrorInputAdaptiveRoundsTest,
+                         ::testing::Values(pb::DILOCO, pb::MODEL_AVERAGING),
+                         [](const auto& info) {
+                           return pb::SyncKind_Name(info.param);
+                         });
+
+TEST_F(MirrorInputTest, UpdateFromAnUnknownSiteIsRefused) {
+  Hello("site-z", layout_);  // refused: answered with an error
+  Result<Received> hello_reply = NextError();
+  ASSERT_TRUE(hello_reply.ok() && hello_reply->message);
+  EXPECT_EQ(hello_reply->message->header.error().code(),
+            pb::ERROR_UNKNOWN_SENDER);
+  std::vector<zmq::message_t> frames;
+  const pb::Header update = Update("site-z", 1, 1.0f, &frames);
+  ExpectRefused(update, pb::ERROR_UNKNOWN_SENDER, "site-z", std::move(frames));
+  ExpectModelUntouched();
+}
+
+TEST_F(MirrorInputTest, UpdateBeforeHelloIsRefused) {
+  std::vector<zmq::message_t> frames;
+  const pb::Header update = Update("b", 1, 1.0f, &frames);
+  ExpectRefused(update, pb::ERROR_UNKNOWN_SENDER, "MIRROR_HELLO",
+                std::move(frames));
+  ExpectModelUntouched();
+}
+
+TEST_F(MirrorInputTest, ShapeMismatchBetweenSitesIsRefused) {
+  ModelLayout other;
+  ASSERT_TRUE(other.Add("fc0.weight", {5, 784}).ok());
+  pb::Header hello = From(pb::MIRROR_HELLO, "b");
+  LayoutToSpecs(other, hello.mutable_mirror_hello()->mutable_layout());
+  ExpectRefused(hello, pb::ERROR_LAYOUT_MISMATCH, "fc0.weight[5,784]");
+  // Not introduced, so its updates are refused too.
+  std::vector<zmq::message_t> frames;
+  const pb::Header update = Update("b", 1, 1.0f, &frames);
+  ExpectRefused(update, pb::ERROR_UNKNOWN_SENDER, "MIRROR_HELLO",
+                std::move(frames));
+  ExpectModelUntouched();
+}
+
+// SkewScout's messages from a peer of a job without it: a travelled model
+// is not scored (nor, whatever it holds, applied), an answer to a travel
+// this site never sent is refused.
+TEST_F(MirrorInputTest, TravelsAreRefusedWithoutSkewScout) {
+  Hello("b", layout_);
+  std::vector<zmq::message_t> frames;
+  pb::Header travel = Update("b", 1, 5.0f, &frames);
+  travel.set_type(pb::MIRROR_TRAVEL);
+  travel.mutable_mirror_travel()->set_travel_id(7);
+  ExpectRefused(travel, pb::ERROR_UNEXPECTED, "does not score travelled",
+                std::move(frames));
+  pb::Header result = From(pb::MIRROR_TRAVEL_RESULT, "b");
+  result.mutable_mirror_travel_result()->set_travel_id(7);
+  result.mutable_mirror_travel_result()->set_own_accuracy(0.9);
+  ExpectRefused(result, pb::ERROR_UNEXPECTED, "sent no model to travel");
+  ExpectModelUntouched();
+}
+
+// Clocks go up; they may jump (a site that was cut off catches up in one
+// step), never repeat or go back.
+TEST_F(MirrorInputTest, RepeatedAndBackwardsClocksAreRefused) {
+  Hello("b", layout_);
+  Send(Clock("b", 1));
+  Send(Clock("b", 3));  // a jump: accepted
+  ExpectRefused(Clock("b", 3), pb::ERROR_STALE, "repeats");
+  ExpectRefused(Clock("b", 2), pb::ERROR_STALE, "backwards");
+  // An update tagged for a clock that is not the next one.
+  std::vector<zmq::message_t> frames;
+  const pb::Header late = Update("b", 1, 1.0f, &frames);
+  ExpectRefused(late, pb::ERROR_STALE, "expected 4", std::move(frames));
+  ExpectModelUntouched();
+}
+
+TEST_F(MirrorInputTest, CorruptPayloadLeavesTheModelUntouched) {
+  Hello("b", layout_);
+  std::vector<zmq::message_t> frames;
+  const pb::Header update = Update("b", 1, 1.0f, &frames);
+  // Flip a byte in the middle of the encoded buffer.
+  static_cast<char*>(frames[0].data())[frames[0].size() / 2] ^= 0x5a;
+  ExpectRefused(update, pb::ERROR_MALFORMED, "fc0.bias", std::move(frames));
+  // A slice that says it is longer than the encoded one.
+  std::vector<zmq::message_t> frames2;
+  pb::Header wrong_length = Update("b", 1, 1.0f, &frames2);
+  wrong_length.mutable_slices(0)->set_offset(1);
+  wrong_length.mutable_slices(0)->set_length(3);
+  ExpectRefused(wrong_length, pb::ERROR_MALFORMED, "fc0.bias",
+                std::move(frames2));
+  ExpectModelUntouched();
+}
+
+TEST_F(MirrorInputTest, AValidUpdateIsApplied) {
+  Hello("b", layout_);
+  std::vector<zmq::message_t> frames;
+  const pb::Header update = Update("b", 1, 0.25f, &frames);
+  Send(update, std::move(frames));
+  const TensorInfo* bias = layout_.Find("fc0.bias");
+  std::vector<float> expected = initial_;
+  for (int i = 0; i < 3; ++i) expected[bias->offset + i] += 0.25f;
+  for (int attempt = 0; attempt < 200 && server_->Snapshot() != expected;
+       ++attempt) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(server_->Snapshot(), expected);
+}
+
+}  // namespace
+}  // namespace meridian
+
+namespace meridian {
+namespace {
+
+pb::Endpoint WorkerOf(uint32_t index) {
+  pb::Endpoint self;
+  self.set_site("site-a");
+  self.set_role(pb::ROLE_WORKER);
+  self.set_id(index);
+  return self;
+}
+
+// The selective barrier: after a peer announces the indices of a large
+// update, reads of those parameters wait for its values; reads of anything
+// else go on.
+TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
+  // This fixture's site serves one worker; restart it with two.
+  TearDown();
+  job_.mutable_site(0)->mutable_workers(0)->set_count(2);
+  SiteServerOptions options;
+  options.job = job_;
+  options.site = "site-a";
+  options.bind = "tcp://127.0.0.1:*";
+  options.mirror_bind = "tcp://127.0.0.1:*";
+  options.control_token = testing::kTestControlToken;
+  options.metrics_address = "127.0.0.1:0";  // to see the held replies
+  Result<std::unique_ptr<SiteServer>> server =
+      SiteServer::Create(std::move(options));
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = std::move(*server);
+  ASSERT_FALSE(server_->metrics_address().empty());
+  thread_ = std::thread([this] { run_status_ = server_->Run(); });
+  peer_ = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+  peer_->set(zmq::sockopt::linger, 0);
+  peer_->connect(server_->mirror_endpoint());
+  Hello("b", layout_);
+
+  // Peer b announces a change to fc0.bias[0..2].
+  std::vector<zmq::message_t> frames;
+  pb::Header indices = Update("b", 1, 0.0f, &frames);
+  indices.set_type(pb::MIRROR_INDICES);
+  Send(indices, std::move(frames));
+
+  RpcClient w0(context_, server_->endpoint(), WorkerOf(0));
+  RpcClient w1(context_, server_->endpoint(), WorkerOf(1));
+  auto hello = [&](uint32_t index) {
+    pb::Header header;
+    header.set_type(pb::HELLO);
+    header.mutable_hello()->set_worker_index(index);
+    LayoutToSpecs(layout_, header.mutable_hello()->mutable_layout());
+    return header;
+  };
+  Result<Envelope> welcome1 = DeadlineExceededError("not answered");
+  std::thread join1([&] { welcome1 = w1.Call(hello(1), {}, kTimeout); });
+  Result<Envelope> welcome0 = w0.Call(hello(0), {}, kTimeout);
+  join1.join();
+  ASSERT_TRUE(welcome0.ok() && welcome1.ok());
+
+  // Worker 0 commits: its reply is the whole model, which includes the
+  // announced parameters, so it waits.
+  Result<Envelope> commit_reply = DeadlineExceededError("not answered");
+  std::atomic<bool> commit_answered{false};
+  std::thread committer([&] {
+    pb::Header commit;
+    commit.set_type(pb::COMMIT);
+    AddLayoutSlices(layout_, &commit);
+    commit.mutable_commit()->set_base_version(0);
+    std::vector<zmq::message_t> update;
+    for (const TensorInfo& tensor : layout_.tensors()) {
+      update.push_back(CopyFloatFrame(std::vector<float>(tensor.size, 0.0f)));
+    }
+    commit_reply = w0.Call(commit, std::move(update), kTimeout);
+    commit_answered = true;
+  });
+  auto pull = [&](const std::string& tensor, uint64_t length) {
+    pb::Header request;
+    request.set_type(pb::PULL);
+    pb::TensorSlice* range = request.mutable_pull()->add_ranges();
+    range->set_tensor(tensor);
+    range->set_offset(0);
+    range->set_length(length);
+    return request;
+  };
+  // Worker 1 reads another tensor: answered at once.
+  const auto start = std::chrono::steady_clock::now();
+  Result<Envelope> other = w1.Call(
+      pull("fc1.weight", layout_.Find("fc1.weight")->size), {}, kTimeout);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_EQ(other->header.type(), pb::MODEL);
+  ASSERT_EQ(other->header.slices_size(), 1);
+  EXPECT_EQ(other->header.slices(0).tensor(), "fc1.weight");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  // ... but a read of the announced bias waits too.
+  Result<Envelope> bias = DeadlineExceededError("not answered");
+  std::atomic<bool> bias_answered{false};
+  std::thread reader([&] {
+    bias = w1.Call(pull("fc0.bias", 4), {}, kTimeout);
+    bias_answered = true;
+  });
+  // Wait until the site holds both answers (its metrics count them), or
+  // one of them came.
+  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+  while (HeldReplies() < 2 && !commit_answered && !bias_answered &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_FALSE(commit_answered) << "the commit reply was not held";
+  EXPECT_FALSE(bias_answered) << "the bias read was not held";
+
+  // The values arrive: both reads go on and see them.
+  std::vector<zmq::message_t> values;
+  const pb::Header update = Update("b", 1, 0.5f, &values);
+  Send(update, std::move(values));
+  committer.join();
+  reader.join();
+  ASSERT_TRUE(commit_reply.ok()) << commit_reply.status();
+  EXPECT_EQ(commit_reply->header.type(), pb::MODEL);
+  ASSERT_TRUE(bias.ok()) << bias.status();
+  ASSERT_EQ(bias->header.type(), pb::MODEL);
+  const float* got = static_cast<const float*>(bias->payload[0].data());
+  const TensorInfo* b = layout_.Find("fc0.bias");
+  EXPECT_FLOAT_EQ(got[0], initial_[b->offset] + 0.5f);
+  EXPECT_FLOAT_EQ(got[3], initial_[b->offset + 3]);
+  // Peer b ends its job (final flush, nothing more): the site finishes
+  // too, and b's mirror socket acknowledges the site's own final flush.
+  testing::AckingPeer b_mirror(b_mirror_.get(), "b");
+  pb::Header final_clock = Clock("b", 1);
+  final_clock.mutable_mirror_clock()->set_final(true);
+  const uint64_t final_sequence = final_clock.sequence();
+  Send(final_clock);
+  // The workers leave only once the site has taken b's final (it
+  // acknowledges it); before, "every worker left" could end the job first.
+  bool final_taken = false;
+  const auto ack_deadline = std::chrono::steady_clock::now() + kTimeout;
+  while (!final_taken && std::chrono::steady_clock::now() < ack_deadline) {
+    Result<Received> reply = ReceiveMessage(*peer_, false, milliseconds(100));
+    final_taken = reply.ok() && reply->message &&
+                  reply->message->header.type() == pb::MIRROR_ACK &&
+                  reply->message->header.mirror_ack().applied_sequence() >=
+                      final_sequence;
+  }
+  EXPECT_TRUE(final_taken) << "the site never acknowledged b's final clock";
+  for (RpcClient* client : {&w0, &w1}) {
+    pb::Header bye;
+    bye.set_type(pb::BYE);
+    bye.mutable_bye();
+    (void)client->Call(bye, {}, kTimeout);
+  }
+  thread_.join();
+  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_TRUE(server_->summary().stopped_by_peer());
+  EXPECT_TRUE(server_->summary().sync().flushed());
+}
+
+}  // namespace
+}  // namespace meridian
