@@ -13,6 +13,7 @@
 #include "meridian/train/local_training.h"
 #include "meridian/train/model.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
 
 namespace meridian::bench {
 namespace {
@@ -22,7 +23,7 @@ pb::JobConfig SmallMlpJob() {
   testing::SyntheticDataOptions data;
   data.train_samples = 600;
   data.test_samples = 100;
-  EXPECT_TRUE(testing::WriteSyntheticIdx(dir, data).ok());
+  EXPECT_OK(testing::WriteSyntheticIdx(dir, data));
   return testing::SmallJob(dir, 1);
 }
 
@@ -52,7 +53,7 @@ TEST(RealUpdatesTest, CommitsAreTheModelsChangeOverTheirSteps) {
   options.updates = 4;
   options.steps_per_update = 3;
   Result<RealUpdates> recorded = RecordRealUpdates(job, options);
-  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  ASSERT_OK(recorded);
   ASSERT_EQ(recorded->commits.size(), 4u);
   ASSERT_EQ(recorded->significant.size(), 4u);
   EXPECT_EQ(recorded->steps_per_update, 3u);
@@ -96,14 +97,14 @@ TEST(RealUpdatesTest, TheFilterTakesEverythingAtZeroAndNothingAtInfinity) {
   options.steps_per_update = 2;
   options.theta = 0;  // a flush every update: exactly the commits
   Result<RealUpdates> flush = RecordRealUpdates(job, options);
-  ASSERT_TRUE(flush.ok()) << flush.status();
+  ASSERT_OK(flush);
   for (size_t u = 0; u < flush->commits.size(); ++u) {
     EXPECT_EQ(Dense(flush->layout, flush->significant[u]),
               Dense(flush->layout, flush->commits[u]));
   }
   options.theta = 1e30;
   Result<RealUpdates> none = RecordRealUpdates(job, options);
-  ASSERT_TRUE(none.ok()) << none.status();
+  ASSERT_OK(none);
   EXPECT_EQ(
       RealUpdates::Density(none->significant, none->layout.num_elements()),
       0.0);
@@ -131,7 +132,7 @@ TEST(RealUpdatesTest, MatrixFactorisationCommitsTouchOnlyTheirRows) {
   options.updates = 2;
   options.steps_per_update = 2;
   Result<RealUpdates> recorded = RecordRealUpdates(job, options);
-  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  ASSERT_OK(recorded);
   // 2 steps x 20 ratings touch at most 40 users and 40 items: (4 + 1)
   // values each, of 2,500 x 5.
   const double density =

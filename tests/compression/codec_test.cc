@@ -21,6 +21,7 @@
 #include "compression/selection.h"
 #include "compression/value_coding.h"
 #include "compression/varint.h"
+#include "testing/status_matchers.h"
 
 namespace meridian::compression {
 namespace {
@@ -395,14 +396,14 @@ TEST(IndexCodingTest, DeltaVarintAndBitmapRoundTrip) {
       std::vector<std::byte> delta(DeltaVarintBytes(idx.data(), count));
       ASSERT_EQ(WriteDeltaVarint(idx.data(), count, delta.data()),
                 delta.data() + delta.size());
-      ASSERT_TRUE(ReadDeltaVarint(delta, size, count, back.data()).ok());
+      ASSERT_OK(ReadDeltaVarint(delta, size, count, back.data()));
       EXPECT_TRUE(std::equal(idx.begin(), idx.end(), back.begin()));
       EXPECT_EQ(back[count], 0xdeadbeef);  // nothing written past count
 
       std::vector<std::byte> bitmap(BitmapBytes(size));
       WriteBitmap(idx.data(), count, size, bitmap.data());
       std::fill(back.begin(), back.end(), 0xdeadbeef);
-      ASSERT_TRUE(ReadBitmap(bitmap, size, count, back.data()).ok());
+      ASSERT_OK(ReadBitmap(bitmap, size, count, back.data()));
       EXPECT_TRUE(std::equal(idx.begin(), idx.end(), back.begin()));
       EXPECT_EQ(back[count], 0xdeadbeef);
     }
@@ -412,7 +413,7 @@ TEST(IndexCodingTest, DeltaVarintAndBitmapRoundTrip) {
   std::vector<std::byte> delta(DeltaVarintBytes(&top, 1));
   WriteDeltaVarint(&top, 1, delta.data());
   uint32_t back = 0;
-  EXPECT_TRUE(ReadDeltaVarint(delta, 0xffffffffull, 1, &back).ok());
+  EXPECT_OK(ReadDeltaVarint(delta, 0xffffffffull, 1, &back));
   EXPECT_EQ(back, top);
   EXPECT_FALSE(ReadDeltaVarint(delta, top, 1, &back).ok());  // == size
 }
@@ -437,7 +438,7 @@ TEST(IndexCodingTest, DeltaVarintRejectsCorruptSections) {
 
 TEST(IndexCodingTest, BitmapRejectsWrongCountsAndPadding) {
   uint32_t out[16];
-  EXPECT_TRUE(ReadBitmap(Bytes({0x05}), 3, 2, out).ok());
+  EXPECT_OK(ReadBitmap(Bytes({0x05}), 3, 2, out));
   EXPECT_EQ(out[0], 0u);
   EXPECT_EQ(out[1], 2u);
   EXPECT_FALSE(ReadBitmap(Bytes({0x05}), 3, 1, out).ok());        // count
@@ -480,7 +481,7 @@ TEST(ValueCodingTest, ExtremeBlocksStayFiniteAndConserve) {
         std::vector<float> residual(n), decoded(n);
         EncodeValues(coding, 4, RoundingMode{stochastic, 17}, values.data(), n,
                      section.data(), residual.data());
-        ASSERT_TRUE(DecodeValues(coding, 4, section, n, decoded.data()).ok());
+        ASSERT_OK(DecodeValues(coding, 4, section, n, decoded.data()));
         for (size_t j = 0; j < n; ++j) {
           ASSERT_TRUE(std::isfinite(decoded[j])) << coding << " " << values[j];
           ASSERT_TRUE(std::isfinite(residual[j]));
@@ -522,9 +523,8 @@ TEST(ValueCodingTest, DecodeRejectsCodesNoEncoderWrites) {
     return a;
   };
   // INT8: -128, NaN / Inf / negative / oversized scale.
-  EXPECT_TRUE(DecodeValues(pb::VALUE_INT8, 4,
-                           concat(scale(1), Bytes({1, 2, 0x81, 0})), 4, out)
-                  .ok());
+  EXPECT_OK(DecodeValues(pb::VALUE_INT8, 4,
+                           concat(scale(1), Bytes({1, 2, 0x81, 0})), 4, out));
   EXPECT_EQ(out[2], -127.0f);
   EXPECT_FALSE(DecodeValues(pb::VALUE_INT8, 4,
                             concat(scale(1), Bytes({1, 2, 0x80, 0})), 4, out)
@@ -538,9 +538,8 @@ TEST(ValueCodingTest, DecodeRejectsCodesNoEncoderWrites) {
         << bad;
   }
   // INT4: -8 and a non-zero padding nibble.
-  EXPECT_TRUE(DecodeValues(pb::VALUE_INT4, 4,
-                           concat(scale(2), Bytes({0x97, 0x01})), 3, out)
-                  .ok());
+  EXPECT_OK(DecodeValues(pb::VALUE_INT4, 4,
+                           concat(scale(2), Bytes({0x97, 0x01})), 3, out));
   EXPECT_EQ(out[0], 14.0f);   // 7 * 2
   EXPECT_EQ(out[1], -14.0f);  // 0x9 = -7
   EXPECT_EQ(out[2], 2.0f);
@@ -557,8 +556,7 @@ TEST(ValueCodingTest, DecodeRejectsCodesNoEncoderWrites) {
       DecodeValues(pb::VALUE_FP16, 1, Bytes({0x00, 0x7c}), 1, out).ok());
   EXPECT_FALSE(
       DecodeValues(pb::VALUE_BF16, 1, Bytes({0x80, 0xff}), 1, out).ok());
-  EXPECT_TRUE(
-      DecodeValues(pb::VALUE_BF16, 1, Bytes({0x80, 0x3f}), 1, out).ok());
+  EXPECT_OK(DecodeValues(pb::VALUE_BF16, 1, Bytes({0x80, 0x3f}), 1, out));
   EXPECT_EQ(out[0], 1.0f);
   // Wrong section sizes.
   EXPECT_FALSE(DecodeValues(pb::VALUE_FP32, 1, Bytes({0, 0, 0}), 1, out).ok());

@@ -22,6 +22,7 @@
 #include "compression/format.h"
 #include "compression/varint.h"
 #include "tests/compression/test_util.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -39,7 +40,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 UpdateEncoder MustCreate(const pb::CompressionConfig& config) {
   Result<UpdateEncoder> encoder = UpdateEncoder::Create(config);
-  EXPECT_TRUE(encoder.ok()) << encoder.status();
+  EXPECT_OK(encoder);
   return std::move(encoder).value();
 }
 
@@ -55,7 +56,7 @@ const std::vector<pb::ValueCoding> kValueCodings = {
 
 TEST(CompressionConfigTest, DefaultsAreValidAndDescribed) {
   const pb::CompressionConfig defaults;
-  EXPECT_TRUE(ValidateCompressionConfig(defaults).ok());
+  EXPECT_OK(ValidateCompressionConfig(defaults));
   EXPECT_EQ(DescribeCompressionConfig(defaults), "all + auto-index + fp32");
   EXPECT_EQ(DescribeCompressionConfig(MakeConfig(
                 pb::TOP_K_SAMPLED, pb::INDEX_DELTA_VARINT, pb::VALUE_INT8, 1,
@@ -101,9 +102,9 @@ TEST(CompressionConfigTest, RejectsUnknownStagesAndBadParameters) {
   pb::CompressionConfig ok;
   ok.set_zstd_level(-5);
   ok.set_block_size(kMaxCompressionBlockSize);
-  EXPECT_TRUE(ValidateCompressionConfig(ok).ok());
+  EXPECT_OK(ValidateCompressionConfig(ok));
   ok.set_block_size(1);
-  EXPECT_TRUE(ValidateCompressionConfig(ok).ok());
+  EXPECT_OK(ValidateCompressionConfig(ok));
 }
 
 // ---- round trips ------------------------------------------------------------
@@ -182,20 +183,20 @@ void CheckRoundTrip(const pb::CompressionConfig& config, const Input& input) {
     encoded = encoder.EncodeDense(input.dense, residual);
     twin_encoded = twin.EncodeDense(input.dense, {});
   }
-  ASSERT_TRUE(encoded.ok()) << encoded.status();
-  ASSERT_TRUE(twin_encoded.ok()) << twin_encoded.status();
+  ASSERT_OK(encoded);
+  ASSERT_OK(twin_encoded);
   const std::vector<std::byte> bytes = ToVector(encoded->bytes);
   const EncodeSummary summary = encoded->summary;
 
   UpdateDecoder decoder;
   SparseUpdate selection;
-  ASSERT_TRUE(decoder.DecodeSparse(twin_encoded->bytes, n, &selection).ok());
+  ASSERT_OK(decoder.DecodeSparse(twin_encoded->bytes, n, &selection));
   std::vector<bool> selected(n, false);
   for (uint32_t i : selection.indices) selected[i] = true;
 
   // Header and summary.
   Result<EncodedInfo> info = InspectEncoded(bytes);
-  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_OK(info);
   EXPECT_EQ(info->version, kCompressionFormatVersion);
   EXPECT_EQ(info->size, n);
   EXPECT_EQ(info->count, summary.sent);
@@ -217,9 +218,9 @@ void CheckRoundTrip(const pb::CompressionConfig& config, const Input& input) {
 
   // Decoded every way.
   std::vector<float> decoded(n, kNaN);
-  ASSERT_TRUE(decoder.DecodeDense(bytes, decoded).ok());
+  ASSERT_OK(decoder.DecodeDense(bytes, decoded));
   SparseUpdate sparse;
-  ASSERT_TRUE(decoder.DecodeSparse(bytes, n, &sparse).ok());
+  ASSERT_OK(decoder.DecodeSparse(bytes, n, &sparse));
   EXPECT_EQ(sparse.size, n);
   ASSERT_EQ(sparse.indices.size(), summary.sent);
   ASSERT_EQ(sparse.values.size(), summary.sent);
@@ -232,7 +233,7 @@ void CheckRoundTrip(const pb::CompressionConfig& config, const Input& input) {
   }
   EXPECT_EQ(scattered, decoded);
   std::vector<float> target(n, 1.0f);
-  ASSERT_TRUE(decoder.DecodeAdd(bytes, target).ok());
+  ASSERT_OK(decoder.DecodeAdd(bytes, target));
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(target[i], 1.0f + decoded[i]);
   if (n > 0) {
     EXPECT_EQ(decoder.DecodeSparse(bytes, n - 1, &sparse).code(),
@@ -367,10 +368,10 @@ TEST(CompressionRoundTripTest, ExtremeValuesAndBlockSizes) {
         UpdateEncoder encoder = MustCreate(config);
         std::vector<float> residual(in.n);
         Result<EncodedUpdate> e = encoder.EncodeDense(in.dense, residual);
-        ASSERT_TRUE(e.ok()) << e.status();
+        ASSERT_OK(e);
         std::vector<float> decoded(in.n);
         UpdateDecoder decoder;
-        ASSERT_TRUE(decoder.DecodeDense(e->bytes, decoded).ok());
+        ASSERT_OK(decoder.DecodeDense(e->bytes, decoded));
         for (size_t i = 0; i < in.n; ++i) {
           ASSERT_TRUE(std::isfinite(decoded[i])) << value << " " << i;
           EXPECT_EQ(residual[i], in.dense[i] - decoded[i]);
@@ -395,14 +396,14 @@ TEST(CompressionSelectionTest, ExactTopKSendsTheKLargest) {
                               pb::ROUND_NEAREST, 256, fraction));
     std::vector<float> residual(n);
     Result<EncodedUpdate> e = encoder.EncodeDense(x, residual);
-    ASSERT_TRUE(e.ok());
+    ASSERT_OK(e);
     const size_t nonzero = ToSparse(x).indices.size();
     const size_t k = std::min<size_t>(
         nonzero, static_cast<size_t>(std::ceil(fraction * n - 1e-6)));
     EXPECT_EQ(e->summary.selected, k) << fraction;
     std::vector<float> decoded(n);
     UpdateDecoder decoder;
-    ASSERT_TRUE(decoder.DecodeDense(e->bytes, decoded).ok());
+    ASSERT_OK(decoder.DecodeDense(e->bytes, decoded));
     float min_sent = kInf, max_unsent = 0;
     size_t sent = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -428,7 +429,7 @@ TEST(CompressionSelectionTest, TheTopKFractionCanChangeBetweenEncodes) {
       MustCreate(MakeConfig(pb::TOP_K, pb::INDEX_AUTO, pb::VALUE_FP32, 0,
                             pb::ROUND_NEAREST, 256, 0.01));
   EXPECT_EQ(encoder.EncodeDense(x, {})->summary.selected, 100u);
-  ASSERT_TRUE(encoder.SetTopKFraction(0.05).ok());
+  ASSERT_OK(encoder.SetTopKFraction(0.05));
   EXPECT_EQ(encoder.EncodeDense(x, {})->summary.selected, 500u);
   EXPECT_DOUBLE_EQ(encoder.config().top_k_fraction(), 0.05);
   // Out of range: refused, the fraction stays.
@@ -456,13 +457,13 @@ TEST(CompressionSelectionTest, SampledTopKSendsAboutKOfTheLargest) {
     for (int round = 0; round < 3; ++round) {
       std::vector<float> residual(n);
       Result<EncodedUpdate> e = encoder.EncodeDense(x, residual);
-      ASSERT_TRUE(e.ok());
+      ASSERT_OK(e);
       EXPECT_LE(e->summary.selected, k);
       EXPECT_GE(e->summary.selected, k * 8 / 10) << density;
       // A threshold selection: every sent magnitude >= every unsent one.
       std::vector<float> decoded(n);
       UpdateDecoder decoder;
-      ASSERT_TRUE(decoder.DecodeDense(e->bytes, decoded).ok());
+      ASSERT_OK(decoder.DecodeDense(e->bytes, decoded));
       float min_sent = kInf, max_unsent = 0;
       for (size_t i = 0; i < n; ++i) {
         if (decoded[i] != 0.0f) {
@@ -483,10 +484,10 @@ TEST(CompressionSelectionTest, SparseSelectAllKeepsGivenZeros) {
   const std::vector<uint32_t> indices = {3, 9, 1000};
   const std::vector<float> values = {0.5f, 0.0f, -2.0f};
   Result<EncodedUpdate> e = encoder.EncodeSparse(2000, indices, values, {});
-  ASSERT_TRUE(e.ok());
+  ASSERT_OK(e);
   UpdateDecoder decoder;
   SparseUpdate out;
-  ASSERT_TRUE(decoder.DecodeSparse(e->bytes, 2000, &out).ok());
+  ASSERT_OK(decoder.DecodeSparse(e->bytes, 2000, &out));
   EXPECT_EQ(out.size, 2000u);
   EXPECT_EQ(out.indices, indices);
   EXPECT_EQ(out.values, values);
@@ -507,7 +508,7 @@ TEST(CompressionIndexTest, AutoPicksTheSmallestBody) {
         UpdateEncoder encoder =
             MustCreate(MakeConfig(pb::SELECT_ALL, index, value, 0));
         Result<EncodedUpdate> e = encoder.EncodeDense(x, {});
-        ASSERT_TRUE(e.ok());
+        ASSERT_OK(e);
         if (e->summary.body_bytes < smallest) {
           smallest = e->summary.body_bytes;
           best = index;
@@ -516,7 +517,7 @@ TEST(CompressionIndexTest, AutoPicksTheSmallestBody) {
       UpdateEncoder automatic =
           MustCreate(MakeConfig(pb::SELECT_ALL, pb::INDEX_AUTO, value, 0));
       Result<EncodedUpdate> e = automatic.EncodeDense(x, {});
-      ASSERT_TRUE(e.ok());
+      ASSERT_OK(e);
       EXPECT_EQ(e->summary.body_bytes, smallest) << density << " " << value;
       EXPECT_EQ(e->summary.index_coding, best) << density << " " << value;
     }
@@ -538,11 +539,11 @@ TEST(CompressionIndexTest, ZstdIsDroppedWhenItDoesNotShrink) {
   UpdateEncoder encoder =
       MustCreate(MakeConfig(pb::SELECT_ALL, pb::INDEX_AUTO, pb::VALUE_FP32, 1));
   Result<EncodedUpdate> a = encoder.EncodeDense(noise, {});
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_FALSE(a->summary.zstd);
   EXPECT_LE(a->summary.encoded_bytes, 4 * 5000 + kMaxCompressionHeaderBytes);
   Result<EncodedUpdate> b = encoder.EncodeDense(constant, {});
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_TRUE(b->summary.zstd);
   EXPECT_LT(b->summary.encoded_bytes, 200u);
 }
@@ -557,7 +558,7 @@ TEST(CompressionIndexTest, SparseInt8ZstdMeetsTheSizeGoals) {
   for (auto [density, goal] : {std::pair{0.01, 25.0}, {0.001, 200.0}}) {
     const std::vector<float> x = RandomUpdate(n, density, 12);
     Result<EncodedUpdate> e = encoder.EncodeDense(x, {});
-    ASSERT_TRUE(e.ok());
+    ASSERT_OK(e);
     EXPECT_LE(e->summary.encoded_bytes, dense_bytes / goal)
         << "density " << density << ": 1/"
         << dense_bytes / e->summary.encoded_bytes;
@@ -598,8 +599,8 @@ TEST(CompressionErrorFeedbackTest, DecodedPlusResidualConservesTheInputs) {
       }
       // The accumulator keeps its own residual.
       Result<EncodedUpdate> e = encoder.EncodeDense(accumulator, accumulator);
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(decoder.DecodeDense(e->bytes, decoded).ok());
+      ASSERT_OK(e);
+      ASSERT_OK(decoder.DecodeDense(e->bytes, decoded));
       for (size_t i = 0; i < n; ++i) delivered[i] += decoded[i];
     }
     double worst = 0;
@@ -624,11 +625,11 @@ TEST(CompressionErrorFeedbackTest, SparseResidualMayBeTheValues) {
       pb::TOP_K, pb::INDEX_AUTO, pb::VALUE_INT8, 0, pb::ROUND_NEAREST, 256,
       0.03));  // k = 3 of a slice of 100
   Result<EncodedUpdate> e = encoder.EncodeSparse(100, indices, values, values);
-  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_OK(e);
   EXPECT_EQ(e->summary.selected, 3u);
   UpdateDecoder decoder;
   std::vector<float> decoded(100);
-  ASSERT_TRUE(decoder.DecodeDense(e->bytes, decoded).ok());
+  ASSERT_OK(decoder.DecodeDense(e->bytes, decoded));
   for (size_t j = 0; j < indices.size(); ++j) {
     EXPECT_EQ(values[j], original[j] - decoded[indices[j]]) << j;
   }
@@ -663,7 +664,7 @@ TEST(CompressionErrorFeedbackTest, StochasticRoundingIsUnbiasedAndSeeded) {
     seeds_differ |= ea != ec;
     calls_differ |= !previous.empty() && ea != previous;
     previous = ea;
-    ASSERT_TRUE(decoder.DecodeDense(ea, decoded).ok());
+    ASSERT_OK(decoder.DecodeDense(ea, decoded));
     for (size_t i = 0; i < x.size(); ++i) mean[i] += decoded[i];
   }
   EXPECT_TRUE(seeds_differ);
@@ -731,11 +732,8 @@ TEST(CompressionEncodeTest, RejectsBadSparseSetsAndResidualSpans) {
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);  // partial overlap
-  EXPECT_TRUE(
-      encoder.EncodeDense(update, std::span<float>(buffer.data() + 10, 10))
-          .ok());
-  EXPECT_TRUE(
-      encoder.EncodeDense(update, std::span<float>(buffer.data(), 10)).ok());
+  EXPECT_OK(encoder.EncodeDense(update, std::span<float>(buffer.data() + 10, 10)));
+  EXPECT_OK(encoder.EncodeDense(update, std::span<float>(buffer.data(), 10)));
 }
 
 // ---- corrupt input
@@ -779,7 +777,7 @@ bool DecodeAnyway(std::span<const std::byte> bytes, DecodeOptions options,
     EXPECT_TRUE(std::isfinite(out.values[j]));
   }
   std::vector<float> dense(out.size);
-  EXPECT_TRUE(decoder.DecodeDense(bytes, dense).ok());
+  EXPECT_OK(decoder.DecodeDense(bytes, dense));
   return true;
 }
 
@@ -852,7 +850,7 @@ TEST(CompressionCorruptTest, WrongMagicAndVersion) {
       HandMade(1, fp32_delta, {4, 1, 1}, Bytes({2, 0, 0, 128, 63}));
   UpdateDecoder decoder;
   std::vector<float> out(4);
-  ASSERT_TRUE(decoder.DecodeDense(good, out).ok());
+  ASSERT_OK(decoder.DecodeDense(good, out));
   EXPECT_EQ(out, (std::vector<float>{0, 0, 1, 0}));
 
   for (uint8_t version : {0, 2, 255}) {
@@ -956,11 +954,11 @@ TEST(CompressionCorruptTest, ZstdFramesMustMatchTheHeader) {
   UpdateEncoder encoder = MustCreate(
       MakeConfig(pb::SELECT_ALL, pb::INDEX_DENSE, pb::VALUE_INT8, 3));
   Result<EncodedUpdate> e = encoder.EncodeDense(x, {});
-  ASSERT_TRUE(e.ok());
+  ASSERT_OK(e);
   ASSERT_TRUE(e->summary.zstd);
   const std::vector<std::byte> good = ToVector(e->bytes);
   Result<EncodedInfo> info = InspectEncoded(good);
-  ASSERT_TRUE(info.ok());
+  ASSERT_OK(info);
   const std::vector<std::byte> header(good.begin(),
                                       good.begin() + info->header_bytes);
   const std::vector<std::byte> frame(good.begin() + info->header_bytes,
@@ -973,7 +971,7 @@ TEST(CompressionCorruptTest, ZstdFramesMustMatchTheHeader) {
   };
   UpdateDecoder decoder;
   std::vector<float> out(3000);
-  ASSERT_TRUE(decoder.DecodeDense(good, out).ok());
+  ASSERT_OK(decoder.DecodeDense(good, out));
 
   std::vector<std::byte> trailing = frame;
   trailing.push_back(std::byte{0});
@@ -1020,15 +1018,15 @@ TEST(CompressionDecodeTest, EmptySliceAndEmptySelection) {
       MustCreate(MakeConfig(pb::SELECT_ALL, pb::INDEX_AUTO, pb::VALUE_INT8, 1));
   UpdateDecoder decoder;
   Result<EncodedUpdate> empty = encoder.EncodeDense({}, {});
-  ASSERT_TRUE(empty.ok());
-  EXPECT_TRUE(decoder.DecodeDense(empty->bytes, {}).ok());
+  ASSERT_OK(empty);
+  EXPECT_OK(decoder.DecodeDense(empty->bytes, {}));
   const std::vector<float> zeros(1000, 0.0f);
   Result<EncodedUpdate> none = encoder.EncodeDense(zeros, {});
-  ASSERT_TRUE(none.ok());
+  ASSERT_OK(none);
   EXPECT_EQ(none->summary.sent, 0u);
   EXPECT_LE(none->summary.encoded_bytes, 16u);
   std::vector<float> out(1000, 3.0f);
-  ASSERT_TRUE(decoder.DecodeDense(none->bytes, out).ok());
+  ASSERT_OK(decoder.DecodeDense(none->bytes, out));
   EXPECT_EQ(out, zeros);
 }
 

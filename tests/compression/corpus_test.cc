@@ -20,6 +20,7 @@
 
 #include "meridian/compression/compression.h"
 #include "tests/compression/test_util.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -74,9 +75,9 @@ std::vector<Seed> SeedCorpus() {
       for (int zstd : {0, 1}) {
         Result<UpdateEncoder> encoder = UpdateEncoder::Create(MakeConfig(
             pb::SELECT_ALL, index, value, zstd, pb::ROUND_NEAREST, 5));
-        EXPECT_TRUE(encoder.ok());
+        EXPECT_OK(encoder);
         Result<EncodedUpdate> e = encoder->EncodeDense(x, {});
-        EXPECT_TRUE(e.ok());
+        EXPECT_OK(e);
         // zstd is dropped from buffers it does not shrink: those are the
         // same bytes as without zstd.
         if (zstd != 0 && !e->summary.zstd) continue;
@@ -95,9 +96,9 @@ std::vector<Seed> SeedCorpus() {
     for (pb::IndexCoding index : {pb::INDEX_DELTA_VARINT, pb::INDEX_BITMAP}) {
       Result<UpdateEncoder> encoder = UpdateEncoder::Create(
           MakeConfig(pb::SELECT_ALL, index, value, 1, pb::ROUND_NEAREST, 64));
-      EXPECT_TRUE(encoder.ok());
+      EXPECT_OK(encoder);
       Result<EncodedUpdate> e = encoder->EncodeDense(repeated, {});
-      EXPECT_TRUE(e.ok());
+      EXPECT_OK(e);
       EXPECT_TRUE(e->summary.zstd);
       seeds.push_back(
           {CodingName(value) + "_" + IndexName(index) + "_zstd_repeated_valid",
@@ -109,7 +110,7 @@ std::vector<Seed> SeedCorpus() {
     const std::vector<float> constant(300, 0.5f);
     Result<UpdateEncoder> encoder = UpdateEncoder::Create(
         MakeConfig(pb::SELECT_ALL, pb::INDEX_AUTO, pb::VALUE_INT8, 3));
-    EXPECT_TRUE(encoder.ok());
+    EXPECT_OK(encoder);
     seeds.push_back({"int8_dense_zstd_constant_valid",
                      ToVector(encoder->EncodeDense(constant, {})->bytes)});
     const std::vector<float> none(64, 0.0f);

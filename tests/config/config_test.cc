@@ -1,4 +1,6 @@
 #include "meridian/config/config.h"
+#include "testing/status_matchers.h"
+#include "testing/text.h"
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
@@ -17,6 +19,8 @@
 
 namespace meridian {
 namespace {
+
+using ::meridian::testing::Contains;
 
 namespace gpb = google::protobuf;
 
@@ -37,9 +41,6 @@ std::vector<std::string> Fields(const std::vector<ConfigIssue>& issues) {
   return out;
 }
 
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 constexpr char kMinimal[] = R"(
 site {
@@ -104,7 +105,7 @@ seed: 42
 
 pb::JobConfig ParseOrDie(const std::string& text) {
   Result<pb::JobConfig> config = ParseJobConfig(text, "test.job");
-  EXPECT_TRUE(config.ok()) << config.status();
+  EXPECT_OK(config);
   return config.ok() ? *config : pb::JobConfig();
 }
 
@@ -122,7 +123,7 @@ pb::JobConfig ValidConfig() {
 TEST(ParseJobConfigTest, MinimalConfigParses) {
   std::vector<ConfigIssue> issues = {{1, 1, "stale", "left over"}};
   Result<pb::JobConfig> config = ParseJobConfig(kMinimal, "min.job", &issues);
-  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_OK(config);
   EXPECT_TRUE(issues.empty());
   ASSERT_EQ(config->site_size(), 1);
   EXPECT_EQ(config->site(0).name(), "a");
@@ -775,7 +776,7 @@ TEST(ParseJobConfigTest, AdspPolicyWithItsOptions) {
   std::string fixed = text;
   fixed.replace(fixed.find(", 1.5"), 5, "");
   const Result<pb::JobConfig> config = ParseJobConfig(fixed, "x", &issues);
-  ASSERT_TRUE(config.ok()) << FormatConfigIssues("x", issues);
+  ASSERT_OK(config) << FormatConfigIssues("x", issues);
   EXPECT_EQ(config->policy().kind(), pb::ADSP);
   EXPECT_EQ(config->policy().check_period_s(), 60);
   EXPECT_EQ(config->policy().momentum_grid_size(), 3);
@@ -1278,10 +1279,10 @@ TEST(FormatConfigIssuesTest, Format) {
 // ---------------------------------------------------------------------------
 // LoadJobConfig.
 
-class LoadJobConfigTest : public testing::Test {
+class LoadJobConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::path(testing::TempDir()) /
+    dir_ = std::filesystem::path(::testing::TempDir()) /
            ("config_test_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
   }
@@ -1301,7 +1302,7 @@ class LoadJobConfigTest : public testing::Test {
 TEST_F(LoadJobConfigTest, LoadsAFile) {
   const std::string path = Write("ok.job", kFull);
   Result<pb::JobConfig> config = LoadJobConfig(path);
-  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_OK(config);
   EXPECT_EQ(config->name(), "full-job");
 }
 
@@ -1341,7 +1342,7 @@ TEST_F(LoadJobConfigTest, IssuesAreReportedAgainstThePath) {
 TEST(FindSiteTest, FindsByNameAndListsKnownNames) {
   const pb::JobConfig config = ParseOrDie(kFull);
   Result<int> index = FindSite(config, "us_east.1");
-  ASSERT_TRUE(index.ok());
+  ASSERT_OK(index);
   EXPECT_EQ(*index, 1);
   EXPECT_EQ(*FindSite(config, "eu-west"), 0);
 
@@ -1395,7 +1396,7 @@ site { name: "c" workers { count: 1 } }
 
 TEST(ServerSiteTest, ServedWorkersFollowServerSite) {
   Result<pb::JobConfig> config = ParseJobConfig(kThreeSites, "three.job");
-  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_OK(config);
   EXPECT_TRUE(HasServer(config->site(0)));
   EXPECT_FALSE(HasServer(config->site(1)));
   EXPECT_EQ(ServingSite(*config, 0), 0);

@@ -1,4 +1,5 @@
 #include "meridian/core/layout.h"
+#include "testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 
@@ -12,10 +13,10 @@ namespace {
 
 ModelLayout TwoLayerLayout() {
   ModelLayout layout;
-  EXPECT_TRUE(layout.Add("fc1.w", {784, 128}).ok());
-  EXPECT_TRUE(layout.Add("fc1.b", {128}).ok());
-  EXPECT_TRUE(layout.Add("fc2.w", {128, 10}).ok());
-  EXPECT_TRUE(layout.Add("fc2.b", {10}).ok());
+  EXPECT_OK(layout.Add("fc1.w", {784, 128}));
+  EXPECT_OK(layout.Add("fc1.b", {128}));
+  EXPECT_OK(layout.Add("fc2.w", {128, 10}));
+  EXPECT_OK(layout.Add("fc2.b", {10}));
   return layout;
 }
 
@@ -45,7 +46,7 @@ TEST(ModelLayoutTest, AddLaysTensorsEndToEnd) {
 
 TEST(ModelLayoutTest, RejectsBadTensorsAndStaysUnchanged) {
   ModelLayout layout;
-  ASSERT_TRUE(layout.Add("w", {2, 3}).ok());
+  ASSERT_OK(layout.Add("w", {2, 3}));
 
   const Status duplicate = layout.Add("w", {4});
   EXPECT_EQ(duplicate.code(), StatusCode::kInvalidArgument);
@@ -60,7 +61,7 @@ TEST(ModelLayoutTest, RejectsBadTensorsAndStaysUnchanged) {
   EXPECT_EQ(layout.Find("z"), nullptr);
 
   // Still usable after the failures.
-  ASSERT_TRUE(layout.Add("b", {3}).ok());
+  ASSERT_OK(layout.Add("b", {3}));
   EXPECT_EQ(layout.Find("b")->offset, 6u);
 }
 
@@ -70,7 +71,7 @@ TEST(ModelLayoutTest, RejectsSizesThatOverflow) {
   EXPECT_EQ(layout.Add("t", {kHuge, kHuge}).code(),
             StatusCode::kInvalidArgument);
   const uint64_t max_elements = std::numeric_limits<uint64_t>::max() / 8;
-  ASSERT_TRUE(layout.Add("a", {max_elements / 2 + 1}).ok());
+  ASSERT_OK(layout.Add("a", {max_elements / 2 + 1}));
   const Status total = layout.Add("b", {max_elements / 2 + 1});
   EXPECT_EQ(total.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(layout.tensors().size(), 1u);
@@ -92,30 +93,30 @@ TEST(ModelLayoutTest, Find) {
 
 TEST(ModelLayoutTest, Equality) {
   ModelLayout a;
-  ASSERT_TRUE(a.Add("w", {2, 3}).ok());
-  ASSERT_TRUE(a.Add("b", {3}).ok());
+  ASSERT_OK(a.Add("w", {2, 3}));
+  ASSERT_OK(a.Add("b", {3}));
   ModelLayout same;
-  ASSERT_TRUE(same.Add("w", {2, 3}).ok());
-  ASSERT_TRUE(same.Add("b", {3}).ok());
+  ASSERT_OK(same.Add("w", {2, 3}));
+  ASSERT_OK(same.Add("b", {3}));
   EXPECT_TRUE(a == same);
 
   ModelLayout reshaped;  // same element count, other shape
-  ASSERT_TRUE(reshaped.Add("w", {3, 2}).ok());
-  ASSERT_TRUE(reshaped.Add("b", {3}).ok());
+  ASSERT_OK(reshaped.Add("w", {3, 2}));
+  ASSERT_OK(reshaped.Add("b", {3}));
   EXPECT_FALSE(a == reshaped);
 
   ModelLayout reordered;
-  ASSERT_TRUE(reordered.Add("b", {3}).ok());
-  ASSERT_TRUE(reordered.Add("w", {2, 3}).ok());
+  ASSERT_OK(reordered.Add("b", {3}));
+  ASSERT_OK(reordered.Add("w", {2, 3}));
   EXPECT_FALSE(a == reordered);
 
   ModelLayout renamed;
-  ASSERT_TRUE(renamed.Add("w", {2, 3}).ok());
-  ASSERT_TRUE(renamed.Add("bias", {3}).ok());
+  ASSERT_OK(renamed.Add("w", {2, 3}));
+  ASSERT_OK(renamed.Add("bias", {3}));
   EXPECT_FALSE(a == renamed);
 
   ModelLayout shorter;
-  ASSERT_TRUE(shorter.Add("w", {2, 3}).ok());
+  ASSERT_OK(shorter.Add("w", {2, 3}));
   EXPECT_FALSE(a == shorter);
   EXPECT_FALSE(shorter == a);
   EXPECT_TRUE(ModelLayout() == ModelLayout());
@@ -123,10 +124,10 @@ TEST(ModelLayoutTest, Equality) {
 
 TEST(ModelLayoutTest, DebugString) {
   ModelLayout layout;
-  ASSERT_TRUE(layout.Add("w", {2, 3}).ok());
+  ASSERT_OK(layout.Add("w", {2, 3}));
   EXPECT_EQ(layout.DebugString(), "w[2,3]");
-  ASSERT_TRUE(layout.Add("b", {3}).ok());
-  ASSERT_TRUE(layout.Add("t", {1, 2, 4}).ok());
+  ASSERT_OK(layout.Add("b", {3}));
+  ASSERT_OK(layout.Add("t", {1, 2, 4}));
   EXPECT_EQ(layout.DebugString(), "w[2,3] b[3] t[1,2,4]");
 }
 

@@ -13,9 +13,12 @@
 #include <vector>
 
 #include "meridian/core/clock.h"
+#include "testing/text.h"
 
 namespace meridian {
 namespace {
+
+using ::meridian::testing::Contains;
 
 using std::chrono::seconds;
 
@@ -36,9 +39,6 @@ std::vector<std::string> Lines(const std::string& text) {
   return lines;
 }
 
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // What MLOG(WARNING) << message writes to stderr.
 std::string Logged(const std::string& message) {

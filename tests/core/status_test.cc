@@ -1,4 +1,5 @@
 #include "meridian/core/status.h"
+#include "testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +13,7 @@ namespace {
 
 TEST(StatusTest, DefaultIsOk) {
   const Status status;
-  EXPECT_TRUE(status.ok());
+  EXPECT_OK(status);
   EXPECT_EQ(status.code(), StatusCode::kOk);
   EXPECT_EQ(status.message(), "");
   EXPECT_EQ(status.ToString(), "OK");
@@ -70,14 +71,14 @@ TEST(StatusTest, WithContextPrependsAndKeepsCode) {
   EXPECT_EQ(status.WithContext("outer").message(),
             "outer: loading job: no file");
   const Status ok = Status::Ok().WithContext("ignored");
-  EXPECT_TRUE(ok.ok());
+  EXPECT_OK(ok);
   EXPECT_EQ(ok.message(), "");
 }
 
 TEST(ResultTest, HoldsAValue) {
   Result<std::string> result(std::string("hello"));
-  ASSERT_TRUE(result.ok());
-  EXPECT_TRUE(result.status().ok());
+  ASSERT_OK(result);
+  EXPECT_OK(result.status());
   EXPECT_EQ(result.value(), "hello");
   EXPECT_EQ(*result, "hello");
   EXPECT_EQ(result->size(), 5u);
@@ -102,7 +103,7 @@ TEST(ResultTest, OkStatusBecomesInternal) {
 
 TEST(ResultTest, MoveOnlyValue) {
   Result<std::unique_ptr<int>> result = std::make_unique<int>(7);
-  ASSERT_TRUE(result.ok());
+  ASSERT_OK(result);
   std::unique_ptr<int> owned = std::move(result).value();
   ASSERT_NE(owned, nullptr);
   EXPECT_EQ(*owned, 7);
@@ -132,7 +133,7 @@ TEST(MacroTest, ReturnIfErrorReturnsTheFirstError) {
   EXPECT_TRUE(reached.empty());
 
   calls = 0;
-  EXPECT_TRUE(TwoSteps(&calls, Status::Ok(), &reached).ok());
+  EXPECT_OK(TwoSteps(&calls, Status::Ok(), &reached));
   EXPECT_EQ(calls, 2);
   EXPECT_EQ(reached, (std::vector<int>{1, 2}));
 }
@@ -155,7 +156,7 @@ Result<int> Quarter(int x, int* after_first) {
 TEST(MacroTest, AssignOrReturn) {
   int after_first = 0;
   Result<int> ok = Quarter(12, &after_first);
-  ASSERT_TRUE(ok.ok());
+  ASSERT_OK(ok);
   EXPECT_EQ(*ok, 3);
   EXPECT_EQ(after_first, 6);
 
@@ -182,7 +183,7 @@ Status UnboxInto(int v, int* out) {
 
 TEST(MacroTest, AssignOrReturnMovesMoveOnlyValues) {
   int out = 0;
-  EXPECT_TRUE(UnboxInto(5, &out).ok());
+  EXPECT_OK(UnboxInto(5, &out));
   EXPECT_EQ(out, 5);
   EXPECT_EQ(UnboxInto(-1, &out), InvalidArgumentError("negative"));
   EXPECT_EQ(out, 5);

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -128,7 +129,7 @@ void ExpectSameCheckpoint(const Checkpoint& a, const Checkpoint& b) {
 
 std::vector<std::byte> Encode(const Checkpoint& c) {
   Result<std::vector<std::byte>> bytes = EncodeCheckpoint(c);
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_OK(bytes);
   return bytes.ok() ? *bytes : std::vector<std::byte>{};
 }
 
@@ -256,7 +257,7 @@ TEST(CheckpointFormatTest, RoundTripInMemory) {
   const Checkpoint c = MakeCheckpoint(12, 100);
   const std::vector<std::byte> bytes = Encode(c);
   Result<Checkpoint> back = DecodeCheckpoint(bytes, "mem");
-  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_OK(back);
   ExpectSameCheckpoint(c, *back);
   EXPECT_EQ(back->Find("layer0/b")->values, (std::vector<float>{1.5f, -2.5f}));
   EXPECT_EQ(back->Find("nope"), nullptr);
@@ -275,7 +276,7 @@ TEST(CheckpointFormatTest, MinimalCheckpointRoundTrips) {
   c.sequence = 0;
   c.fingerprint = "x";
   Result<Checkpoint> back = DecodeCheckpoint(Encode(c), "mem");
-  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_OK(back);
   EXPECT_EQ(*back, c);
 }
 
@@ -402,7 +403,7 @@ TEST(CheckpointFormatTest, BadLengthsBehindAValidChecksumAreRefused) {
   // And the hand-made encoder agrees with the real one when lengths hold.
   Result<Checkpoint> ok =
       DecodeCheckpoint(HandMadeCheckpoint(1, ArrayBytes("w", 2, 2)), "hand");
-  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_OK(ok);
   EXPECT_EQ(ok->sequence, 9u);
   EXPECT_EQ(ok->arrays[0].values, (std::vector<float>{1.0f, 1.0f}));
 }
@@ -413,10 +414,10 @@ TEST(CheckpointFormatTest, BadLengthsBehindAValidChecksumAreRefused) {
 TEST(CheckpointDirTest, WriteThenLoadLatest) {
   const std::string dir = Dir("write") + "/sub/ckpt";  // created
   const Checkpoint c = MakeCheckpoint(12, 1000);
-  ASSERT_TRUE(WriteCheckpoint(dir, c).ok());
+  ASSERT_OK(WriteCheckpoint(dir, c));
   EXPECT_EQ(Names(dir), std::vector<std::string>{"ckpt-000000000000000c"});
   Result<LoadedCheckpoint> loaded = LoadLatest(dir, Fp());
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   ASSERT_TRUE(loaded->checkpoint.has_value());
   ExpectSameCheckpoint(c, *loaded->checkpoint);
   EXPECT_EQ(loaded->path, dir + "/ckpt-000000000000000c");
@@ -429,7 +430,7 @@ TEST(CheckpointDirTest, MissingOrEmptyDirectoryIsNoCheckpoint) {
   const std::string dir = Dir("empty");
   for (const std::string& d : {dir + "/missing", dir}) {
     Result<LoadedCheckpoint> loaded = LoadLatest(d, Fp());
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ASSERT_OK(loaded);
     EXPECT_FALSE(loaded->checkpoint.has_value());
     EXPECT_TRUE(loaded->refused.empty());
   }
@@ -438,7 +439,7 @@ TEST(CheckpointDirTest, MissingOrEmptyDirectoryIsNoCheckpoint) {
   WriteBytes(dir + "/ckpt-1", Bytes("not ours"));
   WriteBytes(dir + "/notes.txt", Bytes("hello"));
   Result<LoadedCheckpoint> loaded = LoadLatest(dir, Fp());
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_FALSE(loaded->checkpoint.has_value());
   // A path that is a file is an error, not "no checkpoint".
   EXPECT_FALSE(LoadLatest(dir + "/notes.txt", Fp()).ok());
@@ -447,31 +448,31 @@ TEST(CheckpointDirTest, MissingOrEmptyDirectoryIsNoCheckpoint) {
 TEST(CheckpointDirTest, KeepsTheNewestTwo) {
   const std::string dir = Dir("keep");
   for (uint64_t s = 1; s <= 5; ++s) {
-    ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(s)).ok());
+    ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(s)));
   }
   EXPECT_EQ(*ListCheckpoints(dir), (std::vector<uint64_t>{4, 5}));
   // A lower sequence (a caller that resumed from an older checkpoint)
   // becomes the latest: newer files would otherwise shadow it.
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(3)).ok());
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(3)));
   EXPECT_EQ(*ListCheckpoints(dir), (std::vector<uint64_t>{3}));
   EXPECT_EQ(LoadLatest(dir, Fp())->checkpoint->sequence, 3u);
   // Rewriting the same sequence replaces it.
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(4)).ok());
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(4, 3)).ok());
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(4)));
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(4, 3)));
   EXPECT_EQ(*ListCheckpoints(dir), (std::vector<uint64_t>{3, 4}));
   EXPECT_EQ(LoadLatest(dir, Fp())->checkpoint->arrays[0].values.size(), 3u);
 }
 
 TEST(CheckpointDirTest, FallsBackToTheOlderWhenTheNewestIsCorrupt) {
   const std::string dir = Dir("fallback");
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(7)).ok());
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(8)).ok());
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(7)));
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(8)));
   const std::string newest = dir + "/ckpt-0000000000000008";
   std::vector<std::byte> bytes = ReadBytes(newest);
   bytes[bytes.size() / 2] ^= std::byte{0x10};
   WriteBytes(newest, bytes);
   Result<LoadedCheckpoint> loaded = LoadLatest(dir, Fp());
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->checkpoint->sequence, 7u);
   ASSERT_EQ(loaded->refused.size(), 1u);
   EXPECT_CONTAINS(loaded->refused[0], newest);
@@ -481,11 +482,11 @@ TEST(CheckpointDirTest, FallsBackToTheOlderWhenTheNewestIsCorrupt) {
       ReadBytes(dir + "/ckpt-0000000000000007");
   WriteBytes(newest, std::span(older).first(100));
   loaded = LoadLatest(dir, Fp());
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->checkpoint->sequence, 7u);
   EXPECT_CONTAINS(loaded->refused[0], "truncated");
   // The caller continues at 8, replacing the refused file.
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(8)).ok());
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(8)));
   loaded = LoadLatest(dir, Fp());
   EXPECT_EQ(loaded->checkpoint->sequence, 8u);
   EXPECT_TRUE(loaded->refused.empty());
@@ -493,10 +494,10 @@ TEST(CheckpointDirTest, FallsBackToTheOlderWhenTheNewestIsCorrupt) {
 
 TEST(CheckpointDirTest, AFileUnderTheWrongNameIsRefused) {
   const std::string dir = Dir("misnamed");
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(1)).ok());
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(1)));
   fs::copy_file(dir + "/ckpt-0000000000000001", dir + "/ckpt-0000000000000009");
   Result<LoadedCheckpoint> loaded = LoadLatest(dir, Fp());
-  ASSERT_TRUE(loaded.ok());
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->checkpoint->sequence, 1u);
   ASSERT_EQ(loaded->refused.size(), 1u);
   EXPECT_CONTAINS(loaded->refused[0], "holds sequence 1, its name says 9");
@@ -517,7 +518,7 @@ TEST(CheckpointDirTest, OnlyCorruptCheckpointsIsAnError) {
 TEST(CheckpointDirTest, ForeignCheckpointsAreRefusedNamingBothJobs) {
   const std::string dir = Dir("foreign");
   const std::string other = CheckpointFingerprint("cifar", "eu", 7, "3f2a9c");
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(12, 10, other)).ok());
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(12, 10, other)));
   Result<LoadedCheckpoint> loaded = LoadLatest(dir, Fp());
   ASSERT_FALSE(loaded.ok());
   EXPECT_EQ(loaded.status().code(), StatusCode::kFailedPrecondition);
@@ -530,7 +531,7 @@ TEST(CheckpointDirTest, ForeignCheckpointsAreRefusedNamingBothJobs) {
   Result<Checkpoint> read =
       ReadCheckpointFile(dir + "/ckpt-000000000000000c", Fp());
   EXPECT_EQ(read.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(ReadCheckpointFile(dir + "/ckpt-000000000000000c", other).ok());
+  EXPECT_OK(ReadCheckpointFile(dir + "/ckpt-000000000000000c", other));
 }
 
 TEST(CheckpointDirTest, AHugeForeignFileIsRefusedWithoutReadingIt) {
@@ -556,30 +557,30 @@ TEST(CheckpointDirTest, AHugeForeignFileIsRefusedWithoutReadingIt) {
 
 TEST(CheckpointDirTest, AStaleTemporaryFileIsIgnoredThenCleaned) {
   const std::string dir = Dir("stale");
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(2)).ok());
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(2)));
   // A crash mid-write of checkpoint 3 left half a file.
   const std::vector<std::byte> half = Encode(MakeCheckpoint(3, 100));
   WriteBytes(dir + "/ckpt-0000000000000003.tmp",
              std::span(half).first(half.size() / 2));
   WriteBytes(dir + "/ckpt-0000000000000009.tmp", Bytes("older crash"));
   Result<LoadedCheckpoint> loaded = LoadLatest(dir, Fp());
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->checkpoint->sequence, 2u);
   EXPECT_TRUE(loaded->refused.empty());
   EXPECT_EQ(Names(dir).size(), 3u);  // loading deletes nothing
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(3)).ok());
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(3)));
   EXPECT_EQ(Names(dir), (std::vector<std::string>{"ckpt-0000000000000002",
                                                   "ckpt-0000000000000003"}));
   // PruneCheckpoints cleans them too.
   WriteBytes(dir + "/ckpt-0000000000000004.tmp", Bytes("x"));
-  ASSERT_TRUE(PruneCheckpoints(dir, 3).ok());
+  ASSERT_OK(PruneCheckpoints(dir, 3));
   EXPECT_EQ(Names(dir), std::vector<std::string>{"ckpt-0000000000000003"});
-  EXPECT_TRUE(PruneCheckpoints(dir + "/missing", 3).ok());
+  EXPECT_OK(PruneCheckpoints(dir + "/missing", 3));
 }
 
 TEST(CheckpointDirTest, WriteErrorsNameThePathAndLeaveTheOldState) {
   const std::string dir = Dir("errors");
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(1)).ok());
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(1)));
 
   // The directory cannot be created: its parent is a file.
   WriteBytes(dir + "/file", Bytes("x"));
@@ -652,7 +653,7 @@ std::string RunUnprivileged(const std::function<std::string()>& body) {
 
 TEST(CheckpointDirTest, AnUnwritableDirectoryIsAnError) {
   const std::string dir = Dir("readonly");
-  ASSERT_TRUE(WriteCheckpoint(dir, MakeCheckpoint(1)).ok());
+  ASSERT_OK(WriteCheckpoint(dir, MakeCheckpoint(1)));
   ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
   const std::string written = RunUnprivileged(
       [&] { return WriteCheckpoint(dir, MakeCheckpoint(2)).ToString(); });
@@ -684,7 +685,7 @@ std::unique_ptr<LogWriter> OpenLog(const std::string& dir, uint64_t segment,
                                    LogWriterOptions options = {}) {
   Result<std::unique_ptr<LogWriter>> writer =
       LogWriter::Open(dir, Fp(), segment, options);
-  EXPECT_TRUE(writer.ok()) << writer.status();
+  EXPECT_OK(writer);
   return writer.ok() ? std::move(writer).value() : nullptr;
 }
 
@@ -695,12 +696,12 @@ std::vector<std::vector<std::byte>> WriteThreeSegments(const std::string& dir,
   std::unique_ptr<LogWriter> log = OpenLog(dir, 1);
   for (uint64_t s = 1; s <= 3; ++s) {
     if (s > 1) {
-      EXPECT_TRUE(log->Rotate(s).ok());
+      EXPECT_OK(log->Rotate(s));
     }
     for (int i = 0; i < per_segment; ++i) {
       records.push_back(
           Record(static_cast<int>(records.size()), static_cast<size_t>(i * 7)));
-      EXPECT_TRUE(log->Append(records.back()).ok());
+      EXPECT_OK(log->Append(records.back()));
     }
   }
   return records;
@@ -718,18 +719,18 @@ TEST(LogTest, RoundTrip) {
     ASSERT_NE(log, nullptr);
     std::vector<std::vector<std::byte>> records = {
         Record(0, 0), Record(1, 1), Record(2, 100000), Record(3, 17)};
-    ASSERT_TRUE(log->Append(records[0]).ok());
-    ASSERT_TRUE(log->Append(records[1]).ok());
-    ASSERT_TRUE(log->Rotate(9).ok());
+    ASSERT_OK(log->Append(records[0]));
+    ASSERT_OK(log->Append(records[1]));
+    ASSERT_OK(log->Rotate(9));
     EXPECT_EQ(log->segment(), 9u);
-    ASSERT_TRUE(log->Append(records[2]).ok());
-    ASSERT_TRUE(log->Append(records[3]).ok());
+    ASSERT_OK(log->Append(records[2]));
+    ASSERT_OK(log->Append(records[3]));
     EXPECT_FALSE(log->Rotate(9).ok());  // must move forward
     EXPECT_TRUE(log->repair_note().empty());
     EXPECT_EQ(*ListLogSegments(dir), (std::vector<uint64_t>{5, 9}));
 
     Result<LogContents> read = ReadLog(dir, Fp(), 0);
-    ASSERT_TRUE(read.ok()) << read.status();
+    ASSERT_OK(read);
     ASSERT_EQ(read->records.size(), 4u);
     for (size_t i = 0; i < 4; ++i) {
       EXPECT_EQ(read->records[i].payload, records[i]) << i;
@@ -740,7 +741,7 @@ TEST(LogTest, RoundTrip) {
     EXPECT_TRUE(read->ignored_note.empty());
 
     read = ReadLog(dir, Fp(), 6);
-    ASSERT_TRUE(read.ok()) << read.status();
+    ASSERT_OK(read);
     ASSERT_EQ(read->records.size(), 2u);
     EXPECT_EQ(read->records[0].payload, records[2]);
     // The file is the documented format, byte for byte.
@@ -753,7 +754,7 @@ TEST(LogTest, MissingOrEmptyLogIsEmpty) {
   const std::string dir = Dir("nolog");
   for (const std::string& d : {dir, dir + "/missing"}) {
     Result<LogContents> read = ReadLog(d, Fp(), 0);
-    ASSERT_TRUE(read.ok()) << read.status();
+    ASSERT_OK(read);
     EXPECT_TRUE(read->records.empty());
     EXPECT_EQ(read->last_segment, kNoSegment);
   }
@@ -772,7 +773,7 @@ TEST(LogTest, ATornLastRecordIsIgnoredAtEveryCut) {
   for (size_t cut = header; cut < full.size(); ++cut) {
     WriteBytes(last, std::span(full).first(cut));
     Result<LogContents> read = ReadLog(dir, Fp(), 0);
-    ASSERT_TRUE(read.ok()) << cut << ": " << read.status();
+    ASSERT_OK(read) << cut << ": " << read.status();
     size_t complete = 0;
     while (complete + 1 < ends.size() && ends[complete + 1] <= cut) {
       ++complete;
@@ -798,7 +799,7 @@ TEST(LogTest, ATornTailIsReportedThenCutByTheNextWriter) {
   AppendText(&bytes, "partial");
   WriteBytes(last, bytes);
   Result<LogContents> read = ReadLog(dir, Fp(), 0);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   EXPECT_EQ(read->records.size(), records.size());
   EXPECT_EQ(read->ignored_bytes, 15u);
   EXPECT_CONTAINS(read->ignored_note, last + ": record at offset " +
@@ -812,9 +813,9 @@ TEST(LogTest, ATornTailIsReportedThenCutByTheNextWriter) {
   ASSERT_NE(log, nullptr);
   EXPECT_CONTAINS(log->repair_note(), "cut 15 torn bytes off " + last);
   EXPECT_EQ(ReadBytes(last).size(), size);
-  ASSERT_TRUE(log->Append(Record(99, 5)).ok());
+  ASSERT_OK(log->Append(Record(99, 5)));
   read = ReadLog(dir, Fp(), 0);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   EXPECT_EQ(read->records.size(), records.size() + 1);
   EXPECT_EQ(read->records.back().segment, 4u);
   EXPECT_EQ(read->ignored_bytes, 0u);
@@ -832,7 +833,7 @@ TEST(LogTest, CorruptionInTheLastSegmentStopsReading) {
     bad[i] ^= std::byte{0x40};
     WriteBytes(last, bad);
     Result<LogContents> read = ReadLog(dir, Fp(), 0);
-    ASSERT_TRUE(read.ok()) << i << ": " << read.status();
+    ASSERT_OK(read) << i << ": " << read.status();
     ASSERT_LT(read->records.size(), records.size()) << i;
     EXPECT_GT(read->ignored_bytes, 0u) << i;
     for (size_t r = 0; r < read->records.size(); ++r) {
@@ -878,7 +879,7 @@ TEST(LogTest, AnyCorruptionOfAnOlderSegmentIsAnError) {
                       std::to_string(header + 8 + 15) +
                       ": declares 14 bytes, 11 left: corrupt");
   // Reading from the segment after it does not look at it.
-  EXPECT_TRUE(ReadLog(dir, Fp(), 3).ok());
+  EXPECT_OK(ReadLog(dir, Fp(), 3));
 }
 
 TEST(LogTest, AMissingSegmentIsAnError) {
@@ -893,7 +894,7 @@ TEST(LogTest, AMissingSegmentIsAnError) {
   ASSERT_FALSE(read.ok());
   EXPECT_CONTAINS(read.status().message(),
                   "follows segment 2, which is missing");
-  EXPECT_TRUE(ReadLog(dir, Fp(), 3).ok());
+  EXPECT_OK(ReadLog(dir, Fp(), 3));
 }
 
 TEST(LogTest, ForeignAndMisnamedSegmentsAreRefused) {
@@ -923,13 +924,13 @@ TEST(LogTest, ForeignAndMisnamedSegmentsAreRefused) {
 TEST(LogTest, PruneDeletesOlderSegments) {
   const std::string dir = Dir("prune");
   const std::vector<std::vector<std::byte>> records = WriteThreeSegments(dir);
-  ASSERT_TRUE(PruneLog(dir, 3).ok());
+  ASSERT_OK(PruneLog(dir, 3));
   EXPECT_EQ(*ListLogSegments(dir), std::vector<uint64_t>{3});
   Result<LogContents> read = ReadLog(dir, Fp(), 3);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   ASSERT_EQ(read->records.size(), 3u);
   EXPECT_EQ(read->records[0].payload, records[6]);
-  EXPECT_TRUE(PruneLog(dir + "/missing", 3).ok());
+  EXPECT_OK(PruneLog(dir + "/missing", 3));
 }
 
 TEST(LogTest, OpenCleansStaleTemporaryFiles) {
@@ -939,14 +940,14 @@ TEST(LogTest, OpenCleansStaleTemporaryFiles) {
   std::unique_ptr<LogWriter> log = OpenLog(dir, 4);
   ASSERT_NE(log, nullptr);
   EXPECT_FALSE(fs::exists(dir + "/log-0000000000000004.tmp"));
-  EXPECT_TRUE(ReadLog(dir, Fp(), 0).ok());
+  EXPECT_OK(ReadLog(dir, Fp(), 0));
 }
 
 TEST(LogTest, AFailedAppendLeavesNoTornRecord) {
   const std::string dir = Dir("logfull");
   std::unique_ptr<LogWriter> log = OpenLog(dir, 1);
   ASSERT_NE(log, nullptr);
-  ASSERT_TRUE(log->Append(Record(0, 10)).ok());
+  ASSERT_OK(log->Append(Record(0, 10)));
   {
     // Room for part of the next record only.
     FileSizeLimit limit(log->segment_bytes() + 100);
@@ -955,9 +956,9 @@ TEST(LogTest, AFailedAppendLeavesNoTornRecord) {
     EXPECT_CONTAINS(status.message(),
                     "cannot write '" + SegmentPath(dir, 1) + "'");
   }
-  ASSERT_TRUE(log->Append(Record(2, 10)).ok());
+  ASSERT_OK(log->Append(Record(2, 10)));
   Result<LogContents> read = ReadLog(dir, Fp(), 0);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   ASSERT_EQ(read->records.size(), 2u);
   EXPECT_EQ(read->records[1].payload, Record(2, 10));
   EXPECT_EQ(read->ignored_bytes, 0u);
@@ -1026,11 +1027,11 @@ TEST(CheckpointWriterTest, WritesToDiskAndReportsDurableSequence) {
   CheckpointWriter writer({.dir = dir, .durable_sequence = 4});
   EXPECT_EQ(writer.durable_sequence(), 4u);
   EXPECT_FALSE(writer.Submit(MakeCheckpoint(5, 1000)));
-  EXPECT_TRUE(writer.Flush().ok());
+  EXPECT_OK(writer.Flush());
   EXPECT_EQ(writer.durable_sequence(), 5u);
   EXPECT_EQ(writer.stats().written, 1u);
   EXPECT_EQ(LoadLatest(dir, Fp())->checkpoint->sequence, 5u);
-  EXPECT_TRUE(writer.Flush().ok());  // nothing submitted since: returns
+  EXPECT_OK(writer.Flush());  // nothing submitted since: returns
 }
 
 TEST(CheckpointWriterTest, ANewerSubmissionReplacesAPendingOne) {
@@ -1044,7 +1045,7 @@ TEST(CheckpointWriterTest, ANewerSubmissionReplacesAPendingOne) {
   EXPECT_TRUE(writer.Submit(MakeCheckpoint(4)));   // replaces 3
   EXPECT_EQ(writer.durable_sequence(), 0u);
   disk.Hold(false);
-  EXPECT_TRUE(writer.Flush().ok());
+  EXPECT_OK(writer.Flush());
   EXPECT_EQ(disk.written(), (std::vector<uint64_t>{1, 4}));
   EXPECT_EQ(writer.durable_sequence(), 4u);
   const CheckpointWriter::Stats stats = writer.stats();
@@ -1065,8 +1066,8 @@ TEST(CheckpointWriterTest, FailuresAreReportedAndDoNotAdvance) {
   EXPECT_EQ(writer.durable_sequence(), 1u);
   EXPECT_EQ(writer.stats().failed, 1u);
   writer.Submit(MakeCheckpoint(3));
-  EXPECT_TRUE(writer.Flush().ok());
-  EXPECT_TRUE(writer.last_error().ok());
+  EXPECT_OK(writer.Flush());
+  EXPECT_OK(writer.last_error());
   EXPECT_EQ(writer.durable_sequence(), 3u);
 }
 
@@ -1109,11 +1110,11 @@ TEST(CheckpointWriterTest, ManyThreadsSubmitting) {
     });
   }
   for (std::thread& t : threads) t.join();
-  EXPECT_TRUE(writer.Flush().ok());
+  EXPECT_OK(writer.Flush());
   const CheckpointWriter::Stats stats = writer.stats();
   EXPECT_EQ(stats.written + stats.replaced, 80u);
   Result<LoadedCheckpoint> loaded = LoadLatest(dir, Fp());
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->checkpoint->sequence, writer.durable_sequence());
 }
 
@@ -1278,7 +1279,7 @@ TEST(CheckpointWriterTest, ReportsHowLongTheLastWriteTook) {
   disk.WaitStarted(1);
   std::this_thread::sleep_for(std::chrono::milliseconds(60));
   disk.Hold(false);
-  ASSERT_TRUE(writer.Flush().ok());
+  ASSERT_OK(writer.Flush());
   EXPECT_GE(writer.stats().last_write_s, 0.05);
 }
 
@@ -1297,12 +1298,12 @@ TEST(SiteCheckpointerTest, EarlyCheckpointsFollowTheWriteNotASecond) {
   const std::string dir = Dir("site-due");
   Result<std::unique_ptr<SiteCheckpointer>> opened = SiteCheckpointer::Open(
       {.dir = dir, .fingerprint = Fp(), .period_s = 10}, /*resume=*/false);
-  ASSERT_TRUE(opened.ok()) << opened.status();
+  ASSERT_OK(opened);
   SiteCheckpointer& checkpointer = **opened;
   EXPECT_TRUE(checkpointer.Due(100.0, false));  // none yet
   checkpointer.Submit(pb::SiteCheckpoint(), {{"model", {1, 2, 3}}}, 100.0);
   // Written but not yet taken as durable: an early one waits for it.
-  ASSERT_TRUE(checkpointer.Flush().ok());
+  ASSERT_OK(checkpointer.Flush());
   EXPECT_FALSE(checkpointer.Due(100.5, true));
   EXPECT_TRUE(checkpointer.TakeDurable().has_value());
   // Wanted checkpoints follow after EarlyCheckpointSpacing (0.1 s for a

@@ -25,6 +25,7 @@
 #include "meridian/report.pb.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -82,13 +83,13 @@ class IntegrationTest : public ::testing::Test {
     options.test_samples = 1000;
     // Overlapping classes: a trained model gets ~0.97, a random one 0.1.
     options.noise = 400;
-    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+    ASSERT_OK(testing::WriteSyntheticIdx(*data_dir_, options));
   }
 
   std::string WriteJob(const pb::JobConfig& job) {
     const std::string dir = testing::MakeTempDir("integration-job");
     const std::string path = dir + "/job.pbtxt";
-    EXPECT_TRUE(testing::WriteJobFile(job, path).ok());
+    EXPECT_OK(testing::WriteJobFile(job, path));
     return path;
   }
 
@@ -162,7 +163,7 @@ class IntegrationTest : public ::testing::Test {
     const CommandResult result = RunCommand(std::string(MERIDIAN_BINARY) +
                                             " run " + path + " --out " + out);
     ASSERT_EQ(result.exit_code, 0) << result.output;
-    ASSERT_TRUE(ReadJsonFile(out + "/report.json", report).ok());
+    ASSERT_OK(ReadJsonFile(out + "/report.json", report));
   }
 
   static std::string* data_dir_;
@@ -378,7 +379,7 @@ TEST_F(IntegrationTest, AFailingWorkerStopsTheJobAndIsNamed) {
   EXPECT_EQ(CountProcesses(path), 0) << "orphaned children";
   // The sites still wrote what they had.
   pb::RunReport report;
-  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
+  ASSERT_OK(ReadJsonFile(out + "/report.json", &report));
   EXPECT_EQ(report.outcome().rfind("failed: ", 0), 0u) << report.outcome();
 }
 
@@ -409,7 +410,7 @@ TEST_F(IntegrationTest, InterruptStopsEveryProcess) {
   EXPECT_EQ(WEXITSTATUS(status), 130);
   EXPECT_EQ(CountProcesses(path), 0) << "orphaned children";
   pb::RunReport report;
-  ASSERT_TRUE(ReadJsonFile(out + "/report.json", &report).ok());
+  ASSERT_OK(ReadJsonFile(out + "/report.json", &report));
   EXPECT_EQ(report.outcome(), "interrupted");
   ASSERT_EQ(report.workers_size(), 2);
   EXPECT_GT(report.workers(0).steps(), 0u);

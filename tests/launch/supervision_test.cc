@@ -33,9 +33,13 @@
 #include "meridian/report/top.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
+#include "testing/text.h"
 
 namespace meridian {
 namespace {
+
+using ::meridian::testing::ReadFile;
 
 using testing::CommandResult;
 using testing::FindProcesses;
@@ -154,11 +158,6 @@ TEST(SupervisionUnitTest, WanTrafficSumsEveryEmulatorProcess) {
   EXPECT_EQ(report.wanem_processes(), 2u);
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in),
-                     std::istreambuf_iterator<char>());
-}
 
 TEST(SupervisionUnitTest, TrafficCsvOfRestartedEmulatorsKeepsGrowing) {
   const std::string dir = testing::MakeTempDir("traffic-merge");
@@ -172,10 +171,9 @@ TEST(SupervisionUnitTest, TrafficCsvOfRestartedEmulatorsKeepsGrowing) {
   std::ofstream(dir + "/two.csv")
       << header << "0.000,a-b,a,b,0,0,0,100,0.005,0\n"
       << "2.000,a-b,a,b,100,2,0,100,0.005,0\n";
-  ASSERT_TRUE(MergeTrafficCsv(
+  ASSERT_OK(MergeTrafficCsv(
                   {dir + "/one.csv", dir + "/missing.csv", dir + "/two.csv"},
-                  {0, 0, 5.5}, dir + "/two.csv")
-                  .ok());
+                  {0, 0, 5.5}, dir + "/two.csv"));
   EXPECT_EQ(ReadFile(dir + "/two.csv"),
             header +
                 "0.000,a-b,a,b,0,0,0,100,0.005,0\n"
@@ -343,7 +341,7 @@ class SupervisionTest : public ::testing::Test {
     options.train_samples = 2000;
     options.test_samples = 300;
     options.noise = 400;
-    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+    ASSERT_OK(testing::WriteSyntheticIdx(*data_dir_, options));
   }
 
   void SetUp() override {
@@ -402,7 +400,7 @@ class SupervisionTest : public ::testing::Test {
   }
 
   void WriteJob(const pb::JobConfig& job) {
-    ASSERT_TRUE(testing::WriteJobFile(job, path_).ok());
+    ASSERT_OK(testing::WriteJobFile(job, path_));
   }
 
   // Whether every worker in `workers` ("site/index") reported SGD steps to
@@ -456,7 +454,7 @@ class SupervisionTest : public ::testing::Test {
 
   pb::RunReport ReadReport() {
     pb::RunReport report;
-    EXPECT_TRUE(ReadJsonFile(out_ + "/report.json", &report).ok());
+    EXPECT_OK(ReadJsonFile(out_ + "/report.json", &report));
     return report;
   }
 
@@ -585,7 +583,7 @@ TEST_F(SupervisionTest, KilledWanemIsRestartedAndTheSitesKeepSyncing) {
   ASSERT_EQ(EventsOf(report, pb::PROCESS_RESTARTED, "wanem").size(), 1u);
   // Both processes' counters: the first's as last read, the second's final.
   pb::RunManifest manifest;
-  ASSERT_TRUE(ReadJsonFile(out_ + "/run.json", &manifest).ok());
+  ASSERT_OK(ReadJsonFile(out_ + "/run.json", &manifest));
   ASSERT_EQ(manifest.wanem_size(), 2);
   double first_bytes = 0;
   double second_bytes = 0;
@@ -752,7 +750,7 @@ TEST_F(SupervisionTest, ResumeContinuesAJobWhoseEveryProcessWasKilled) {
   ASSERT_EQ(report.sites_size(), 2);
   EXPECT_EQ(EventsOf(report, pb::JOB_RESUMED, "job").size(), 1u);
   pb::RunManifest manifest;
-  ASSERT_TRUE(ReadJsonFile(out_ + "/run.json", &manifest).ok());
+  ASSERT_OK(ReadJsonFile(out_ + "/run.json", &manifest));
   EXPECT_EQ(manifest.resumes(), 1u);
   // Both emulator processes counted; the killed one's last second missing.
   ASSERT_EQ(manifest.wanem_size(), 2);

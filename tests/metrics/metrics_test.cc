@@ -1,6 +1,8 @@
 // The metrics registry's Prometheus text, its parser, and the HTTP endpoint
 // over real sockets.
 #include "meridian/metrics/metrics.h"
+#include "testing/status_matchers.h"
+#include "testing/text.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -21,9 +23,8 @@
 namespace meridian {
 namespace {
 
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using ::meridian::testing::Contains;
+
 
 TEST(MetricsRegistryTest, RendersHelpTypeAndSeries) {
   MetricsRegistry registry;
@@ -78,7 +79,7 @@ TEST(MetricsRegistryTest, EscapesLabelValuesAndHelp) {
   EXPECT_TRUE(Contains(text, "g{site=\"a\\\"b\\\\c\\nd\"} 1\n")) << text;
   // And the parser reads the value back unescaped.
   Result<std::vector<MetricSample>> samples = ParseMetricsText(text);
-  ASSERT_TRUE(samples.ok()) << samples.status();
+  ASSERT_OK(samples);
   ASSERT_EQ(samples->size(), 1u);
   EXPECT_EQ((*samples)[0].Label("site"), "a\"b\\c\nd");
 }
@@ -123,7 +124,7 @@ TEST(MetricsParseTest, ReadsSamplesAndSkipsComments) {
   Result<std::vector<MetricSample>> samples = ParseMetricsText(
       "# HELP a x\n# TYPE a counter\na_total{site=\"us\",peer=\"eu\"} 12 "
       "1700000000\n\nb 1.5e3\nc{} NaN\nd +Inf\n");
-  ASSERT_TRUE(samples.ok()) << samples.status();
+  ASSERT_OK(samples);
   ASSERT_EQ(samples->size(), 4u);
   EXPECT_EQ((*samples)[0].name, "a_total");
   EXPECT_EQ((*samples)[0].Label("peer"), "eu");
@@ -146,15 +147,15 @@ TEST(MetricsParseTest, GarbageNamesTheLine) {
 
 TEST(MetricsAddressTest, ParsesAndRefuses) {
   Result<MetricsAddress> a = ParseMetricsAddress("127.0.0.1:9100");
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_EQ(a->host, "127.0.0.1");
   EXPECT_EQ(a->port, 9100);
   Result<MetricsAddress> b = ParseMetricsAddress("*:0");
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_EQ(b->ToString(), "0.0.0.0:0");
   Result<MetricsAddress> c =
       ParseMetricsAddress("http://meridian-us:9100/metrics");
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   EXPECT_EQ(c->ToString(), "meridian-us:9100");
   for (const char* bad : {"", "9100", "host:", ":9100", "host:70000",
                           "host:12x", "a b:1", "tcp://h:1"}) {
@@ -174,19 +175,19 @@ TEST(MetricsServerTest, ServesMetricsOverHttpOnAFreePort) {
   commits->Add(7);
   Result<std::unique_ptr<MetricsServer>> server =
       MetricsServer::Start(&registry, "127.0.0.1:0");
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   const std::string address = (*server)->address();
   EXPECT_NE(address, "127.0.0.1:0");
   EXPECT_EQ((*server)->url(), "http://" + address + "/metrics");
 
   Result<std::string> text = FetchMetricsText(address, 5.0);
-  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_OK(text);
   EXPECT_TRUE(Contains(*text, "meridian_site_commits_total{site=\"a\"} 7\n"))
       << *text;
   // Live: the next scrape sees the update.
   commits->Add(1);
   text = FetchMetricsText(address, 5.0);
-  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_OK(text);
   EXPECT_TRUE(Contains(*text, "meridian_site_commits_total{site=\"a\"} 8\n"))
       << *text;
 
@@ -214,7 +215,7 @@ TEST(MetricsServerTest, ASecondBindOnTheSamePortFailsCleanly) {
   MetricsRegistry registry;
   Result<std::unique_ptr<MetricsServer>> first =
       MetricsServer::Start(&registry, "127.0.0.1:0");
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   const std::string address = (*first)->address();
   Result<std::unique_ptr<MetricsServer>> second =
       MetricsServer::Start(&registry, address);
@@ -222,7 +223,7 @@ TEST(MetricsServerTest, ASecondBindOnTheSamePortFailsCleanly) {
   EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
   EXPECT_TRUE(Contains(second.status().message(), address)) << second.status();
   // The first keeps serving.
-  EXPECT_TRUE(FetchMetricsText(address, 5.0).ok());
+  EXPECT_OK(FetchMetricsText(address, 5.0));
   // A role would run on without metrics: null and a warning.
   EXPECT_EQ(StartMetricsServerOrWarn(&registry, address, "test"), nullptr);
   EXPECT_EQ(StartMetricsServerOrWarn(&registry, "", "test"), nullptr);
@@ -242,7 +243,7 @@ TEST(MetricsServerTest, StopsRightAfterStarting) {
   for (int i = 0; i < 20; ++i) {
     Result<std::unique_ptr<MetricsServer>> server =
         MetricsServer::Start(&registry, "127.0.0.1:0");
-    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_OK(server);
   }  // each destroyed at once: must not hang
 }
 
@@ -253,7 +254,7 @@ TEST(MetricsFetchTest, UnreachableIsUnavailable) {
   {
     Result<std::unique_ptr<MetricsServer>> server =
         MetricsServer::Start(&registry, "127.0.0.1:0");
-    ASSERT_TRUE(server.ok());
+    ASSERT_OK(server);
     address = (*server)->address();
   }
   Result<std::string> text = FetchMetricsText(address, 1.0);
@@ -348,7 +349,7 @@ double ScrapeSeconds(const std::string& address, const std::string& expect) {
   Result<std::string> text = FetchMetricsText(address, 30.0);
   const double elapsed =
       std::chrono::duration<double>(SteadyClock::now() - start).count();
-  EXPECT_TRUE(text.ok()) << text.status();
+  EXPECT_OK(text);
   if (text.ok()) {
     EXPECT_TRUE(Contains(*text, expect)) << *text;
   }
@@ -363,7 +364,7 @@ TEST(MetricsSlowClientTest, ScrapesAreServedWhileStalledConnectionsWait) {
   limits.idle_thread_timeout = milliseconds(500);  // ... but quick to idle
   Result<std::unique_ptr<MetricsServer>> server =
       MetricsServer::Start(&registry, "127.0.0.1:0", limits);
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   const std::string address = (*server)->address();
   const int port = PortOf(address);
 
@@ -405,7 +406,7 @@ TEST(MetricsSlowClientTest, TricklersAndEndlessHeadersAreCutOff) {
   limits.connection_timeout = milliseconds(1500);
   Result<std::unique_ptr<MetricsServer>> server =
       MetricsServer::Start(&registry, "127.0.0.1:0", limits);
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   const std::string address = (*server)->address();
   const int port = PortOf(address);
 
@@ -455,7 +456,7 @@ TEST(MetricsSlowClientTest, ReadersThatDoNotReadDoNotBlockScrapes) {
   registry.Gauge("meridian_up", "Up")->Set(1);
   Result<std::unique_ptr<MetricsServer>> server =
       MetricsServer::Start(&registry, "127.0.0.1:0");
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   const std::string address = (*server)->address();
   std::vector<std::unique_ptr<RawConnection>> readers;
   for (int i = 0; i < 8; ++i) {
@@ -476,7 +477,7 @@ TEST(MetricsSlowClientTest, StopDoesNotWaitForStalledConnections) {
   MetricsRegistry registry;
   Result<std::unique_ptr<MetricsServer>> server =
       MetricsServer::Start(&registry, "127.0.0.1:0");
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   std::vector<std::unique_ptr<RawConnection>> stalled;
   for (int i = 0; i < 16; ++i) {
     stalled.push_back(

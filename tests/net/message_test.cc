@@ -18,6 +18,7 @@
 #include <zmq.hpp>
 
 #include "meridian/net/transport.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -30,8 +31,8 @@ constexpr uint64_t kU64Max = std::numeric_limits<uint64_t>::max();
 // w: 2x3 = 6 elements, b: 3 elements.
 ModelLayout SmallLayout() {
   ModelLayout layout;
-  EXPECT_TRUE(layout.Add("w", {2, 3}).ok());
-  EXPECT_TRUE(layout.Add("b", {3}).ok());
+  EXPECT_OK(layout.Add("w", {2, 3}));
+  EXPECT_OK(layout.Add("b", {3}));
   return layout;
 }
 
@@ -98,10 +99,10 @@ pb::ErrorCode DecodeCode(const Wire& wire) {
 
 ModelLayout TwoLayerLayout() {
   ModelLayout layout;
-  EXPECT_TRUE(layout.Add("fc1.w", {784, 128}).ok());
-  EXPECT_TRUE(layout.Add("fc1.b", {128}).ok());
-  EXPECT_TRUE(layout.Add("fc2.w", {128, 10}).ok());
-  EXPECT_TRUE(layout.Add("fc2.b", {10}).ok());
+  EXPECT_OK(layout.Add("fc1.w", {784, 128}));
+  EXPECT_OK(layout.Add("fc1.b", {128}));
+  EXPECT_OK(layout.Add("fc2.w", {128, 10}));
+  EXPECT_OK(layout.Add("fc2.b", {10}));
   return layout;
 }
 
@@ -118,7 +119,7 @@ TEST(LayoutSpecsTest, RoundTrip) {
   EXPECT_EQ(specs[3].name(), "fc2.b");
 
   Result<ModelLayout> back = LayoutFromSpecs(specs);
-  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_OK(back);
   EXPECT_TRUE(*back == layout);
   EXPECT_EQ(back->num_elements(), layout.num_elements());
   EXPECT_EQ(back->Find("fc2.b")->offset, 101760u);
@@ -616,10 +617,10 @@ TEST_F(TransportTest, RoundTripPreservesPayloadAndRoutingId) {
   for (const std::string& frame : wire.payload) {
     payload.emplace_back(frame.data(), frame.size());
   }
-  ASSERT_TRUE(SendMessage(dealer, wire.header, std::move(payload)).ok());
+  ASSERT_OK(SendMessage(dealer, wire.header, std::move(payload)));
 
   Result<Received> got = ReceiveMessage(router, true, milliseconds(5000));
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ASSERT_TRUE(got->message)
       << (got->refused ? got->refused->rejection.reason : "timed out");
   const Envelope& envelope = *got->message;
@@ -639,11 +640,9 @@ TEST_F(TransportTest, RoundTripPreservesPayloadAndRoutingId) {
   slice->set_payload_bytes(12);
   std::vector<zmq::message_t> reply_payload;
   reply_payload.push_back(CopyFloatFrame(std::vector<float>{7, 8, 9}));
-  ASSERT_TRUE(
-      SendMessage(router, reply, std::move(reply_payload), envelope.routing_id)
-          .ok());
+  ASSERT_OK(SendMessage(router, reply, std::move(reply_payload), envelope.routing_id));
   Result<Received> back = ReceiveMessage(dealer, false, milliseconds(5000));
-  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_OK(back);
   ASSERT_TRUE(back->message);
   EXPECT_EQ(back->message->routing_id, "");
   EXPECT_EQ(back->message->header.model().version(), 9u);
@@ -665,10 +664,10 @@ TEST_F(TransportTest, MalformedMessageComesBackRefused) {
   Wire wire = ValidCommit();
   std::vector<zmq::message_t> payload;
   payload.emplace_back(wire.payload[0].data(), wire.payload[0].size());
-  ASSERT_TRUE(SendMessage(dealer, wire.header, std::move(payload)).ok());
+  ASSERT_OK(SendMessage(dealer, wire.header, std::move(payload)));
 
   Result<Received> got = ReceiveMessage(router, true, milliseconds(5000));
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ASSERT_FALSE(got->message);
   ASSERT_TRUE(got->refused);
   EXPECT_FALSE(got->timed_out());
@@ -681,16 +680,15 @@ TEST_F(TransportTest, MalformedMessageComesBackRefused) {
   ASSERT_TRUE(dealer.send(zmq::message_t(garbage.data(), garbage.size()),
                           zmq::send_flags::none));
   got = ReceiveMessage(router, true, milliseconds(5000));
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ASSERT_TRUE(got->refused);
   EXPECT_EQ(got->refused->rejection.code, pb::ERROR_MALFORMED);
 
   // The sender hears about it through SendError.
-  ASSERT_TRUE(SendError(router, pb::Endpoint(), 4, got->refused->rejection, 17,
-                        got->refused->routing_id)
-                  .ok());
+  ASSERT_OK(SendError(router, pb::Endpoint(), 4, got->refused->rejection, 17,
+                        got->refused->routing_id));
   Result<Received> error = ReceiveMessage(dealer, false, milliseconds(5000));
-  ASSERT_TRUE(error.ok()) << error.status();
+  ASSERT_OK(error);
   ASSERT_TRUE(error->message);
   EXPECT_EQ(error->message->header.type(), pb::ERROR);
   EXPECT_EQ(error->message->header.error().code(), pb::ERROR_MALFORMED);
@@ -704,7 +702,7 @@ TEST_F(TransportTest, ReceiveTimesOut) {
   const auto start = Clock::now();
   Result<Received> got = ReceiveMessage(router, true, milliseconds(50));
   const auto elapsed = Clock::now() - start;
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   EXPECT_TRUE(got->timed_out());
   EXPECT_GE(elapsed, milliseconds(40));
   EXPECT_LT(elapsed, milliseconds(5000));
@@ -768,7 +766,7 @@ TEST_F(TransportTest, RpcCallGetsReply) {
   request.set_type(pb::PULL);
   request.mutable_pull();
   Result<Envelope> reply = client.Call(request, {}, milliseconds(10000));
-  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_OK(reply);
   EXPECT_EQ(reply->header.type(), pb::MODEL);
   EXPECT_EQ(reply->header.model().version(), 1u);
   EXPECT_EQ(client.last_sequence(), 1u);
@@ -784,7 +782,7 @@ TEST_F(TransportTest, RpcCallGetsReply) {
     payload.emplace_back(frame.data(), frame.size());
   }
   reply = client.Call(wire.header, std::move(payload), milliseconds(10000));
-  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_OK(reply);
   EXPECT_EQ(reply->header.model().version(), 2u);
   EXPECT_EQ(client.last_sequence(), 2u);
   ASSERT_EQ(reply->payload.size(), 2u);

@@ -12,9 +12,12 @@
 #include "meridian/core/log.h"
 #include "meridian/net/message.h"
 #include "meridian/net/transport.h"
+#include "testing/text.h"
 
 namespace meridian {
 namespace {
+
+using ::meridian::testing::Contains;
 
 using std::chrono::milliseconds;
 
@@ -30,9 +33,6 @@ std::vector<std::string> Lines(const std::string& text) {
   return lines;
 }
 
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // A ROUTER (the server) and a DEALER (the peer) over TCP on loopback, and
 // the process-wide log limiter on a manual clock for the test's duration.

@@ -17,9 +17,13 @@
 #include "meridian/config/config.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
+#include "testing/text.h"
 
 namespace meridian {
 namespace {
+
+using ::meridian::testing::Contains;
 
 using std::chrono::milliseconds;
 // How long a peer that should get through may take (a loaded machine), and
@@ -44,13 +48,10 @@ void WriteFile(const std::string& path, const std::string& text, mode_t mode) {
 
 CurveKeyPair NewPair() {
   Result<CurveKeyPair> pair = GenerateCurveKeyPair();
-  EXPECT_TRUE(pair.ok()) << pair.status();
+  EXPECT_OK(pair);
   return pair.ok() ? *pair : CurveKeyPair{};
 }
 
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 TEST(SecurityTest, LibzmqHasCurve) { EXPECT_TRUE(CurveAvailable()); }
 
@@ -72,18 +73,18 @@ TEST(SecurityTest, Z85KeysAreRecognised) {
 TEST(SecurityTest, KeygenRoundTrip) {
   const std::string dir = testing::MakeTempDir("keys") + "/sub";
   const CurveKeyPair pair = NewPair();
-  ASSERT_TRUE(WriteCurveKeyFiles(dir, "us", pair).ok());
+  ASSERT_OK(WriteCurveKeyFiles(dir, "us", pair));
   EXPECT_EQ(ModeOf(dir + "/us.key"), 0600u);
   EXPECT_EQ(ModeOf(dir + "/us.pub"), 0644u);
   EXPECT_EQ(ModeOf(dir), 0700u);  // created by WriteCurveKeyFiles
   Result<std::string> secret = ReadSecretKeyFile(dir + "/us.key");
-  ASSERT_TRUE(secret.ok()) << secret.status();
+  ASSERT_OK(secret);
   EXPECT_EQ(*secret, pair.secret_key);
   Result<std::string> public_key = ReadPublicKeyFile(dir + "/us.pub");
-  ASSERT_TRUE(public_key.ok()) << public_key.status();
+  ASSERT_OK(public_key);
   EXPECT_EQ(*public_key, pair.public_key);
   Result<std::string> derived = CurvePublicKeyOf(*secret);
-  ASSERT_TRUE(derived.ok()) << derived.status();
+  ASSERT_OK(derived);
   EXPECT_EQ(*derived, pair.public_key);
 
   // Never overwritten: the error names the file, the old keys stay.
@@ -121,10 +122,10 @@ TEST(SecurityTest, SecretKeyFileModeIsChecked) {
 
   ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
   Result<std::string> own = ReadSecretKeyFile(path);
-  ASSERT_TRUE(own.ok()) << own.status();
+  ASSERT_OK(own);
   EXPECT_EQ(*own, pair.secret_key);
   ASSERT_EQ(::chmod(path.c_str(), 0400), 0);
-  EXPECT_TRUE(ReadSecretKeyFile(path).ok());
+  EXPECT_OK(ReadSecretKeyFile(path));
 
   Result<std::string> missing = ReadSecretKeyFile(dir + "/nope.key");
   ASSERT_FALSE(missing.ok());
@@ -151,7 +152,7 @@ TEST(SecurityTest, MalformedKeyFilesAreRefusedWithoutQuotingThem) {
   // CRLF and surrounding blanks are tolerated.
   WriteFile(path, "  " + pair.secret_key + " \r\n", 0600);
   Result<std::string> crlf = ReadSecretKeyFile(path);
-  ASSERT_TRUE(crlf.ok()) << crlf.status();
+  ASSERT_OK(crlf);
   EXPECT_EQ(*crlf, pair.secret_key);
 }
 
@@ -215,10 +216,10 @@ TEST(SecurityTest, SiteKeysMustMatchTheJobFile) {
   const std::string dir = testing::MakeTempDir("sitekeys");
   const CurveKeyPair a = NewPair();
   const CurveKeyPair b = NewPair();
-  ASSERT_TRUE(WriteCurveKeyFiles(dir, "a", a).ok());
+  ASSERT_OK(WriteCurveKeyFiles(dir, "a", a));
   pb::JobConfig job = TwoSiteJob(dir, a, b);
   Result<SiteCurveKeys> keys = LoadSiteCurveKeys(job, 0, {1}, "");
-  ASSERT_TRUE(keys.ok()) << keys.status();
+  ASSERT_OK(keys);
   EXPECT_EQ(keys->own.public_key, a.public_key);
   EXPECT_EQ(keys->own.secret_key, a.secret_key);
   EXPECT_EQ(keys->peers.at("b"), b.public_key);
@@ -309,11 +310,11 @@ struct SecureServer {
     if (with_handler) {
       Result<std::unique_ptr<ZapHandler>> started =
           ZapHandler::Start(context, allowed, "test server");
-      EXPECT_TRUE(started.ok()) << started.status();
+      EXPECT_OK(started);
       if (started.ok()) zap = std::move(*started);
     }
     socket.set(zmq::sockopt::linger, 0);
-    EXPECT_TRUE(MakeCurveServer(socket, server_keys).ok());
+    EXPECT_OK(MakeCurveServer(socket, server_keys));
     socket.bind("tcp://127.0.0.1:*");
     endpoint = socket.get(zmq::sockopt::last_endpoint);
   }
@@ -346,7 +347,7 @@ std::unique_ptr<zmq::socket_t> Client(zmq::context_t& context,
       std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
   socket->set(zmq::sockopt::linger, 0);
   if (own != nullptr) {
-    EXPECT_TRUE(MakeCurveClient(*socket, *own, server_key).ok());
+    EXPECT_OK(MakeCurveClient(*socket, *own, server_key));
   }
   socket->connect(endpoint);
   return socket;
@@ -449,7 +450,7 @@ TEST(SecurityTest, OneZapHandlerPerContext) {
   zmq::context_t context;
   Result<std::unique_ptr<ZapHandler>> first =
       ZapHandler::Start(context, {}, "first");
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   Result<std::unique_ptr<ZapHandler>> second =
       ZapHandler::Start(context, {}, "second");
   EXPECT_FALSE(second.ok());
@@ -465,13 +466,13 @@ TEST(SecurityTest, KeygenCommandWritesAPairAndPrintsTheJobLine) {
   const testing::CommandResult first = testing::RunCommand(command);
   ASSERT_EQ(first.exit_code, 0) << first.output;
   Result<std::string> public_key = ReadPublicKeyFile(dir + "/eu.pub");
-  ASSERT_TRUE(public_key.ok()) << public_key.status();
+  ASSERT_OK(public_key);
   EXPECT_TRUE(
       Contains(first.output, "curve_public_key: \"" + *public_key + "\""))
       << first.output;
   EXPECT_EQ(ModeOf(dir + "/eu.key"), 0600u);
   Result<std::string> secret = ReadSecretKeyFile(dir + "/eu.key");
-  ASSERT_TRUE(secret.ok()) << secret.status();
+  ASSERT_OK(secret);
   EXPECT_FALSE(Contains(first.output, *secret));
   EXPECT_EQ(*CurvePublicKeyOf(*secret), *public_key);
   // A second run refuses to overwrite the pair.

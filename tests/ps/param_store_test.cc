@@ -1,4 +1,5 @@
 #include "meridian/ps/param_store.h"
+#include "testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 
@@ -16,8 +17,8 @@ namespace {
 // a: 2x3 = 6 elements at [0, 6), b: 4 elements at [6, 10).
 ModelLayout TenElements() {
   ModelLayout layout;
-  EXPECT_TRUE(layout.Add("a", {2, 3}).ok());
-  EXPECT_TRUE(layout.Add("b", {4}).ok());
+  EXPECT_OK(layout.Add("a", {2, 3}));
+  EXPECT_OK(layout.Add("b", {4}));
   return layout;
 }
 
@@ -73,7 +74,7 @@ TEST(ParameterStoreTest, ShardsCoverKeySpaceExactlyOnce) {
 
 TEST(ParameterStoreTest, ShardsOfALargerModel) {
   ModelLayout layout;
-  ASSERT_TRUE(layout.Add("w", {97, 13}).ok());  // 1261 elements
+  ASSERT_OK(layout.Add("w", {97, 13}));  // 1261 elements
   for (const uint32_t shards : {1u, 3u, 4u, 8u, 64u, 1000u, 1261u}) {
     SCOPED_TRACE("num_shards " + std::to_string(shards));
     const ParameterStore store(layout, shards, ApplyRule());
@@ -88,7 +89,7 @@ TEST(ParameterStoreTest, EmptyModel) {
   EXPECT_EQ(store.shard_range(0).size(), 0u);
   std::vector<float> out;
   EXPECT_EQ(store.Snapshot(out), 0u);
-  EXPECT_TRUE(store.Assign({}).ok());
+  EXPECT_OK(store.Assign({}));
   EXPECT_EQ(store.Apply({}), 1u);
 }
 
@@ -104,7 +105,7 @@ TEST(ParameterStoreTest, StartsAtZero) {
 TEST(ParameterStoreTest, AssignSnapshotAndRead) {
   ParameterStore store(TenElements(), 3, ApplyRule());
   const std::vector<float> values = Iota(10);
-  ASSERT_TRUE(store.Assign(values).ok());
+  ASSERT_OK(store.Assign(values));
   EXPECT_EQ(SnapshotOf(store), values);
   EXPECT_EQ(store.version(), 0u);  // Assign is not an update
 
@@ -124,7 +125,7 @@ TEST(ParameterStoreTest, AssignSnapshotAndRead) {
 
 TEST(ParameterStoreTest, AssignRejectsWrongSizeAndKeepsModel) {
   ParameterStore store(TenElements(), 3, ApplyRule());
-  ASSERT_TRUE(store.Assign(Iota(10)).ok());
+  ASSERT_OK(store.Assign(Iota(10)));
   const Status status = store.Assign(std::vector<float>(9, 5.0f));
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(store.Assign(std::vector<float>(11, 5.0f)).code(),
@@ -160,7 +161,7 @@ TEST(ApplyRuleTest, ScaleAndFromConfig) {
 
 TEST(ParameterStoreTest, ApplySumAddsUpdates) {
   ParameterStore store(TenElements(), 3, Rule(pb::SUM));
-  ASSERT_TRUE(store.Assign(Iota(10)).ok());
+  ASSERT_OK(store.Assign(Iota(10)));
   const std::vector<float> ua = {1, 1, 1, 1, 1, 1};
   const std::vector<float> ub = {10, 20, 30, 40};
   const std::vector<UpdateSegment> update = {{0, ua}, {6, ub}};
@@ -204,7 +205,7 @@ TEST(ParameterStoreTest, ApplyWithMomentumByHand) {
   // mu = 0.5, s = lr / M = 1 / 2 (MEAN over two workers).
   ParameterStore store(TenElements(), 3, Rule(pb::MEAN, 1.0, 0.5, 2));
   std::vector<float> w = Iota(10);
-  ASSERT_TRUE(store.Assign(w).ok());
+  ASSERT_OK(store.Assign(w));
   std::vector<float> v(10, 0.0f);
   // Values chosen so that every intermediate is exact in float.
   const std::vector<std::vector<float>> updates = {
@@ -233,7 +234,7 @@ TEST(ParameterStoreTest, AssignResetsMomentum) {
   const std::vector<UpdateSegment> update = {{0, u}};
   store.Apply(update);  // v = 2
   store.Apply(update);  // v = 3
-  ASSERT_TRUE(store.Assign(std::vector<float>(10, 1.0f)).ok());
+  ASSERT_OK(store.Assign(std::vector<float>(10, 1.0f)));
   store.Apply(update);  // v = 0.5 * 0 + 2 = 2 after the reset
   EXPECT_EQ(SnapshotOf(store), std::vector<float>(10, 3.0f));
 }
@@ -332,8 +333,8 @@ TEST(UpdateAccumulatorTest, SumsAndClears) {
 // boundary, so a shard is touched by two segments of the same update.
 TEST(ParameterStoreTest, ConcurrentApplyAndSnapshotNeverTearAShard) {
   ModelLayout layout;
-  ASSERT_TRUE(layout.Add("w", {30, 20}).ok());  // [0, 600)
-  ASSERT_TRUE(layout.Add("b", {401}).ok());     // [600, 1001)
+  ASSERT_OK(layout.Add("w", {30, 20}));  // [0, 600)
+  ASSERT_OK(layout.Add("b", {401}));     // [600, 1001)
   constexpr uint32_t kShards = 7;
   constexpr int kAppliers = 3;
   constexpr int kAppliesEach = 50000;

@@ -19,9 +19,15 @@
 #include "meridian/report/report.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
+#include "testing/text.h"
 
 namespace meridian {
 namespace {
+
+using ::meridian::testing::ReadFile;
+
+using ::meridian::testing::Contains;
 
 namespace fs = std::filesystem;
 using testing::CommandResult;
@@ -31,16 +37,7 @@ CommandResult Meridian(const std::string& args) {
   return RunCommand(std::string(MERIDIAN_BINARY) + " " + args);
 }
 
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 bool HaveGnuplot() { return RunCommand("command -v gnuplot").exit_code == 0; }
 
@@ -107,7 +104,7 @@ std::string WriteRunDir() {
     traffic << t << ",a-b,a,b," << bytes << ",10,0,1e8,0.01,0\n";
     traffic << t << ",a-b,b,a," << bytes << ",10,0,1e8,0.01,0\n";
   }
-  EXPECT_TRUE(WriteJsonFile(report, dir + "/report.json").ok());
+  EXPECT_OK(WriteJsonFile(report, dir + "/report.json"));
   std::ofstream(dir + "/timeline.csv") << timeline.str();
   std::ofstream(dir + "/traffic.csv") << traffic.str();
   return dir;
@@ -224,7 +221,7 @@ std::string FreeAddress() {
   MetricsRegistry registry;
   Result<std::unique_ptr<MetricsServer>> server =
       MetricsServer::Start(&registry, "127.0.0.1:0");
-  EXPECT_TRUE(server.ok());
+  EXPECT_OK(server);
   return server.ok() ? (*server)->address() : "127.0.0.1:1";
 }
 
@@ -239,7 +236,7 @@ TEST(TopTest, SitesThatAreDownAreShownAsDown) {
   }
   job.mutable_wan()->set_metrics_address(FreeAddress());
   const std::string path = testing::MakeTempDir("obs-top") + "/job.pbtxt";
-  ASSERT_TRUE(testing::WriteJobFile(job, path).ok());
+  ASSERT_OK(testing::WriteJobFile(job, path));
   const CommandResult result = Meridian("top --once " + path);
   EXPECT_FALSE(result.crashed);
   EXPECT_EQ(result.exit_code, 0) << result.output;
@@ -260,7 +257,7 @@ TEST(TopTest, ValidateNamesABadMetricsAddress) {
   job.mutable_site(0)->set_metrics_address("no-port");
   job.mutable_wan()->set_metrics_address("h:70000");
   const std::string path = testing::MakeTempDir("obs-top") + "/job.pbtxt";
-  ASSERT_TRUE(testing::WriteJobFile(job, path).ok());
+  ASSERT_OK(testing::WriteJobFile(job, path));
   const CommandResult result = Meridian("validate " + path);
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(Contains(result.output, "site[0].metrics_address"))
@@ -283,7 +280,7 @@ class LiveRunTest : public ::testing::Test {
     testing::SyntheticDataOptions options;
     options.train_samples = 2000;
     options.test_samples = 500;
-    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+    ASSERT_OK(testing::WriteSyntheticIdx(*data_dir_, options));
   }
   static std::string* data_dir_;
 };
@@ -309,7 +306,7 @@ TEST_F(LiveRunTest, EveryProcessExposesCountersThatMove) {
   job.mutable_sync()->set_max_clock_skew(4);
   const std::string dir = testing::MakeTempDir("obs-live");
   const std::string path = dir + "/job.pbtxt";
-  ASSERT_TRUE(testing::WriteJobFile(job, path).ok());
+  ASSERT_OK(testing::WriteJobFile(job, path));
   const std::string out = dir + "/out";
   CommandResult run_result;
   std::thread runner(
@@ -374,12 +371,12 @@ TEST_F(LiveRunTest, EveryProcessExposesCountersThatMove) {
         << text;
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     Result<std::string> scraped = FetchMetricsText(site_a, 5.0);
-    ASSERT_TRUE(scraped.ok()) << scraped.status();
+    ASSERT_OK(scraped);
     text = *scraped;
     later_commits = MetricSum(text, "meridian_site_commits_total");
     sent = MetricSum(text, "meridian_sync_bytes_sent_total");
     Result<std::string> wan = FetchMetricsText(wanem, 5.0);
-    ASSERT_TRUE(wan.ok()) << wan.status();
+    ASSERT_OK(wan);
     wan_bytes = MetricSum(*wan, "meridian_wan_bytes_total");
   }
   EXPECT_TRUE(Contains(text,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meridian/core/clock.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -89,7 +90,7 @@ TEST(FitLossCurveTest, RecoversAnExactCurveFromFivePoints) {
   const std::vector<LossSample> samples =
       Curve(0.02, 0.5, 0.3, {0, 2.5, 5, 7.5, 10});
   const Result<LossCurve> fit = FitLossCurve(samples);
-  ASSERT_TRUE(fit.ok()) << fit.status();
+  ASSERT_OK(fit);
   EXPECT_NEAR(fit->c, 0.3, 0.01);
   EXPECT_NEAR(fit->a2, 0.02, 0.002);
   EXPECT_NEAR(fit->b, 0.5, 0.02);
@@ -104,7 +105,7 @@ TEST(FitLossCurveTest, ThreePointsAreAnExactSolve) {
   // The authors' case: start, middle and end of a period.
   const std::vector<LossSample> samples = Curve(0.1, 1.0, 0.5, {0, 5, 10});
   const Result<LossCurve> fit = FitLossCurve(samples);
-  ASSERT_TRUE(fit.ok()) << fit.status();
+  ASSERT_OK(fit);
   for (const LossSample& s : samples) {
     EXPECT_NEAR(fit->At(s.t_s), s.loss, 1e-4);
   }
@@ -119,7 +120,7 @@ TEST(FitLossCurveTest, ToleratesMildNoise) {
     samples[i].loss *= 1 + 0.004 * jitter[i];
   }
   const Result<LossCurve> fit = FitLossCurve(samples);
-  ASSERT_TRUE(fit.ok()) << fit.status();
+  ASSERT_OK(fit);
   const double truth = (1 / (1.2 - 0.25) - 1 / (1.8 - 0.25)) / 0.05;
   EXPECT_NEAR(PredictedSecondsToLoss(*fit, 1.8, 1.2), truth, 0.15 * truth);
 }
@@ -127,7 +128,7 @@ TEST(FitLossCurveTest, ToleratesMildNoise) {
 TEST(FitLossCurveTest, AStraightFallFitsWithAFarPlateau) {
   const std::vector<LossSample> samples = {{0, 2.0}, {5, 1.9}, {10, 1.8}};
   const Result<LossCurve> fit = FitLossCurve(samples);
-  ASSERT_TRUE(fit.ok()) << fit.status();
+  ASSERT_OK(fit);
   // 0.02 per second: 1.8 -> 1.7 takes about 5 s.
   EXPECT_NEAR(PredictedSecondsToLoss(*fit, 1.8, 1.7), 5.0, 0.3);
 }
@@ -417,7 +418,7 @@ TEST(ChooseAdacommTau0Test, FastestLossDecreaseWins) {
       {100, 2.3, 0.1, 0},                      // skipped: no time
   };
   const Result<uint32_t> tau0 = ChooseAdacommTau0(trials);
-  ASSERT_TRUE(tau0.ok()) << tau0.status();
+  ASSERT_OK(tau0);
   EXPECT_EQ(*tau0, 20u);
 
   const std::vector<Tau0Trial> none_better = {{5, 1.0, 1.1, 60}};

@@ -13,6 +13,7 @@
 #include "meridian/core/clock.h"
 #include "meridian/sched/policy.h"
 #include "sched/virtual_site.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -25,7 +26,7 @@ using Workers = std::vector<uint32_t>;
 
 std::unique_ptr<IntraSitePolicy> Build(const pb::PolicyConfig& config) {
   Result<std::unique_ptr<IntraSitePolicy>> policy = MakePolicy(config);
-  EXPECT_TRUE(policy.ok()) << policy.status();
+  EXPECT_OK(policy);
   return policy.ok() ? std::move(policy).value() : nullptr;
 }
 

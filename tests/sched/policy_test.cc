@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "meridian/core/clock.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -20,7 +21,7 @@ std::unique_ptr<IntraSitePolicy> Make(pb::PolicyKind kind,
   config.set_kind(kind);
   config.set_local_steps(local_steps);
   Result<std::unique_ptr<IntraSitePolicy>> policy = MakePolicy(config);
-  EXPECT_TRUE(policy.ok()) << policy.status();
+  EXPECT_OK(policy);
   return policy.ok() ? std::move(policy).value() : nullptr;
 }
 
@@ -46,20 +47,20 @@ TEST(MakePolicyTest, BuildsEachKind) {
   pb::PolicyConfig config;
   config.set_kind(pb::BSP);
   Result<std::unique_ptr<IntraSitePolicy>> bsp = MakePolicy(config);
-  ASSERT_TRUE(bsp.ok()) << bsp.status();
+  ASSERT_OK(bsp);
   ASSERT_NE(*bsp, nullptr);
   EXPECT_EQ((*bsp)->name(), "bsp");
 
   config.set_kind(pb::ASYNC);
   Result<std::unique_ptr<IntraSitePolicy>> async = MakePolicy(config);
-  ASSERT_TRUE(async.ok()) << async.status();
+  ASSERT_OK(async);
   ASSERT_NE(*async, nullptr);
   EXPECT_EQ((*async)->name(), "async");
 
   // The documented default kind is ASYNC.
   Result<std::unique_ptr<IntraSitePolicy>> by_default =
       MakePolicy(pb::PolicyConfig());
-  ASSERT_TRUE(by_default.ok()) << by_default.status();
+  ASSERT_OK(by_default);
   EXPECT_EQ((*by_default)->name(), "async");
 }
 

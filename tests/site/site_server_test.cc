@@ -19,6 +19,7 @@
 #include "meridian/net/transport.h"
 #include "testing/site_control.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -33,7 +34,7 @@ class SiteServerTest : public ::testing::Test {
     testing::SyntheticDataOptions options;
     options.train_samples = 500;
     options.test_samples = 100;
-    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+    ASSERT_OK(testing::WriteSyntheticIdx(*data_dir_, options));
   }
 
   // Starts a server for `workers` workers under `policy`.
@@ -52,12 +53,12 @@ class SiteServerTest : public ::testing::Test {
     out_dir_ = options.out_dir;
     Result<std::unique_ptr<SiteServer>> server =
         SiteServer::Create(std::move(options));
-    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_OK(server);
     server_ = std::move(*server);
     endpoint_ = server_->endpoint();
     thread_ = std::thread([this] { run_status_ = server_->Run(); });
     Result<std::unique_ptr<Model>> model = MakeModel(job_.model(), 784, 10);
-    ASSERT_TRUE(model.ok());
+    ASSERT_OK(model);
     model_ = std::move(*model);
     initial_.resize(model_->layout().num_elements());
     model_->Initialize(job_.seed(), initial_);
@@ -70,7 +71,7 @@ class SiteServerTest : public ::testing::Test {
     shutdown.set_control_token(testing::kTestControlToken);
     shutdown.mutable_shutdown()->set_reason("test over");
     RpcClient control(context_, endpoint_, ClientEndpoint());
-    EXPECT_TRUE(control.Call(shutdown, {}, kTimeout).ok());
+    EXPECT_OK(control.Call(shutdown, {}, kTimeout));
     for (auto& client : workers_) {
       pb::Header bye;
       bye.set_type(pb::BYE);
@@ -78,7 +79,7 @@ class SiteServerTest : public ::testing::Test {
       (void)client->Call(bye, {}, kTimeout);
     }
     thread_.join();
-    EXPECT_TRUE(run_status_.ok()) << run_status_;
+    EXPECT_OK(run_status_);
   }
 
   static pb::Endpoint ClientEndpoint() {
@@ -114,7 +115,7 @@ class SiteServerTest : public ::testing::Test {
   RpcClient* JoinOneWorker() {
     RpcClient* client = NewWorkerClient(0);
     Result<Envelope> welcome = client->Call(Hello(0), {}, kTimeout);
-    EXPECT_TRUE(welcome.ok()) << welcome.status();
+    EXPECT_OK(welcome);
     if (!welcome.ok()) return client;
     EXPECT_EQ(welcome->header.type(), pb::WELCOME);
     EXPECT_EQ(ModelValues(*welcome), initial_);
@@ -155,13 +156,13 @@ class SiteServerTest : public ::testing::Test {
     pull.set_type(pb::PULL);
     pull.mutable_pull();
     Result<Envelope> reply = client->Call(pull, {}, kTimeout);
-    EXPECT_TRUE(reply.ok()) << reply.status();
+    EXPECT_OK(reply);
     EXPECT_EQ(reply->header.type(), pb::MODEL);
     return std::move(*reply);
   }
 
   void ExpectError(const Result<Envelope>& reply, pb::ErrorCode code) {
-    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_OK(reply);
     ASSERT_EQ(reply->header.type(), pb::ERROR)
         << "expected an ERROR reply, got " << DescribeHeader(reply->header);
     EXPECT_EQ(reply->header.error().code(), code)
@@ -177,7 +178,7 @@ class SiteServerTest : public ::testing::Test {
     socket.connect(endpoint_);
     zmq::send_multipart(socket, frames);
     Result<Received> received = ReceiveMessage(socket, false, kTimeout);
-    EXPECT_TRUE(received.ok());
+    EXPECT_OK(received);
     EXPECT_TRUE(received->message.has_value()) << "no valid reply";
     return received->message ? std::move(*received->message) : Envelope{};
   }
@@ -215,7 +216,7 @@ TEST_F(SiteServerTest, ValidCommitIsAppliedAndAnswered) {
   RpcClient* worker = JoinOneWorker();
   Result<Envelope> reply =
       worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout);
-  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_OK(reply);
   ASSERT_EQ(reply->header.type(), pb::MODEL);
   EXPECT_EQ(reply->header.model().version(), 1u);
   const std::vector<float> values = ModelValues(*reply);
@@ -260,7 +261,7 @@ TEST_F(SiteServerTest, RowCommitsApplyTheirRowsAndRowReadsAnswerWithRows) {
   read->add_rows(2);
   read->add_rows(3);
   Result<Envelope> reply = worker->Call(header, std::move(frames), kTimeout);
-  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_OK(reply);
   ASSERT_EQ(reply->header.type(), pb::MODEL) << DescribeHeader(reply->header);
   ASSERT_EQ(reply->header.slices_size(),
             static_cast<int>(model_->layout().tensors().size()));
@@ -299,7 +300,7 @@ TEST_F(SiteServerTest, RowCommitsApplyTheirRowsAndRowReadsAnswerWithRows) {
     r->set_tensor(tensor);
     r->add_rows(row);
     Result<Envelope> refused = worker->Call(bad, UpdateFrames(0.0f), kTimeout);
-    ASSERT_TRUE(refused.ok()) << refused.status();
+    ASSERT_OK(refused);
     EXPECT_EQ(refused->header.type(), pb::ERROR) << tensor;
   }
 }
@@ -433,7 +434,7 @@ TEST_F(SiteServerTest, ReplayedRequestsAreRejected) {
     header.set_protocol_version(kProtocolVersion);
     *header.mutable_sender() = WorkerEndpoint(0);
     header.set_sequence(sequence);
-    EXPECT_TRUE(SendMessage(socket, header, std::move(payload)).ok());
+    EXPECT_OK(SendMessage(socket, header, std::move(payload)));
     Result<Received> received = ReceiveMessage(socket, false, kTimeout);
     EXPECT_TRUE(received.ok() && received->message.has_value());
     return std::move(*received->message);
@@ -458,7 +459,7 @@ TEST_F(SiteServerTest, ReplayedRequestsAreRejected) {
   EXPECT_EQ(call(bye, 7, {}).header.type(), pb::BYE);
   // Its only worker left: the site finishes on its own.
   thread_.join();
-  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_OK(run_status_);
   EXPECT_EQ(server_->summary().commits(), 2u);
 }
 
@@ -470,7 +471,7 @@ TEST_F(SiteServerTest, LayoutMismatchIsRefusedAtJoin) {
   ExpectError(worker->Call(hello, {}, kTimeout), pb::ERROR_LAYOUT_MISMATCH);
   // The same worker can still join with the right model.
   Result<Envelope> welcome = worker->Call(Hello(0), {}, kTimeout);
-  ASSERT_TRUE(welcome.ok());
+  ASSERT_OK(welcome);
   EXPECT_EQ(welcome->header.type(), pb::WELCOME);
 }
 
@@ -484,13 +485,13 @@ TEST_F(SiteServerTest, KeepsServingAndCountsRejections) {
   }
   Result<Envelope> reply =
       worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout);
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   EXPECT_EQ(reply->header.type(), pb::MODEL);
   RpcClient control(context_, endpoint_, ClientEndpoint());
   pb::Header status;
   status.set_type(pb::STATUS_REQUEST);
   Result<Envelope> status_reply = control.Call(status, {}, kTimeout);
-  ASSERT_TRUE(status_reply.ok());
+  ASSERT_OK(status_reply);
   ASSERT_EQ(status_reply->header.type(), pb::STATUS_REPLY);
   EXPECT_EQ(status_reply->header.status().rejected(), 3u);
   EXPECT_EQ(status_reply->header.status().commits(), 1u);
@@ -524,15 +525,15 @@ TEST_F(SiteServerTest, BspHoldsRepliesUntilEveryWorkerCommitted) {
     std::this_thread::sleep_for(milliseconds(10));
     before = control.Call(status, {}, kTimeout);
   }
-  ASSERT_TRUE(before.ok());
+  ASSERT_OK(before);
   EXPECT_EQ(before->header.status().model_version(), 0u)
       << "the barrier must not apply before every worker committed";
 
   Result<Envelope> reply1 =
       w1->Call(CommitHeader(), UpdateFrames(3.0f), kTimeout);
   commit0.join();
-  ASSERT_TRUE(reply0.ok()) << reply0.status();
-  ASSERT_TRUE(reply1.ok()) << reply1.status();
+  ASSERT_OK(reply0);
+  ASSERT_OK(reply1);
   ASSERT_EQ(reply0->header.type(), pb::MODEL);
   ASSERT_EQ(reply1->header.type(), pb::MODEL);
   EXPECT_EQ(reply0->header.model().version(), 1u);
@@ -548,18 +549,18 @@ TEST_F(SiteServerTest, BspHoldsRepliesUntilEveryWorkerCommitted) {
 TEST_F(SiteServerTest, ShutdownStopsWorkersAndWritesTheSummary) {
   StartServer(1);
   RpcClient* worker = JoinOneWorker();
-  ASSERT_TRUE(worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout).ok());
+  ASSERT_OK(worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout));
   RpcClient control(context_, endpoint_, ClientEndpoint());
   pb::Header shutdown;
   shutdown.set_type(pb::SHUTDOWN);
   shutdown.set_control_token(testing::kTestControlToken);
   shutdown.mutable_shutdown()->set_reason("operator");
-  ASSERT_TRUE(control.Call(shutdown, {}, kTimeout).ok());
+  ASSERT_OK(control.Call(shutdown, {}, kTimeout));
   // The next commit is still applied (nothing lost), then the worker is
   // told to stop.
   Result<Envelope> reply =
       worker->Call(CommitHeader(1), UpdateFrames(0.5f), kTimeout);
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   ASSERT_EQ(reply->header.type(), pb::MODEL);
   EXPECT_TRUE(reply->header.model().stop());
   EXPECT_EQ(reply->header.model().version(), 2u);
@@ -567,10 +568,10 @@ TEST_F(SiteServerTest, ShutdownStopsWorkersAndWritesTheSummary) {
   bye.set_type(pb::BYE);
   bye.mutable_bye()->mutable_stats()->set_steps(2);
   bye.mutable_bye()->mutable_stats()->set_commits(2);
-  ASSERT_TRUE(worker->Call(bye, {}, kTimeout).ok());
+  ASSERT_OK(worker->Call(bye, {}, kTimeout));
   workers_.clear();
   thread_.join();
-  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  ASSERT_OK(run_status_);
   const pb::SiteSummary& summary = server_->summary();
   EXPECT_EQ(summary.commits(), 2u);
   EXPECT_EQ(summary.model_version(), 2u);
@@ -603,12 +604,12 @@ TEST_F(SiteServerTest, ControlMessagesNeedTheJobsToken) {
   // Nothing was done: the job goes on.
   Result<Envelope> reply =
       worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout);
-  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_OK(reply);
   ASSERT_EQ(reply->header.type(), pb::MODEL);
   EXPECT_FALSE(reply->header.model().stop());
   Result<pb::SiteStatus> status =
       testing::QueryStatus(context_, endpoint_, kTimeout);
-  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_OK(status);
   EXPECT_FALSE(status->finished());
 }
 
@@ -639,7 +640,7 @@ TEST_F(SiteServerTest, APullForManyCopiesOfTheModelIsRefused) {
     range->set_length(tensor.size / 2);
   }
   Result<Envelope> model = worker->Call(fits, {}, kTimeout);
-  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_OK(model);
   EXPECT_EQ(model->header.type(), pb::MODEL);
   EXPECT_EQ(model->payload.size(), 2u);
   ExpectModelUntouched(worker);
@@ -654,7 +655,7 @@ TEST_F(SiteServerTest, AWildSequenceNumberDoesNotLockAWorkerOut) {
     header.set_protocol_version(kProtocolVersion);
     *header.mutable_sender() = WorkerEndpoint(0);
     header.set_sequence(sequence);
-    EXPECT_TRUE(SendMessage(socket, header).ok());
+    EXPECT_OK(SendMessage(socket, header));
     Result<Received> received = ReceiveMessage(socket, false, kTimeout);
     EXPECT_TRUE(received.ok() && received->message.has_value());
     return std::move(*received->message);
@@ -689,13 +690,13 @@ TEST_F(SiteServerTest, AFrameLargerThanTheLimitDropsOnlyItsConnection) {
     zmq::send_multipart(hostile, frames);
     Result<Received> received =
         ReceiveMessage(hostile, false, std::chrono::milliseconds(1000));
-    ASSERT_TRUE(received.ok());
+    ASSERT_OK(received);
     EXPECT_TRUE(received->timed_out()) << "the oversized frame was answered";
   }
   ExpectModelUntouched(worker);
   Result<pb::SiteStatus> status =
       testing::QueryStatus(context_, endpoint_, kTimeout);
-  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_OK(status);
   EXPECT_EQ(status->rejected(), 0u);  // never reached the server's code
 }
 
@@ -718,7 +719,7 @@ TEST_F(SiteServerTest, AWorkerThatStopsReadingIsDroppedAndTheOthersServed) {
   ASSERT_TRUE(send(Hello(1)));
   RpcClient* worker = NewWorkerClient(0);
   Result<Envelope> welcome = worker->Call(Hello(0), {}, kTimeout);
-  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  ASSERT_OK(welcome);
   ASSERT_EQ(welcome->header.type(), pb::WELCOME);
   // The deaf worker asks for the model over and over; worker 0 keeps
   // committing and must be answered all along.
@@ -731,13 +732,13 @@ TEST_F(SiteServerTest, AWorkerThatStopsReadingIsDroppedAndTheOthersServed) {
     for (int i = 0; i < 10; ++i) (void)send(pull);
     Result<Envelope> reply =
         worker->Call(CommitHeader(version), UpdateFrames(1e-6f), kTimeout);
-    ASSERT_TRUE(reply.ok()) << "round " << round << ": " << reply.status();
+    ASSERT_OK(reply) << "round " << round << ": " << reply.status();
     ASSERT_EQ(reply->header.type(), pb::MODEL) << DescribeHeader(reply->header);
     version = reply->header.model().version();
     if (round % 20 == 19) {
       Result<pb::SiteStatus> status =
           testing::QueryStatus(context_, endpoint_, kTimeout);
-      ASSERT_TRUE(status.ok()) << status.status();
+      ASSERT_OK(status);
       dropped = status->workers_dead() == 1;
     }
   }
@@ -759,16 +760,16 @@ TEST_F(SiteServerTest, ASiteWhoseWorkersAllLeftBeforeTrainingFinishes) {
     *hello.mutable_sender() = WorkerEndpoint(index);
     hello.set_sequence(1);
     hello.mutable_hello()->set_incarnation(100 + index);
-    ASSERT_TRUE(SendMessage(socket, hello).ok());
+    ASSERT_OK(SendMessage(socket, hello));
     pb::Header bye = MakeHeader(pb::BYE, WorkerEndpoint(index), 2);
     bye.mutable_bye();
-    ASSERT_TRUE(SendMessage(socket, bye).ok());
+    ASSERT_OK(SendMessage(socket, bye));
   }
   // The second HELLO completes the site, so worker 1 may get its WELCOME
   // before its BYE is read; either way the site finishes, well before its
   // join timeout.
   thread_.join();
-  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_OK(run_status_);
   EXPECT_EQ(server_->summary().commits(), 0u);
 }
 
@@ -796,7 +797,7 @@ TEST_P(PolicyBadInputTest, BadCommitsAreRefusedAndTheModelIsUntouched) {
   ExpectModelUntouched(worker);
   Result<Envelope> reply =
       worker->Call(CommitHeader(), UpdateFrames(0.5f), kTimeout);
-  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_OK(reply);
   ASSERT_EQ(reply->header.type(), pb::MODEL);
   EXPECT_EQ(reply->header.model().version(), 1u);
 }

@@ -25,9 +25,13 @@
 #include "testing/processes.h"
 #include "testing/site_control.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
+#include "testing/text.h"
 
 namespace meridian {
 namespace {
+
+using ::meridian::testing::Contains;
 
 using std::chrono::milliseconds;
 constexpr milliseconds kLong(60000);
@@ -35,9 +39,6 @@ constexpr milliseconds kLong(60000);
 constexpr milliseconds kNoAnswer(1500);
 constexpr char kSite[] = "site-a";
 
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // Sets (or, with nullptr, unsets) an environment variable for a scope.
 class ScopedEnv {
@@ -67,7 +68,7 @@ class ScopedEnv {
 
 CurveKeyPair NewPair() {
   Result<CurveKeyPair> pair = GenerateCurveKeyPair();
-  EXPECT_TRUE(pair.ok()) << pair.status();
+  EXPECT_OK(pair);
   return pair.ok() ? *pair : CurveKeyPair();
 }
 
@@ -84,7 +85,7 @@ class WorkerCurveTest : public ::testing::Test {
     testing::SyntheticDataOptions options;
     options.train_samples = 200;
     options.test_samples = 50;
-    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+    ASSERT_OK(testing::WriteSyntheticIdx(*data_dir_, options));
   }
 
   void SetUp() override {
@@ -96,9 +97,8 @@ class WorkerCurveTest : public ::testing::Test {
     worker_keys_ = NewPair();
     // What `meridian keygen --site site-a --out keys` and `... --out
     // keys/workers` write.
-    ASSERT_TRUE(WriteCurveKeyFiles(key_dir_, kSite, site_keys_).ok());
-    ASSERT_TRUE(
-        WriteCurveKeyFiles(key_dir_ + "/workers", kSite, worker_keys_).ok());
+    ASSERT_OK(WriteCurveKeyFiles(key_dir_, kSite, site_keys_));
+    ASSERT_OK(WriteCurveKeyFiles(key_dir_ + "/workers", kSite, worker_keys_));
   }
 
   void TearDown() override {
@@ -131,7 +131,7 @@ class WorkerCurveTest : public ::testing::Test {
     options.stop_requested = &stop_;
     Result<std::unique_ptr<SiteServer>> server =
         SiteServer::Create(std::move(options));
-    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_OK(server);
     server_ = std::move(*server);
     initial_ = server_->Snapshot();
     server_thread_ = std::thread([this] {
@@ -154,10 +154,9 @@ class WorkerCurveTest : public ::testing::Test {
     auto client =
         std::make_unique<RpcClient>(context_, server_->endpoint(), Client());
     if (own) {
-      EXPECT_TRUE(client
+      EXPECT_OK(client
                       ->SetCurve(own->public_key, own->secret_key,
-                                 site_keys_.public_key)
-                      .ok());
+                                 site_keys_.public_key));
     }
     return client;
   }
@@ -165,7 +164,7 @@ class WorkerCurveTest : public ::testing::Test {
   // Expects no answer at all to a HELLO (worker 0) and a STATUS_REQUEST.
   void ExpectNoAnswer(RpcClient& client) {
     Result<std::unique_ptr<Model>> model = MakeModel(Job(1).model(), 784, 10);
-    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_OK(model);
     pb::Header hello;
     hello.set_type(pb::HELLO);
     hello.mutable_hello()->set_worker_index(0);
@@ -192,7 +191,7 @@ class WorkerCurveTest : public ::testing::Test {
     request.set_control_token(testing::kTestControlToken);
     request.mutable_shutdown()->set_reason("test done");
     Result<Envelope> reply = client->Call(request, {}, kLong);
-    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_OK(reply);
     EXPECT_EQ(reply->header.type(), pb::STATUS_REPLY);
   }
 
@@ -231,7 +230,7 @@ TEST_F(WorkerCurveTest, WorkersWithTheKeyJoinAndTrain) {
   pb::JobConfig job = Job(2);
   job.set_time_budget_s(3);
   const std::string job_path = dir_ + "/job.pbtxt";
-  ASSERT_TRUE(testing::WriteJobFile(job, job_path).ok());
+  ASSERT_OK(testing::WriteJobFile(job, job_path));
   StartServer(job);
   ASSERT_NE(server_, nullptr);
 
@@ -239,7 +238,7 @@ TEST_F(WorkerCurveTest, WorkersWithTheKeyJoinAndTrain) {
   argv.insert(argv.end(), {"--secret-key", WorkerKeyFile()});
   Result<ChildProcess> flag_worker =
       ChildProcess::Spawn("w0", argv, dir_ + "/worker-0.log");
-  ASSERT_TRUE(flag_worker.ok()) << flag_worker.status();
+  ASSERT_OK(flag_worker);
   std::optional<Result<ChildProcess>> env_worker;
   {
     // The server read its own key already; only the child sees this.
@@ -250,7 +249,7 @@ TEST_F(WorkerCurveTest, WorkersWithTheKeyJoinAndTrain) {
   ASSERT_TRUE(env_worker->ok()) << env_worker->status();
 
   AwaitServer();
-  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  ASSERT_OK(run_status_);
   EXPECT_GT(server_->summary().commits(), 0u);
   EXPECT_NE(server_->Snapshot(), initial_);
   for (ChildProcess* worker : {&*flag_worker, &**env_worker}) {
@@ -275,7 +274,7 @@ TEST_F(WorkerCurveTest, PlaintextClientGetsNothing) {
   EXPECT_EQ(server_->Snapshot(), initial_);
   ShutdownWithWorkerKey();
   AwaitServer();
-  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_OK(run_status_);
   EXPECT_EQ(server_->summary().commits(), 0u);
   EXPECT_EQ(server_->Snapshot(), initial_);
 }
@@ -298,7 +297,7 @@ TEST_F(WorkerCurveTest, ClientWithAnotherKeyIsRefused) {
   ShutdownWithWorkerKey();
   AwaitServer();
   const std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_OK(run_status_);
   EXPECT_TRUE(Contains(log,
                        "worker socket of site 'site-a': refused a "
                        "CURVE connection"))
@@ -316,7 +315,7 @@ TEST_F(WorkerCurveTest, WorkerWithTheWrongKeyFailsClearly) {
   pb::JobConfig job = Job(1);
   job.clear_security();  // no key_dir: the default path does not apply
   const std::string job_path = dir_ + "/job.pbtxt";
-  ASSERT_TRUE(testing::WriteJobFile(job, job_path).ok());
+  ASSERT_OK(testing::WriteJobFile(job, job_path));
   const std::string site_key = key_dir_ + "/" + kSite + ".key";
   testing::CommandResult wrong = testing::RunCommand(
       std::string(MERIDIAN_BINARY) + " worker --config " + job_path +
@@ -433,7 +432,7 @@ TEST(WorkerCurveConfigTest, WorkerKeyIsValidatedWithLineAndColumn) {
           site_key + "\"\n  worker_curve_public_key: \"" + worker_key +
           "\"\n}\n",
       "job.pbtxt", &none);
-  EXPECT_TRUE(valid.ok()) << valid.status();
+  EXPECT_OK(valid);
 }
 
 // `meridian run` of a job with worker keys in <key_dir>/workers/ just
@@ -443,13 +442,13 @@ TEST_F(WorkerCurveTest, RunWithWorkerKeysTrains) {
   pb::JobConfig job = Job(1);
   job.set_time_budget_s(3);
   const std::string job_path = dir_ + "/job.pbtxt";
-  ASSERT_TRUE(testing::WriteJobFile(job, job_path).ok());
+  ASSERT_OK(testing::WriteJobFile(job, job_path));
   testing::CommandResult run =
       testing::RunCommand(std::string(MERIDIAN_BINARY) + " run " + job_path +
                           " --out " + dir_ + "/out 2>&1");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   pb::RunReport report;
-  ASSERT_TRUE(ReadJsonFile(dir_ + "/out/report.json", &report).ok());
+  ASSERT_OK(ReadJsonFile(dir_ + "/out/report.json", &report));
   ASSERT_EQ(report.sites_size(), 1);
   EXPECT_GT(report.sites(0).commits(), 0u);
   EXPECT_TRUE(
@@ -466,7 +465,7 @@ TEST(WorkerCurveConfigTest, RunRefusesAWorkerKeyWithoutKeyDir) {
   job.mutable_site(0)->set_worker_curve_public_key(NewPair().public_key);
   ASSERT_TRUE(ValidateJobConfig(job).empty());
   const std::string job_path = dir + "/job.pbtxt";
-  ASSERT_TRUE(testing::WriteJobFile(job, job_path).ok());
+  ASSERT_OK(testing::WriteJobFile(job, job_path));
   testing::CommandResult run =
       testing::RunCommand(std::string(MERIDIAN_BINARY) + " run " + job_path +
                           " --out " + dir + "/out 2>&1");

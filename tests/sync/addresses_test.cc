@@ -5,6 +5,7 @@
 #include <map>
 
 #include "meridian/config/config.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -22,7 +23,7 @@ pb::JobConfig ThreeSites(const std::string& extra = "") {
     data { dir: "/nonexistent" }
   )pb" + extra;
   Result<pb::JobConfig> job = ParseJobConfig(text, "test");
-  EXPECT_TRUE(job.ok()) << job.status();
+  EXPECT_OK(job);
   return job.ok() ? *job : pb::JobConfig();
 }
 
@@ -56,14 +57,13 @@ TEST(AddressesTest, EnvironmentVariableNamesAreUpperCasedAndSanitised) {
 
 TEST(AddressesTest, EnvironmentOverridesAddressesAndWanemHost) {
   pb::JobConfig job = ThreeSites();
-  ASSERT_TRUE(ApplyAddressOverrides(
+  ASSERT_OK(ApplyAddressOverrides(
                   &job, FakeEnvironment(
                             {{"MERIDIAN_SITE_US_EAST_ADDRESS",
                               "tcp://10.9.0.1:9100"},
                              {"MERIDIAN_SITE_AP_MIRROR_ADDRESS",
                               "tcp://10.9.0.3:9200"},
-                             {"MERIDIAN_WANEM_HOST", "wanem"}}))
-                  .ok());
+                             {"MERIDIAN_WANEM_HOST", "wanem"}})));
   EXPECT_EQ(job.site(0).address(), "tcp://10.9.0.1:9100");
   EXPECT_EQ(job.site(0).mirror_address(), "tcp://meridian-us:7200");
   EXPECT_EQ(job.site(2).mirror_address(), "tcp://10.9.0.3:9200");

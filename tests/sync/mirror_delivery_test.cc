@@ -16,6 +16,7 @@
 
 #include "meridian/net/message.h"
 #include "meridian/net/transport.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -68,7 +69,7 @@ class Receiver {
     while (std::chrono::steady_clock::now() < deadline) {
       Result<Received> received =
           ReceiveMessage(socket_, true, std::chrono::milliseconds(20));
-      ASSERT_TRUE(received.ok()) << received.status();
+      ASSERT_OK(received);
       if (!received->message) continue;
       const pb::Header& header = received->message->header;
       routing_id_ = received->message->routing_id;
@@ -94,7 +95,7 @@ class Receiver {
     if (std::optional<pb::MirrorAck> ack = in_.AckDue(now, 0)) {
       pb::Header header = MakeHeader(pb::MIRROR_ACK, Site("b"), 0);
       *header.mutable_mirror_ack() = *ack;
-      ASSERT_TRUE(SendMessage(socket_, header, {}, routing_id_).ok());
+      ASSERT_OK(SendMessage(socket_, header, {}, routing_id_));
     }
   }
 
@@ -136,7 +137,7 @@ void ReadAcks(OutboundChannel& out, double now) {
   while (true) {
     Result<Received> received =
         ReceiveMessage(*out.socket(), false, std::chrono::milliseconds(50));
-    ASSERT_TRUE(received.ok());
+    ASSERT_OK(received);
     if (!received->message) return;
     if (received->message->header.type() == pb::MIRROR_ACK) {
       out.OnAck(received->message->header.mirror_ack(), now);

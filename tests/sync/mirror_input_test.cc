@@ -19,6 +19,7 @@
 #include "testing/mirror_messages.h"
 #include "testing/site_control.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -33,7 +34,7 @@ class MirrorInputTest : public ::testing::Test {
     testing::SyntheticDataOptions options;
     options.train_samples = 100;
     options.test_samples = 20;
-    ASSERT_TRUE(testing::WriteSyntheticIdx(data_dir_, options).ok());
+    ASSERT_OK(testing::WriteSyntheticIdx(data_dir_, options));
     job_ = testing::SmallJob(data_dir_, 1, /*hidden=*/4);
     // Site b's mirror socket, where site a sends once it trains: a socket
     // that is there (never read), so that a's channel to b delivers and
@@ -60,11 +61,11 @@ class MirrorInputTest : public ::testing::Test {
     options_a.control_token = testing::kTestControlToken;
     Result<std::unique_ptr<SiteServer>> server =
         SiteServer::Create(std::move(options_a));
-    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_OK(server);
     server_ = std::move(*server);
     thread_ = std::thread([this] { run_status_ = server_->Run(); });
     Result<std::unique_ptr<Model>> model = MakeModel(job_.model(), 784, 10);
-    ASSERT_TRUE(model.ok());
+    ASSERT_OK(model);
     layout_ = (*model)->layout();
     initial_ = server_->Snapshot();
     peer_ = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
@@ -83,9 +84,9 @@ class MirrorInputTest : public ::testing::Test {
     pb::Endpoint client;
     client.set_role(pb::ROLE_CLIENT);
     RpcClient control(context_, server_->endpoint(), client);
-    EXPECT_TRUE(control.Call(shutdown, {}, kTimeout).ok());
+    EXPECT_OK(control.Call(shutdown, {}, kTimeout));
     thread_.join();
-    EXPECT_TRUE(run_status_.ok()) << run_status_;
+    EXPECT_OK(run_status_);
   }
 
   // A message of this hand-written peer: numbered 1, 2, 3 ... on its
@@ -98,7 +99,7 @@ class MirrorInputTest : public ::testing::Test {
   }
 
   void Send(const pb::Header& header, std::vector<zmq::message_t> frames = {}) {
-    ASSERT_TRUE(SendMessage(*peer_, header, std::move(frames)).ok());
+    ASSERT_OK(SendMessage(*peer_, header, std::move(frames)));
   }
 
   // Sends and expects an ERROR with `code` back.
@@ -147,9 +148,7 @@ class MirrorInputTest : public ::testing::Test {
   pb::Header Update(const std::string& site, int64_t clock, float value,
                     std::vector<zmq::message_t>* frames) {
     pb::Header header = From(pb::MIRROR_UPDATE, site);
-    EXPECT_TRUE(
-        testing::MakeBiasUpdate(layout_, clock, site, value, &header, frames)
-            .ok());
+    EXPECT_OK(testing::MakeBiasUpdate(layout_, clock, site, value, &header, frames));
     return header;
   }
 
@@ -307,7 +306,7 @@ TEST_F(MirrorInputTest, UpdateBeforeHelloIsRefused) {
 
 TEST_F(MirrorInputTest, ShapeMismatchBetweenSitesIsRefused) {
   ModelLayout other;
-  ASSERT_TRUE(other.Add("fc0.weight", {5, 784}).ok());
+  ASSERT_OK(other.Add("fc0.weight", {5, 784}));
   pb::Header hello = From(pb::MIRROR_HELLO, "b");
   LayoutToSpecs(other, hello.mutable_mirror_hello()->mutable_layout());
   ExpectRefused(hello, pb::ERROR_LAYOUT_MISMATCH, "fc0.weight[5,784]");
@@ -414,7 +413,7 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   options.metrics_address = "127.0.0.1:0";  // to see the held replies
   Result<std::unique_ptr<SiteServer>> server =
       SiteServer::Create(std::move(options));
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   server_ = std::move(*server);
   ASSERT_FALSE(server_->metrics_address().empty());
   thread_ = std::thread([this] { run_status_ = server_->Run(); });
@@ -473,7 +472,7 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   const auto start = std::chrono::steady_clock::now();
   Result<Envelope> other = w1.Call(
       pull("fc1.weight", layout_.Find("fc1.weight")->size), {}, kTimeout);
-  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_OK(other);
   ASSERT_EQ(other->header.type(), pb::MODEL);
   ASSERT_EQ(other->header.slices_size(), 1);
   EXPECT_EQ(other->header.slices(0).tensor(), "fc1.weight");
@@ -501,9 +500,9 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   Send(update, std::move(values));
   committer.join();
   reader.join();
-  ASSERT_TRUE(commit_reply.ok()) << commit_reply.status();
+  ASSERT_OK(commit_reply);
   EXPECT_EQ(commit_reply->header.type(), pb::MODEL);
-  ASSERT_TRUE(bias.ok()) << bias.status();
+  ASSERT_OK(bias);
   ASSERT_EQ(bias->header.type(), pb::MODEL);
   const float* got = static_cast<const float*>(bias->payload[0].data());
   const TensorInfo* b = layout_.Find("fc0.bias");
@@ -535,7 +534,7 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
     (void)client->Call(bye, {}, kTimeout);
   }
   thread_.join();
-  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_OK(run_status_);
   EXPECT_TRUE(server_->summary().stopped_by_peer());
   EXPECT_TRUE(server_->summary().sync().flushed());
 }

@@ -4,6 +4,7 @@
 // trip, and the adaptive period (SkewScout's knob) agreed from proposals.
 
 #include "sync/outer_steps.h"
+#include "testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 
@@ -28,7 +29,7 @@ OuterStepOptions Options(uint32_t peers, uint32_t period = 10,
 
 OuterSteps Make(const OuterStepOptions& options, uint64_t elements) {
   Result<OuterSteps> steps = OuterSteps::Create(options, elements);
-  EXPECT_TRUE(steps.ok()) << steps.status();
+  EXPECT_OK(steps);
   return std::move(*steps);
 }
 
@@ -73,10 +74,10 @@ TEST(OuterStepsTest, ModelAveragingMakesTheAnchorTheMeanOfTheModels) {
   const std::vector<float> own = {2.0f, 0.0f};
   std::vector<float> delta;
   steps.OuterGradient(0, own, &delta);
-  ASSERT_TRUE(steps.AddOwn(4, delta).ok());
+  ASSERT_OK(steps.AddOwn(4, delta));
   // The peers' models: {0, 3} and {4, 0}; Δ = anchor - model.
-  ASSERT_TRUE(steps.AddPeer(4, 0, std::vector<float>{1.0f, -2.0f}, 4).ok());
-  ASSERT_TRUE(steps.AddPeer(4, 1, std::vector<float>{-3.0f, 1.0f}, 4).ok());
+  ASSERT_OK(steps.AddPeer(4, 0, std::vector<float>{1.0f, -2.0f}, 4));
+  ASSERT_OK(steps.AddPeer(4, 1, std::vector<float>{-3.0f, 1.0f}, 4));
   std::optional<OuterSteps::Step> step = steps.CloseReady();
   ASSERT_TRUE(step);
   // mean = {(2 + 0 + 4) / 3, (0 + 3 + 0) / 3} = {2, 1}.
@@ -88,9 +89,9 @@ TEST(OuterStepsTest, ModelAveragingMakesTheAnchorTheMeanOfTheModels) {
   EXPECT_NEAR(now[1] + step->correction[1], 1.0f, 1e-6);
   // No momentum carries into the next round: equal models stay put.
   steps.OuterGradient(0, steps.anchor(), &delta);
-  ASSERT_TRUE(steps.AddOwn(8, delta).ok());
-  ASSERT_TRUE(steps.AddPeer(8, 0, std::vector<float>{0.0f, 0.0f}, 8).ok());
-  ASSERT_TRUE(steps.AddPeer(8, 1, std::vector<float>{0.0f, 0.0f}, 8).ok());
+  ASSERT_OK(steps.AddOwn(8, delta));
+  ASSERT_OK(steps.AddPeer(8, 0, std::vector<float>{0.0f, 0.0f}, 8));
+  ASSERT_OK(steps.AddPeer(8, 1, std::vector<float>{0.0f, 0.0f}, 8));
   ASSERT_TRUE(steps.CloseReady());
   EXPECT_NEAR(steps.anchor()[0], 2.0f, 1e-6);
   EXPECT_NEAR(steps.anchor()[1], 1.0f, 1e-6);
@@ -107,10 +108,10 @@ TEST(OuterStepsTest, TwoRoundsOfNesterovMatchAHandComputation) {
   steps.OuterGradient(0, std::vector<float>{0.8f, -1.9f}, &delta);
   EXPECT_FLOAT_EQ(delta[0], 0.2f);
   EXPECT_FLOAT_EQ(delta[1], -0.1f);
-  ASSERT_TRUE(steps.AddOwn(10, delta).ok());
+  ASSERT_OK(steps.AddOwn(10, delta));
   EXPECT_TRUE(steps.Open(0));
   EXPECT_FALSE(steps.CloseReady());  // the peer's Δ is missing
-  ASSERT_TRUE(steps.AddPeer(10, 0, std::vector<float>{0.4f, 0.3f}, 10).ok());
+  ASSERT_OK(steps.AddPeer(10, 0, std::vector<float>{0.4f, 0.3f}, 10));
   std::optional<OuterSteps::Step> step = steps.CloseReady();
   ASSERT_TRUE(step);
   // mean Δ = {0.3, 0.1}; m = {0.3, 0.1}; direction = mean + 0.9 m =
@@ -125,8 +126,8 @@ TEST(OuterStepsTest, TwoRoundsOfNesterovMatchAHandComputation) {
   EXPECT_FALSE(steps.Open(0));
 
   // Round 20: both Δ = {0.1, 0}: m = 0.9 m + 0.1 = {0.37, 0.09}.
-  ASSERT_TRUE(steps.AddPeer(20, 0, std::vector<float>{0.1f, 0.0f}, 15).ok());
-  ASSERT_TRUE(steps.AddOwn(20, std::vector<float>{0.1f, 0.0f}).ok());
+  ASSERT_OK(steps.AddPeer(20, 0, std::vector<float>{0.1f, 0.0f}, 15));
+  ASSERT_OK(steps.AddOwn(20, std::vector<float>{0.1f, 0.0f}));
   step = steps.CloseReady();
   ASSERT_TRUE(step);
   EXPECT_NEAR(steps.momentum()[0], 0.37f, 1e-6);
@@ -140,8 +141,8 @@ TEST(OuterStepsTest, PlainMomentumWithoutNesterov) {
   options.nesterov = false;
   OuterSteps steps = Make(options, 1);
   steps.Start(std::vector<float>{0.0f});
-  ASSERT_TRUE(steps.AddOwn(10, std::vector<float>{1.0f}).ok());
-  ASSERT_TRUE(steps.AddPeer(10, 0, std::vector<float>{1.0f}, 10).ok());
+  ASSERT_OK(steps.AddOwn(10, std::vector<float>{1.0f}));
+  ASSERT_OK(steps.AddPeer(10, 0, std::vector<float>{1.0f}, 10));
   ASSERT_TRUE(steps.CloseReady());
   EXPECT_NEAR(steps.anchor()[0], -0.5f, 1e-6);  // lr × m, m = 1
 }
@@ -150,8 +151,8 @@ TEST(OuterStepsTest, WhatTheCodingLostAndLaterCommitsStayLocal) {
   OuterSteps steps = Make(Options(1), 1);
   steps.Start(std::vector<float>{0.0f});
   // The model was at -1 (Δ = 1) but Δ decodes as 0.9.
-  ASSERT_TRUE(steps.AddOwn(10, std::vector<float>{0.9f}).ok());
-  ASSERT_TRUE(steps.AddPeer(10, 0, std::vector<float>{0.9f}, 10).ok());
+  ASSERT_OK(steps.AddOwn(10, std::vector<float>{0.9f}));
+  ASSERT_OK(steps.AddPeer(10, 0, std::vector<float>{0.9f}, 10));
   std::optional<OuterSteps::Step> step = steps.CloseReady();
   ASSERT_TRUE(step);
   // new anchor = -0.5 × (0.9 + 0.81) = -0.855; base = 0 - 0.9 = -0.9. A
@@ -169,11 +170,11 @@ TEST(OuterStepsTest, RefusesWhatNoHonestPeerSends) {
   EXPECT_FALSE(steps.AddPeer(30, 0, delta, 5).ok());  // > 2 periods ahead
   EXPECT_FALSE(steps.AddPeer(10, 2, delta, 5).ok());  // no such peer
   EXPECT_FALSE(steps.AddPeer(10, 0, std::vector<float>(2), 5).ok());  // size
-  ASSERT_TRUE(steps.AddPeer(10, 0, delta, 5).ok());   // within a period
+  ASSERT_OK(steps.AddPeer(10, 0, delta, 5));   // within a period
   EXPECT_FALSE(steps.AddPeer(10, 0, delta, 5).ok());  // the same peer again
-  ASSERT_TRUE(steps.AddPeer(10, 1, delta, 5).ok());
+  ASSERT_OK(steps.AddPeer(10, 1, delta, 5));
   EXPECT_FALSE(steps.CloseReady());  // this site's Δ is missing
-  ASSERT_TRUE(steps.AddOwn(10, delta).ok());
+  ASSERT_OK(steps.AddOwn(10, delta));
   EXPECT_FALSE(steps.AddOwn(10, delta).ok());
   ASSERT_TRUE(steps.CloseReady());
   EXPECT_FALSE(steps.AddPeer(10, 0, delta, 12).ok());  // closed
@@ -197,8 +198,8 @@ TEST(OuterStepsTest, FragmentsAreStaggeredAndCoverTheModel) {
   steps.Start(std::vector<float>(10, 1.0f));
   const KeyRange second = steps.RangeOf(1);
   const std::vector<float> delta(second.end - second.begin, 0.5f);
-  ASSERT_TRUE(steps.AddOwn(8, delta).ok());
-  ASSERT_TRUE(steps.AddPeer(8, 0, delta, 8).ok());
+  ASSERT_OK(steps.AddOwn(8, delta));
+  ASSERT_OK(steps.AddPeer(8, 0, delta, 8));
   std::optional<OuterSteps::Step> step = steps.CloseReady();
   ASSERT_TRUE(step);
   EXPECT_EQ(step->range.begin, second.begin);
@@ -211,18 +212,17 @@ TEST(OuterStepsTest, FragmentsAreStaggeredAndCoverTheModel) {
 TEST(OuterStepsTest, CheckpointRoundTripKeepsOpenRounds) {
   OuterSteps steps = Make(Options(2), 4);
   steps.Start(std::vector<float>{1, 2, 3, 4});
-  ASSERT_TRUE(steps.AddOwn(10, std::vector<float>{0.1f, 0, 0, 0}).ok());
-  ASSERT_TRUE(steps.AddPeer(10, 1, std::vector<float>{0.2f, 0, 0, 0}, 10).ok());
+  ASSERT_OK(steps.AddOwn(10, std::vector<float>{0.1f, 0, 0, 0}));
+  ASSERT_OK(steps.AddPeer(10, 1, std::vector<float>{0.2f, 0, 0, 0}, 10));
   auto [meta, arrays] = Save(steps);
 
   OuterSteps restored = Make(Options(2), 4);
-  ASSERT_TRUE(restored.RestoreFrom(meta, arrays).ok());
+  ASSERT_OK(restored.RestoreFrom(meta, arrays));
   EXPECT_TRUE(restored.HasOwn(10));
   // Peer 1 already counted; peer 0 completes the round in both.
   EXPECT_FALSE(restored.AddPeer(10, 1, std::vector<float>(4), 10).ok());
-  ASSERT_TRUE(
-      restored.AddPeer(10, 0, std::vector<float>{0.3f, 0, 0, 0}, 10).ok());
-  ASSERT_TRUE(steps.AddPeer(10, 0, std::vector<float>{0.3f, 0, 0, 0}, 10).ok());
+  ASSERT_OK(restored.AddPeer(10, 0, std::vector<float>{0.3f, 0, 0, 0}, 10));
+  ASSERT_OK(steps.AddPeer(10, 0, std::vector<float>{0.3f, 0, 0, 0}, 10));
   std::optional<OuterSteps::Step> a = steps.CloseReady();
   std::optional<OuterSteps::Step> b = restored.CloseReady();
   ASSERT_TRUE(a && b);
@@ -253,7 +253,7 @@ OuterStepOptions AdaptiveOptions(uint32_t peers, uint32_t period = 10) {
 
 TEST(OuterStepsTest, AdaptivePeriodNeedsOneFragmentAndAPeriodInBounds) {
   OuterStepOptions options = AdaptiveOptions(1);
-  EXPECT_TRUE(OuterSteps::Create(options, 8).ok());
+  EXPECT_OK(OuterSteps::Create(options, 8));
   options.fragments = 2;
   EXPECT_FALSE(OuterSteps::Create(options, 8).ok());
   options = AdaptiveOptions(1, /*period=*/50);  // > max_period
@@ -296,13 +296,11 @@ TEST(OuterStepsTest, AdaptivePeriodIsEverySiteTheShortestProposal) {
       ASSERT_EQ(sites[i].NextRoundClock(), clock) << i;
       ASSERT_TRUE(sites[i].FragmentDueAt(clock));
       const std::vector<float> delta{static_cast<float>(i + 1), 0};
-      ASSERT_TRUE(sites[i].AddOwn(clock, delta, {}, proposal[i]).ok());
+      ASSERT_OK(sites[i].AddOwn(clock, delta, {}, proposal[i]));
       for (int j = 0; j < kSites; ++j) {
         if (j == i) continue;
-        ASSERT_TRUE(
-            sites[j]
-                .AddPeer(clock, position(j, i), delta, clock, proposal[i])
-                .ok())
+        ASSERT_OK(sites[j]
+                .AddPeer(clock, position(j, i), delta, clock, proposal[i]))
             << j << " from " << i;
       }
     }
@@ -336,18 +334,18 @@ TEST(OuterStepsTest, AdaptivePeriodRefusesWhatNoHonestPeerSends) {
   EXPECT_FALSE(steps.AddPeer(10, 0, delta, 5, 1).ok());   // < min_period
   EXPECT_FALSE(steps.AddOwn(10, delta, {}, 0).ok());
   EXPECT_EQ(steps.rounds(), 0u);
-  ASSERT_TRUE(steps.AddPeer(10, 0, delta, 5, 6).ok());
-  ASSERT_TRUE(steps.AddOwn(10, delta, {}, 5).ok());
+  ASSERT_OK(steps.AddPeer(10, 0, delta, 5, 6));
+  ASSERT_OK(steps.AddOwn(10, delta, {}, 5));
   // This site's Δ is out: peer 0, which may have closed round 10 already,
   // sends the next round's, at a clock this site cannot check yet; one such
   // round per peer, within max_period.
-  ASSERT_TRUE(steps.AddPeer(15, 0, delta, 10, 20).ok());
+  ASSERT_OK(steps.AddPeer(15, 0, delta, 10, 20));
   EXPECT_FALSE(steps.AddPeer(16, 0, delta, 10, 20).ok());  // a second one
   EXPECT_FALSE(steps.AddPeer(51, 1, delta, 10, 20).ok());  // > 40 ahead
   // Peer 1 claims round 17 ahead (it computed another period).
-  ASSERT_TRUE(steps.AddPeer(17, 1, delta, 10, 20).ok());
+  ASSERT_OK(steps.AddPeer(17, 1, delta, 10, 20));
   EXPECT_FALSE(steps.CloseReady());  // round 10 lacks peer 1
-  ASSERT_TRUE(steps.AddPeer(10, 1, delta, 10, 7).ok());
+  ASSERT_OK(steps.AddPeer(10, 1, delta, 10, 7));
   ASSERT_TRUE(steps.CloseReady());
   // Agreed min(6, 5, 7) = 5: round 15 is next; round 17 waits for it.
   EXPECT_EQ(steps.period(), 5u);
@@ -355,10 +353,10 @@ TEST(OuterStepsTest, AdaptivePeriodRefusesWhatNoHonestPeerSends) {
   EXPECT_EQ(steps.rounds(), 2u);
   EXPECT_FALSE(steps.AddPeer(10, 1, delta, 15, 7).ok());  // closed
   EXPECT_FALSE(steps.AddOwn(12, delta, {}, 9).ok());      // before the next
-  ASSERT_TRUE(steps.AddOwn(15, delta, {}, 9).ok());
+  ASSERT_OK(steps.AddOwn(15, delta, {}, 9));
   // Peer 1 has a round ahead (17) already: not a second one.
   EXPECT_FALSE(steps.AddPeer(19, 1, delta, 15, 9).ok());
-  ASSERT_TRUE(steps.AddPeer(15, 1, delta, 15, 9).ok());
+  ASSERT_OK(steps.AddPeer(15, 1, delta, 15, 9));
   ASSERT_TRUE(steps.CloseReady());
   // min(9, 20, 9) = 9: the schedule passes 17 without a round there.
   EXPECT_EQ(steps.period(), 9u);
@@ -368,7 +366,7 @@ TEST(OuterStepsTest, AdaptivePeriodRefusesWhatNoHonestPeerSends) {
   // The count survives a restart: report.json's total stays the run's.
   auto [meta, arrays] = Save(steps);
   OuterSteps restored = Make(AdaptiveOptions(2), 2);
-  ASSERT_TRUE(restored.RestoreFrom(meta, arrays).ok());
+  ASSERT_OK(restored.RestoreFrom(meta, arrays));
   EXPECT_EQ(restored.rounds_dropped(), 1u);
 }
 
@@ -379,21 +377,21 @@ TEST(OuterStepsTest, AdaptivePeriodReplaysOwnRoundsAhead) {
   OuterSteps steps = Make(AdaptiveOptions(1), 2);
   steps.Start(std::vector<float>{0, 0});
   const std::vector<float> delta{0.5f, 0};
-  ASSERT_TRUE(steps.AddOwn(10, delta, {}, 4).ok());
-  ASSERT_TRUE(steps.AddOwn(14, delta, {}, 6).ok());
-  ASSERT_TRUE(steps.AddOwn(20, delta, {}, 6).ok());
+  ASSERT_OK(steps.AddOwn(10, delta, {}, 4));
+  ASSERT_OK(steps.AddOwn(14, delta, {}, 6));
+  ASSERT_OK(steps.AddOwn(20, delta, {}, 6));
   // A checkpoint taken in the middle of the replay restores too.
   auto [meta, arrays] = Save(steps);
   OuterSteps restored = Make(AdaptiveOptions(1), 2);
-  ASSERT_TRUE(restored.RestoreFrom(meta, arrays).ok());
+  ASSERT_OK(restored.RestoreFrom(meta, arrays));
   for (OuterSteps* site : {&steps, &restored}) {
-    ASSERT_TRUE(site->AddPeer(10, 0, delta, 20, 5).ok());
+    ASSERT_OK(site->AddPeer(10, 0, delta, 20, 5));
     ASSERT_TRUE(site->CloseReady());
     EXPECT_EQ(site->NextRoundClock(), 14);
-    ASSERT_TRUE(site->AddPeer(14, 0, delta, 20, 8).ok());
+    ASSERT_OK(site->AddPeer(14, 0, delta, 20, 8));
     ASSERT_TRUE(site->CloseReady());
     EXPECT_EQ(site->NextRoundClock(), 20);
-    ASSERT_TRUE(site->AddPeer(20, 0, delta, 20, 6).ok());
+    ASSERT_OK(site->AddPeer(20, 0, delta, 20, 6));
     ASSERT_TRUE(site->CloseReady());
     EXPECT_EQ(site->NextRoundClock(), 26);
     EXPECT_EQ(site->rounds_dropped(), 0u);
@@ -404,24 +402,24 @@ TEST(OuterStepsTest, AdaptivePeriodReplaysOwnRoundsAhead) {
 TEST(OuterStepsTest, AdaptivePeriodSurvivesTheCheckpoint) {
   OuterSteps steps = Make(AdaptiveOptions(1), 2);
   steps.Start(std::vector<float>{1, 2});
-  ASSERT_TRUE(steps.AddOwn(10, std::vector<float>{0.1f, 0}, {}, 4).ok());
-  ASSERT_TRUE(steps.AddPeer(10, 0, std::vector<float>{0.2f, 0}, 10, 6).ok());
+  ASSERT_OK(steps.AddOwn(10, std::vector<float>{0.1f, 0}, {}, 4));
+  ASSERT_OK(steps.AddPeer(10, 0, std::vector<float>{0.2f, 0}, 10, 6));
   ASSERT_TRUE(steps.CloseReady());
   ASSERT_EQ(steps.NextRoundClock(), 14);
   // Round 14: the peer's Δ with its proposal is in, this site's is not.
-  ASSERT_TRUE(steps.AddPeer(14, 0, std::vector<float>{0.3f, 0}, 12, 3).ok());
+  ASSERT_OK(steps.AddPeer(14, 0, std::vector<float>{0.3f, 0}, 12, 3));
   auto [meta, arrays] = Save(steps);
   EXPECT_EQ(meta.period(), 4u);
   ASSERT_EQ(meta.period_changes_size(), 1);
 
   OuterSteps restored = Make(AdaptiveOptions(1), 2);
-  ASSERT_TRUE(restored.RestoreFrom(meta, arrays).ok());
+  ASSERT_OK(restored.RestoreFrom(meta, arrays));
   EXPECT_EQ(restored.period(), 4u);
   EXPECT_EQ(restored.NextRoundClock(), 14);
   ASSERT_EQ(restored.period_changes().size(), 1u);
   EXPECT_EQ(restored.period_changes()[0].period, 4u);
   for (OuterSteps* site : {&steps, &restored}) {
-    ASSERT_TRUE(site->AddOwn(14, std::vector<float>{0, 0}, {}, 12).ok());
+    ASSERT_OK(site->AddOwn(14, std::vector<float>{0, 0}, {}, 12));
     ASSERT_TRUE(site->CloseReady());
     EXPECT_EQ(site->period(), 3u);  // the peer's restored proposal
     EXPECT_EQ(site->NextRoundClock(), 17);

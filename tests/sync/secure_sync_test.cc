@@ -22,6 +22,7 @@
 #include "testing/mirror_messages.h"
 #include "testing/site_control.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -37,7 +38,7 @@ class SecureSyncTest : public ::testing::Test {
     testing::SyntheticDataOptions options;
     options.train_samples = 200;
     options.test_samples = 50;
-    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+    ASSERT_OK(testing::WriteSyntheticIdx(*data_dir_, options));
   }
 
   void SetUp() override {
@@ -45,8 +46,8 @@ class SecureSyncTest : public ::testing::Test {
     key_dir_ = testing::MakeTempDir("secure-keys");
     for (const char* name : {"a", "b"}) {
       Result<CurveKeyPair> pair = GenerateCurveKeyPair();
-      ASSERT_TRUE(pair.ok()) << pair.status();
-      ASSERT_TRUE(WriteCurveKeyFiles(key_dir_, name, *pair).ok());
+      ASSERT_OK(pair);
+      ASSERT_OK(WriteCurveKeyFiles(key_dir_, name, *pair));
       keys_[name] = *pair;
     }
   }
@@ -104,7 +105,7 @@ TEST_F(SecureSyncTest, TwoSitesSyncEveryUpdateOnceOverCurve) {
   const pb::JobConfig job = Job();
   Result<testing::LiveSitesRun> run =
       testing::RunLiveSites(job, kCommits, /*seed_base=*/2000, kTimeout);
-  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_OK(run);
   for (size_t s = 0; s < run->servers.size(); ++s) {
     const SiteServer& server = *run->servers[s];
     EXPECT_TRUE(server.summary().sync().flushed())
@@ -127,7 +128,7 @@ class MirrorPeer {
              const CurveKeyPair& own, const std::string& server_key)
       : socket_(context, zmq::socket_type::dealer) {
     socket_.set(zmq::sockopt::linger, 0);
-    EXPECT_TRUE(MakeCurveClient(socket_, own, server_key).ok());
+    EXPECT_OK(MakeCurveClient(socket_, own, server_key));
     socket_.connect(endpoint);
   }
 
@@ -140,7 +141,7 @@ class MirrorPeer {
     // Numbered 1, 2, 3 ... on the channel; MIRROR_HELLO is not
     // (src/runtime/mirror_delivery.h).
     header.set_sequence(header.type() == pb::MIRROR_HELLO ? 0 : ++sequence_);
-    ASSERT_TRUE(SendMessage(socket_, header, std::move(frames)).ok());
+    ASSERT_OK(SendMessage(socket_, header, std::move(frames)));
   }
 
   void Hello(const ModelLayout& layout) {
@@ -156,8 +157,7 @@ class MirrorPeer {
   void Update(const ModelLayout& layout, float value) {
     pb::Header header;
     std::vector<zmq::message_t> frames;
-    ASSERT_TRUE(
-        testing::MakeBiasUpdate(layout, 1, "b", value, &header, &frames).ok());
+    ASSERT_OK(testing::MakeBiasUpdate(layout, 1, "b", value, &header, &frames));
     Send(header, std::move(frames));
   }
 
@@ -183,13 +183,13 @@ class MirrorPeer {
 TEST_F(SecureSyncTest, PeerWithAnUnlistedKeyIsRefusedAndTheModelUntouched) {
   const pb::JobConfig job = Job();
   Result<std::unique_ptr<SiteServer>> created = Server(job, "a");
-  ASSERT_TRUE(created.ok()) << created.status();
+  ASSERT_OK(created);
   std::unique_ptr<SiteServer> server = std::move(*created);
   const std::vector<float> initial = server->Snapshot();
   Status run_status;
   std::thread thread([&] { run_status = server->Run(); });
   Result<std::unique_ptr<Model>> model = MakeModel(job.model(), 784, 10);
-  ASSERT_TRUE(model.ok());
+  ASSERT_OK(model);
   const ModelLayout& layout = (*model)->layout();
 
   zmq::context_t context;
@@ -197,10 +197,10 @@ TEST_F(SecureSyncTest, PeerWithAnUnlistedKeyIsRefusedAndTheModelUntouched) {
   // keys, admitting a.
   Result<std::unique_ptr<ZapHandler>> zap = ZapHandler::Start(
       context, {{keys_["a"].public_key, "a"}}, "test's site b");
-  ASSERT_TRUE(zap.ok()) << zap.status();
+  ASSERT_OK(zap);
   zmq::socket_t b_mirror(context, zmq::socket_type::router);
   b_mirror.set(zmq::sockopt::linger, 0);
-  ASSERT_TRUE(MakeCurveServer(b_mirror, keys_["b"]).ok());
+  ASSERT_OK(MakeCurveServer(b_mirror, keys_["b"]));
   b_mirror.bind("tcp://127.0.0.1:*");
   {
     pb::Header request;
@@ -211,13 +211,13 @@ TEST_F(SecureSyncTest, PeerWithAnUnlistedKeyIsRefusedAndTheModelUntouched) {
     entry->set_endpoint(b_mirror.get(zmq::sockopt::last_endpoint));
     RpcClient control(context, server->endpoint(), Launcher());
     Result<Envelope> reply = control.Call(request, {}, kTimeout);
-    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_OK(reply);
   }
   ::testing::internal::CaptureStderr();
   {
     // An impostor: claims to be b, holds a key the job does not list.
     Result<CurveKeyPair> stranger = GenerateCurveKeyPair();
-    ASSERT_TRUE(stranger.ok());
+    ASSERT_OK(stranger);
     MirrorPeer impostor(context, server->mirror_endpoint(), *stranger,
                         keys_["a"].public_key);
     impostor.Hello(layout);
@@ -263,7 +263,7 @@ TEST_F(SecureSyncTest, PeerWithAnUnlistedKeyIsRefusedAndTheModelUntouched) {
   hello.mutable_hello()->set_worker_index(0);
   LayoutToSpecs(layout, hello.mutable_hello()->mutable_layout());
   Result<Envelope> welcome = client.Call(hello, {}, kTimeout);
-  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  ASSERT_OK(welcome);
   EXPECT_EQ(welcome->header.type(), pb::WELCOME);
   // b's mirror socket acknowledges what a sends, as a real peer does, so
   // a's final flush completes.
@@ -274,7 +274,7 @@ TEST_F(SecureSyncTest, PeerWithAnUnlistedKeyIsRefusedAndTheModelUntouched) {
     thread.join();
     first_from_a = b.first();
   }
-  EXPECT_TRUE(run_status.ok()) << run_status;
+  EXPECT_OK(run_status);
   EXPECT_TRUE(server->summary().stopped_by_peer());
   EXPECT_TRUE(server->summary().sync().flushed());
   // a's own messages reached b's (CURVE) mirror socket, its HELLO first.
@@ -289,20 +289,20 @@ TEST_F(SecureSyncTest, ListedPeerCannotSpeakForAnotherSite) {
   // Three sites: c holds a listed key but claims to be b.
   pb::JobConfig job = Job();
   Result<CurveKeyPair> c_keys = GenerateCurveKeyPair();
-  ASSERT_TRUE(c_keys.ok());
+  ASSERT_OK(c_keys);
   pb::SiteConfig* c = job.add_site();
   c->set_name("c");
   c->add_workers()->set_count(1);
   c->set_curve_public_key(c_keys->public_key);
   ASSERT_TRUE(ValidateJobConfig(job).empty());
   Result<std::unique_ptr<SiteServer>> created = Server(job, "a");
-  ASSERT_TRUE(created.ok()) << created.status();
+  ASSERT_OK(created);
   std::unique_ptr<SiteServer> server = std::move(*created);
   const std::vector<float> initial = server->Snapshot();
   Status run_status;
   std::thread thread([&] { run_status = server->Run(); });
   Result<std::unique_ptr<Model>> model = MakeModel(job.model(), 784, 10);
-  ASSERT_TRUE(model.ok());
+  ASSERT_OK(model);
   const ModelLayout& layout = (*model)->layout();
 
   zmq::context_t context;
@@ -327,9 +327,9 @@ TEST_F(SecureSyncTest, ListedPeerCannotSpeakForAnotherSite) {
   shutdown.set_control_token(testing::kTestControlToken);
   shutdown.mutable_shutdown()->set_reason("test over");
   RpcClient control(context, server->endpoint(), Launcher());
-  EXPECT_TRUE(control.Call(shutdown, {}, kTimeout).ok());
+  EXPECT_OK(control.Call(shutdown, {}, kTimeout));
   thread.join();
-  EXPECT_TRUE(run_status.ok()) << run_status;
+  EXPECT_OK(run_status);
   EXPECT_EQ(server->Snapshot(), initial);
 }
 
@@ -354,7 +354,7 @@ TEST_F(SecureSyncTest, SiteWithoutItsKeysRefusesToStart) {
   ::testing::internal::CaptureStderr();
   Result<std::unique_ptr<SiteServer>> plain = Server(job, "a");
   const std::string log = ::testing::internal::GetCapturedStderr();
-  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_OK(plain);
   EXPECT_NE(log.find("cross-site links are plaintext"), std::string::npos)
       << log;
 }

@@ -2,6 +2,7 @@
 // (virtual time: the controller sees only the numbers it is given).
 
 #include "meridian/sync/skew_control.h"
+#include "testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 
@@ -40,7 +41,7 @@ TravelScores Scores(uint32_t samples, double own, double travelled,
 
 SkewController Make(const SkewControlOptions& options, double knob) {
   Result<SkewController> controller = SkewController::Create(options, knob);
-  EXPECT_TRUE(controller.ok()) << controller.status();
+  EXPECT_OK(controller);
   return std::move(*controller);
 }
 
@@ -281,9 +282,8 @@ TEST(SkewControllerTest, AJobsOptionsControlTheThreshold) {
   config.set_max_travel_period(120);
   EXPECT_EQ(SkewControlOptionsFrom(config).max_period, 120u);
   // The proto's defaults are valid options.
-  EXPECT_TRUE(SkewController::Create(
-                  SkewControlOptionsFrom(pb::SkewScoutConfig()), 0.05)
-                  .ok());
+  EXPECT_OK(SkewController::Create(
+                  SkewControlOptionsFrom(pb::SkewScoutConfig()), 0.05));
 }
 
 TEST(SkewControllerTest, TopKSyncMakesTheDensityTheKnob) {

@@ -18,6 +18,7 @@
 #include "meridian/net/transport.h"
 #include "testing/live_sites.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -43,7 +44,7 @@ class SyncConservationTest : public ::testing::TestWithParam<Topology> {
     testing::SyntheticDataOptions options;
     options.train_samples = 200;
     options.test_samples = 50;
-    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+    ASSERT_OK(testing::WriteSyntheticIdx(*data_dir_, options));
   }
 
   pb::JobConfig Job(const Topology& topology) {
@@ -95,7 +96,7 @@ TEST_P(SyncConservationTest, EverySiteEndsWithEveryUpdateOnce) {
   ASSERT_EQ(job.server().apply_rule(), pb::MEAN);
   Result<testing::LiveSitesRun> run =
       testing::RunLiveSites(job, kCommits, /*seed_base=*/1000, kTimeout);
-  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_OK(run);
   EXPECT_EQ(testing::EveryUpdateOnceProblems(job, *run), "");
   uint64_t sent = 0;
   for (const auto& server : run->servers) {
@@ -119,7 +120,7 @@ TEST_F(SyncConservationTest, TravelledModelsAreScoredAndNeverApplied) {
       << FormatConfigIssues("job", ValidateJobConfig(job));
   Result<testing::LiveSitesRun> run =
       testing::RunLiveSites(job, kCommits, /*seed_base=*/2000, kTimeout);
-  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_OK(run);
   EXPECT_EQ(testing::EveryUpdateOnceProblems(job, *run), "");
   const double model_bytes =
       static_cast<double>(run->expected.size()) * sizeof(float);
@@ -179,7 +180,7 @@ TEST_F(SyncConservationTest, TopKSyncHasTheDensityAsItsKnob) {
       << FormatConfigIssues("job", ValidateJobConfig(job));
   Result<testing::LiveSitesRun> run =
       testing::RunLiveSites(job, kCommits, /*seed_base=*/3000, kTimeout);
-  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_OK(run);
   EXPECT_EQ(testing::EveryUpdateOnceProblems(job, *run), "");
   uint64_t decisions = 0;
   for (size_t s = 0; s < run->servers.size(); ++s) {
@@ -220,7 +221,7 @@ TEST_F(SyncConservationTest, ChangesSentBetweenClocksArriveOnce) {
   // Paced, so that the event loops turn between the commits.
   options.commit_interval = milliseconds(20);
   Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
-  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_OK(run);
   EXPECT_EQ(testing::EveryUpdateOnceProblems(job, *run), "");
   double between = 0, all = 0;
   for (const auto& server : run->servers) {

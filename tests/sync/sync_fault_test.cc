@@ -15,6 +15,7 @@
 #include "meridian/site/site_server.h"
 #include "testing/live_sites.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -28,7 +29,7 @@ class SyncFaultTest : public ::testing::Test {
     testing::SyntheticDataOptions options;
     options.train_samples = 200;
     options.test_samples = 50;
-    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+    ASSERT_OK(testing::WriteSyntheticIdx(*data_dir_, options));
   }
 
   // Three sites in a full mesh, one scripted worker each; faults detected
@@ -99,11 +100,11 @@ std::string* SyncFaultTest::data_dir_ = nullptr;
 std::function<void(wan::ControlClient*)> PartitionCFor(milliseconds cut) {
   return [cut](wan::ControlClient* wanem) {
     std::this_thread::sleep_for(milliseconds(800));
-    ASSERT_TRUE(wanem->Partition("a-c").ok());
-    ASSERT_TRUE(wanem->Partition("b-c").ok());
+    ASSERT_OK(wanem->Partition("a-c"));
+    ASSERT_OK(wanem->Partition("b-c"));
     std::this_thread::sleep_for(cut);
-    ASSERT_TRUE(wanem->Heal("a-c").ok());
-    ASSERT_TRUE(wanem->Heal("b-c").ok());
+    ASSERT_OK(wanem->Heal("a-c"));
+    ASSERT_OK(wanem->Heal("b-c"));
   };
 }
 
@@ -116,7 +117,7 @@ TEST_F(SyncFaultTest, PartitionContinueAndHealKeepsEveryUpdateOnce) {
   testing::LiveSitesOptions options = Options();
   options.during = PartitionCFor(milliseconds(2500));
   Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
-  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_OK(run);
   ExpectEveryUpdateOnce(job, *run);
   // Everyone noticed, and saw c (or a and b) come back.
   for (const auto& server : run->servers) {
@@ -140,7 +141,7 @@ TEST_F(SyncFaultTest, PartitionBlockAndHealKeepsEveryUpdateOnce) {
   ::testing::internal::CaptureStderr();
   Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
   const std::string log = ::testing::internal::GetCapturedStderr();
-  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_OK(run);
   ExpectEveryUpdateOnce(job, *run);
   double held = 0;
   for (const auto& server : run->servers) {
@@ -168,12 +169,12 @@ TEST_F(SyncFaultTest, ResetConnectionsLoseNothingAndDuplicateNothing) {
   options.during = [](wan::ControlClient* wanem) {
     for (int i = 0; i < 8; ++i) {
       std::this_thread::sleep_for(milliseconds(400));
-      ASSERT_TRUE(wanem->Reset("a-b").ok());
+      ASSERT_OK(wanem->Reset("a-b"));
       ASSERT_TRUE(wanem->Reset(i % 2 == 0 ? "a-c" : "b-c").ok());
     }
   };
   Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
-  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_OK(run);
   ExpectEveryUpdateOnce(job, *run);
   double resent = 0;
   for (const auto& server : run->servers) {
@@ -200,10 +201,10 @@ TEST_F(SyncFaultTest, ALinkSlowedAtRunTimeRaisesTheThreshold) {
     std::this_thread::sleep_for(milliseconds(500));
     pb::LinkDirectionConfig slow;
     slow.set_bandwidth("64kbit");
-    ASSERT_TRUE(wanem->Set("a-b", pb::BOTH, slow).ok());
+    ASSERT_OK(wanem->Set("a-b", pb::BOTH, slow));
   };
   Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
-  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_OK(run);
   ExpectEveryUpdateOnce(job, *run);
   for (int s : {0, 1}) {
     EXPECT_GT(run->servers[s]->summary().sync().final_theta(), 0.05)

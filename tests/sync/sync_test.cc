@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "meridian/config/config.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -106,7 +107,7 @@ TEST(SignificanceTest, BlocksOfEveryMixAgreeWithTheDefinition) {
         std::vector<float> want_acc = acc;
         const Taken want = Reference(want_acc, w, 0.1f, mode);
         const Taken got = Take(acc, w, 0.1, mode);
-        SCOPED_TRACE(testing::Message()
+        SCOPED_TRACE(::testing::Message()
                      << "n " << n << " mode " << mode << " trial " << trial);
         ASSERT_EQ(got.indices, want.indices);
         ASSERT_EQ(got.values.size(), want.values.size());
@@ -229,17 +230,17 @@ TEST(AdaptiveThresholdTest, WithoutABudgetOnlySaturationCounts) {
 TEST(MirrorClocksTest, ClocksGoUp) {
   MirrorClocks clocks({"b", "c"});
   EXPECT_EQ(clocks.Min(), 0);
-  EXPECT_TRUE(clocks.Advance("b", 1).ok());
-  EXPECT_TRUE(clocks.Advance("b", 2).ok());
+  EXPECT_OK(clocks.Advance("b", 1));
+  EXPECT_OK(clocks.Advance("b", 2));
   EXPECT_EQ(clocks.Min(), 0);
-  EXPECT_TRUE(clocks.Advance("c", 1).ok());
+  EXPECT_OK(clocks.Advance("c", 1));
   EXPECT_EQ(clocks.Min(), 1);
   EXPECT_EQ(clocks.ClockOf("b"), 2);
 }
 
 TEST(MirrorClocksTest, RepeatedBackwardsAndUnknownAreErrors) {
   MirrorClocks clocks({"b"});
-  ASSERT_TRUE(clocks.Advance("b", 2).ok());
+  ASSERT_OK(clocks.Advance("b", 2));
   const Status repeated = clocks.Advance("b", 2);
   EXPECT_FALSE(repeated.ok());
   EXPECT_NE(repeated.message().find("repeats"), std::string::npos);
@@ -252,26 +253,26 @@ TEST(MirrorClocksTest, RepeatedBackwardsAndUnknownAreErrors) {
 
 TEST(MirrorClocksTest, JumpsForwardAndResets) {
   MirrorClocks clocks({"b"});
-  ASSERT_TRUE(clocks.Advance("b", 1).ok());
+  ASSERT_OK(clocks.Advance("b", 1));
   // A site that was cut off catches up in one step.
-  ASSERT_TRUE(clocks.Advance("b", 40).ok());
+  ASSERT_OK(clocks.Advance("b", 40));
   EXPECT_EQ(clocks.ClockOf("b"), 40);
   // A peer restarted without its state starts again.
-  ASSERT_TRUE(clocks.Reset("b", 0).ok());
+  ASSERT_OK(clocks.Reset("b", 0));
   EXPECT_EQ(clocks.ClockOf("b"), 0);
   EXPECT_FALSE(clocks.Reset("z", 0).ok());
 }
 
 TEST(MirrorClocksTest, StalenessBound) {
   MirrorClocks clocks({"b", "c"});
-  ASSERT_TRUE(clocks.Advance("b", 1).ok());
+  ASSERT_OK(clocks.Advance("b", 1));
   // DS = 0: a barrier every clock.
   EXPECT_TRUE(clocks.WithinBound(0, 0));
   EXPECT_FALSE(clocks.WithinBound(1, 0));
   // DS = 2: up to two clocks ahead of the slowest (c, at 0).
   EXPECT_TRUE(clocks.WithinBound(2, 2));
   EXPECT_FALSE(clocks.WithinBound(3, 2));
-  ASSERT_TRUE(clocks.Advance("c", 1).ok());
+  ASSERT_OK(clocks.Advance("c", 1));
   EXPECT_TRUE(clocks.WithinBound(3, 2));
   EXPECT_TRUE(MirrorClocks({}).WithinBound(100, 0));
 }

@@ -101,10 +101,5 @@ Result<SiteProcess> SpawnSite(const std::string& binary,
   return SiteProcess{std::move(process), endpoint};
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
-}
 
 }  // namespace meridian::testing

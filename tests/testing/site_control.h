@@ -13,6 +13,7 @@
 #include "meridian/report.pb.h"
 #include "meridian/core/status.h"
 #include "meridian/core/process.h"
+#include "testing/text.h"  // ReadFile, for the callers of these
 
 namespace meridian::testing {
 
@@ -57,9 +58,6 @@ Result<SiteProcess> SpawnSite(const std::string& binary,
                               const std::string& out_dir,
                               const std::string& log_path,
                               std::chrono::milliseconds timeout);
-
-// The whole file ("" when it cannot be read).
-std::string ReadFile(const std::string& path);
 
 }  // namespace meridian::testing
 

@@ -13,6 +13,7 @@
 #include "meridian/wan/presets.h"
 #include "testing/processes.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -68,7 +69,7 @@ std::string WriteRun(bool reached, double time_to_target_s, double accuracy,
   report.set_time_to_target_s(time_to_target_s);
   report.set_final_accuracy(accuracy);
   report.set_wan_bytes_total(wan_bytes);
-  EXPECT_TRUE(WriteJsonFile(report, dir + "/report.json").ok());
+  EXPECT_OK(WriteJsonFile(report, dir + "/report.json"));
   return dir;
 }
 
@@ -147,7 +148,7 @@ TEST(CliTest, MissingDataFileIsNamedWithItsPackage) {
   pb::JobConfig job = testing::SmallJob("/usr/share/datasets/fashion-mnist", 1);
   job.mutable_data()->set_train_images("no-such-file-idx3-ubyte.gz");
   const std::string path = testing::MakeTempDir("cli-job") + "/job.pbtxt";
-  ASSERT_TRUE(testing::WriteJobFile(job, path).ok());
+  ASSERT_OK(testing::WriteJobFile(job, path));
   const std::string out = testing::MakeTempDir("cli-out");
   const CommandResult result = Meridian("run " + path + " --out " + out);
   EXPECT_FALSE(result.crashed);
@@ -163,7 +164,7 @@ TEST(CliTest, MissingDataFileIsNamedWithItsPackage) {
 TEST(CliTest, MissingDataDirectoryIsNamed) {
   pb::JobConfig job = testing::SmallJob("/nonexistent/data", 1);
   const std::string path = testing::MakeTempDir("cli-job") + "/job.pbtxt";
-  ASSERT_TRUE(testing::WriteJobFile(job, path).ok());
+  ASSERT_OK(testing::WriteJobFile(job, path));
   const CommandResult result =
       Meridian("site --config " + path + " --site site-a");
   EXPECT_FALSE(result.crashed);
@@ -270,8 +271,7 @@ TEST(CliTest, PresetsPrintsEveryPresetAsTextAndJson) {
     EXPECT_NE(json.output.find(key), std::string::npos) << key;
   }
   pb::LinkPresets parsed;
-  ASSERT_TRUE(
-      google::protobuf::util::JsonStringToMessage(json.output, &parsed).ok())
+  ASSERT_OK(google::protobuf::util::JsonStringToMessage(json.output, &parsed))
       << json.output;
   ASSERT_EQ(parsed.access_networks_size(), wan::AccessLinkPresets().size());
   for (int i = 0; i < parsed.access_networks_size(); ++i) {

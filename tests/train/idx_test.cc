@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "meridian/train/dataset.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -91,13 +92,12 @@ class IdxTest : public ::testing::Test {
   // Writes a train/test pair of IDX files into the temp dir and returns a
   // DataConfig naming them.
   pb::DataConfig WriteDataSet(uint32_t train, uint32_t test) {
-    EXPECT_TRUE(
-        WriteIdxImages(Path("train-img.gz"), SomeImages(train, 4, 3)).ok());
-    EXPECT_TRUE(WriteIdxLabels(Path("train-lbl.gz"), SomeLabels(train)).ok());
+    EXPECT_OK(WriteIdxImages(Path("train-img.gz"), SomeImages(train, 4, 3)));
+    EXPECT_OK(WriteIdxLabels(Path("train-lbl.gz"), SomeLabels(train)));
     IdxImages test_images = SomeImages(test, 4, 3);
     for (uint8_t& pixel : test_images.pixels) pixel = 255 - pixel;
-    EXPECT_TRUE(WriteIdxImages(Path("test-img.gz"), test_images).ok());
-    EXPECT_TRUE(WriteIdxLabels(Path("test-lbl.gz"), SomeLabels(test)).ok());
+    EXPECT_OK(WriteIdxImages(Path("test-img.gz"), test_images));
+    EXPECT_OK(WriteIdxLabels(Path("test-lbl.gz"), SomeLabels(test)));
     pb::DataConfig config;
     config.set_dir(dir_);
     config.set_train_images("train-img.gz");
@@ -113,8 +113,8 @@ class IdxTest : public ::testing::Test {
 TEST_F(IdxTest, GzipRoundTrip) {
   const IdxImages images = SomeImages(5, 28, 28);
   const std::vector<uint8_t> labels = SomeLabels(5);
-  ASSERT_TRUE(WriteIdxImages(Path("img.gz"), images).ok());
-  ASSERT_TRUE(WriteIdxLabels(Path("lbl.gz"), labels).ok());
+  ASSERT_OK(WriteIdxImages(Path("img.gz"), images));
+  ASSERT_OK(WriteIdxLabels(Path("lbl.gz"), labels));
   // Written compressed.
   const std::vector<uint8_t> raw = ReadRaw(Path("img.gz"));
   ASSERT_GE(raw.size(), 2u);
@@ -122,25 +122,25 @@ TEST_F(IdxTest, GzipRoundTrip) {
   EXPECT_EQ(raw[1], 0x8b);
 
   Result<IdxImages> read = ReadIdxImages(Path("img.gz"));
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   EXPECT_EQ(read->count, 5u);
   EXPECT_EQ(read->rows, 28u);
   EXPECT_EQ(read->cols, 28u);
   EXPECT_EQ(read->dim(), 784u);
   EXPECT_EQ(read->pixels, images.pixels);
   Result<std::vector<uint8_t>> read_labels = ReadIdxLabels(Path("lbl.gz"));
-  ASSERT_TRUE(read_labels.ok()) << read_labels.status();
+  ASSERT_OK(read_labels);
   EXPECT_EQ(*read_labels, labels);
 }
 
 TEST_F(IdxTest, EmptyFilesRoundTrip) {
-  ASSERT_TRUE(WriteIdxImages(Path("img.gz"), SomeImages(0, 2, 2)).ok());
-  ASSERT_TRUE(WriteIdxLabels(Path("lbl.gz"), {}).ok());
+  ASSERT_OK(WriteIdxImages(Path("img.gz"), SomeImages(0, 2, 2)));
+  ASSERT_OK(WriteIdxLabels(Path("lbl.gz"), {}));
   Result<IdxImages> images = ReadIdxImages(Path("img.gz"));
-  ASSERT_TRUE(images.ok()) << images.status();
+  ASSERT_OK(images);
   EXPECT_EQ(images->count, 0u);
   Result<std::vector<uint8_t>> labels = ReadIdxLabels(Path("lbl.gz"));
-  ASSERT_TRUE(labels.ok()) << labels.status();
+  ASSERT_OK(labels);
   EXPECT_TRUE(labels->empty());
 }
 
@@ -149,7 +149,7 @@ TEST_F(IdxTest, ReadsPlainUncompressedFiles) {
   for (uint8_t v = 0; v < 12; ++v) bytes.push_back(v * 20);
   WriteRaw(Path("plain-img"), bytes);
   Result<IdxImages> images = ReadIdxImages(Path("plain-img"));
-  ASSERT_TRUE(images.ok()) << images.status();
+  ASSERT_OK(images);
   EXPECT_EQ(images->count, 2u);
   EXPECT_EQ(images->rows, 2u);
   EXPECT_EQ(images->cols, 3u);
@@ -161,7 +161,7 @@ TEST_F(IdxTest, ReadsPlainUncompressedFiles) {
   label_bytes.insert(label_bytes.end(), {9, 0, 4});
   WriteRaw(Path("plain-lbl"), label_bytes);
   Result<std::vector<uint8_t>> labels = ReadIdxLabels(Path("plain-lbl"));
-  ASSERT_TRUE(labels.ok()) << labels.status();
+  ASSERT_OK(labels);
   EXPECT_EQ(*labels, (std::vector<uint8_t>{9, 0, 4}));
 }
 
@@ -223,7 +223,7 @@ TEST_F(IdxTest, TruncatedFilesAreDataLoss) {
             StatusCode::kDataLoss);
 
   // Gzip stream cut in the middle.
-  ASSERT_TRUE(WriteIdxImages(Path("full.gz"), SomeImages(200, 28, 28)).ok());
+  ASSERT_OK(WriteIdxImages(Path("full.gz"), SomeImages(200, 28, 28)));
   std::vector<uint8_t> gz = ReadRaw(Path("full.gz"));
   gz.resize(gz.size() / 2);
   WriteRaw(Path("cut.gz"), gz);
@@ -243,8 +243,8 @@ TEST_F(IdxTest, TrailingBytesAreDataLoss) {
 }
 
 TEST_F(IdxTest, WrongMagicIsDataLoss) {
-  ASSERT_TRUE(WriteIdxLabels(Path("lbl.gz"), SomeLabels(4)).ok());
-  ASSERT_TRUE(WriteIdxImages(Path("img.gz"), SomeImages(4, 2, 2)).ok());
+  ASSERT_OK(WriteIdxLabels(Path("lbl.gz"), SomeLabels(4)));
+  ASSERT_OK(WriteIdxImages(Path("img.gz"), SomeImages(4, 2, 2)));
   Result<IdxImages> images = ReadIdxImages(Path("lbl.gz"));
   ASSERT_FALSE(images.ok());
   EXPECT_EQ(images.status().code(), StatusCode::kDataLoss);
@@ -302,7 +302,7 @@ TEST_F(IdxTest, WriteRejectsInconsistentImages) {
 TEST_F(IdxTest, LoadRawDataReadsBothSets) {
   const pb::DataConfig config = WriteDataSet(20, 8);
   Result<RawData> raw = LoadRawData(config, true, true);
-  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_OK(raw);
   EXPECT_EQ(raw->train_images.count, 20u);
   EXPECT_EQ(raw->train_labels, SomeLabels(20));
   EXPECT_EQ(raw->test_images.count, 8u);
@@ -317,7 +317,7 @@ TEST_F(IdxTest, LoadRawDataAppliesLimits) {
   config.set_train_limit(5);
   config.set_test_limit(100);  // more than there is: all
   Result<RawData> raw = LoadRawData(config, true, true);
-  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_OK(raw);
   EXPECT_EQ(raw->train_images.count, 5u);
   EXPECT_EQ(raw->train_images.pixels.size(), 5u * 12);
   EXPECT_EQ(raw->train_labels, SomeLabels(5));
@@ -332,7 +332,7 @@ TEST_F(IdxTest, LoadRawDataTestOnlyStillHasTrainingStats) {
   pb::DataConfig config = WriteDataSet(20, 8);
   config.set_train_limit(6);
   Result<RawData> raw = LoadRawData(config, false, true);
-  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_OK(raw);
   EXPECT_EQ(raw->train_images.count, 0u);
   EXPECT_TRUE(raw->train_labels.empty());
   EXPECT_EQ(raw->test_images.count, 8u);
@@ -344,14 +344,14 @@ TEST_F(IdxTest, LoadRawDataTestOnlyStillHasTrainingStats) {
   config.set_normalization(pb::SCALE);
   config.set_train_images("absent.gz");
   raw = LoadRawData(config, false, true);
-  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_OK(raw);
   EXPECT_FLOAT_EQ(raw->stats.mean, 0.0f);
   EXPECT_FLOAT_EQ(raw->stats.stddev, 1.0f);
 }
 
 TEST_F(IdxTest, LoadRawDataCountMismatchNamesBothFiles) {
   pb::DataConfig config = WriteDataSet(20, 8);
-  ASSERT_TRUE(WriteIdxLabels(Path("train-lbl.gz"), SomeLabels(19)).ok());
+  ASSERT_OK(WriteIdxLabels(Path("train-lbl.gz"), SomeLabels(19)));
   Result<RawData> raw = LoadRawData(config, true, false);
   ASSERT_FALSE(raw.ok());
   EXPECT_EQ(raw.status().code(), StatusCode::kInvalidArgument);
@@ -362,12 +362,12 @@ TEST_F(IdxTest, LoadRawDataCountMismatchNamesBothFiles) {
   EXPECT_EQ(LoadRawData(config, true, false).status().code(),
             StatusCode::kInvalidArgument);
   // The test set alone is fine.
-  EXPECT_TRUE(LoadRawData(config, false, true).ok());
+  EXPECT_OK(LoadRawData(config, false, true));
 }
 
 TEST_F(IdxTest, LoadRawDataRejectsDifferentImageSizes) {
   pb::DataConfig config = WriteDataSet(4, 4);
-  ASSERT_TRUE(WriteIdxImages(Path("test-img.gz"), SomeImages(4, 3, 4)).ok());
+  ASSERT_OK(WriteIdxImages(Path("test-img.gz"), SomeImages(4, 3, 4)));
   EXPECT_EQ(LoadRawData(config, true, true).status().code(),
             StatusCode::kInvalidArgument);
 }
@@ -432,7 +432,7 @@ TEST(MakeDatasetTest, ScaleAndStandardize) {
 TEST_F(IdxTest, NormalisedDataFromFilesHasZeroMeanUnitVariance) {
   const pb::DataConfig config = WriteDataSet(50, 4);
   Result<RawData> raw = LoadRawData(config, true, false);
-  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_OK(raw);
   const Dataset data = MakeDataset(raw->train_images, raw->train_labels, {},
                                    config.normalization(), raw->stats);
   const double mean = data.features.mean();

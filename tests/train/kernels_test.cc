@@ -82,7 +82,7 @@ TEST_P(KernelsTest, DotProductMatchesLoops) {
     for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{7}}) {
       for (int64_t k : Sizes()) {
         for (bool relu : {false, true}) {
-          SCOPED_TRACE(testing::Message() << "m " << m << " n " << n << " k "
+          SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k "
                                           << k << " relu " << relu);
           // Rows of A end k floats apart plus one (lda > k); the last column
           // of X and the last row of A end at the guard page.
@@ -117,7 +117,7 @@ TEST_P(KernelsTest, DotProductRowsAccumulateAddsToOut) {
   for (int64_t m : Sizes()) {
     for (int64_t n : {int64_t{1}, int64_t{4}, int64_t{5}}) {
       for (int64_t k : Sizes()) {
-        SCOPED_TRACE(testing::Message()
+        SCOPED_TRACE(::testing::Message()
                      << "m " << m << " n " << n << " k " << k);
         // Overlapping rows, as a convolution's shifted input rows are: row
         // o starts o floats in.
@@ -151,7 +151,7 @@ TEST_P(KernelsTest, OuterProductMatchesLoopsForBothLayoutsOfP) {
     for (int64_t i_count : Sizes()) {
       for (int64_t s_count : {int64_t{1}, int64_t{2}, int64_t{9}}) {
         for (bool transposed : {false, true}) {
-          SCOPED_TRACE(testing::Message()
+          SCOPED_TRACE(::testing::Message()
                        << "r " << r_count << " i " << i_count << " s "
                        << s_count << " p transposed " << transposed);
           GuardedFloats p(r_count * s_count);
@@ -186,7 +186,7 @@ TEST_P(KernelsTest, OuterProductRowsReadsRowsThroughTheTable) {
   for (int64_t r_count : Sizes()) {
     for (int64_t i_count : Sizes()) {
       const int64_t s_count = 9;
-      SCOPED_TRACE(testing::Message() << "r " << r_count << " i " << i_count);
+      SCOPED_TRACE(::testing::Message() << "r " << r_count << " i " << i_count);
       // Shifted views of one buffer, in reverse order; the last row in
       // memory ends at the guard.
       GuardedFloats base(s_count - 1 + i_count);

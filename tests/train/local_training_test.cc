@@ -11,6 +11,7 @@
 #include "meridian/job.pb.h"
 #include "meridian/train/model.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -36,18 +37,18 @@ pb::JobConfig SmallMatrixFactorizationJob() {
 TEST(TrainLocallyTest, TrainsTheJobsModelForTheAskedSamples) {
   const pb::JobConfig job = SmallMatrixFactorizationJob();
   Result<LocalTrainingResult> none = TrainLocally(job, 1);
-  ASSERT_TRUE(none.ok()) << none.status();
+  ASSERT_OK(none);
   EXPECT_EQ(none->steps, 1u);  // whole batches
   EXPECT_EQ(none->samples, 50u);
   Result<LocalTrainingResult> trained = TrainLocally(job, 400000);
-  ASSERT_TRUE(trained.ok()) << trained.status();
+  ASSERT_OK(trained);
   EXPECT_EQ(trained->steps, 8000u);
   EXPECT_EQ(trained->test.samples, 1000u);  // the 10% held out
   EXPECT_LT(trained->test.metric, none->test.metric - 0.2)
       << "from " << none->test.metric;
   // Deterministic in the job's seed.
   Result<LocalTrainingResult> again = TrainLocally(job, 400000);
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   EXPECT_EQ(again->test.metric, trained->test.metric);
 }
 
@@ -59,12 +60,12 @@ TEST(TrainLocallyTest, ThreadsTrainTheSameModel) {
   testing::SyntheticDataOptions options;
   options.train_samples = 600;
   options.test_samples = 200;
-  ASSERT_TRUE(testing::WriteSyntheticIdx(dir, options).ok());
+  ASSERT_OK(testing::WriteSyntheticIdx(dir, options));
   const pb::JobConfig job = testing::SmallJob(dir, 1);
   Result<LocalTrainingResult> one = TrainLocally(job, 3200, 1);
   Result<LocalTrainingResult> two = TrainLocally(job, 3200, 2);
-  ASSERT_TRUE(one.ok()) << one.status();
-  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_OK(one);
+  ASSERT_OK(two);
   EXPECT_EQ(one->steps, two->steps);
   EXPECT_NEAR(one->test.loss, two->test.loss, 1e-3 * one->test.loss + 1e-4);
   EXPECT_NEAR(one->test.accuracy, two->test.accuracy, 0.011);
@@ -101,12 +102,12 @@ TEST(TrainLocallyTest, TheStepObserverSeesEveryStepAndCanStop) {
         last.assign(params.begin(), params.end());
         return step < 7;
       });
-  ASSERT_TRUE(trained.ok()) << trained.status();
+  ASSERT_OK(trained);
   EXPECT_EQ(trained->steps, 7u);
   EXPECT_EQ(steps, (std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7}));
   // The last call saw the model the result evaluates: trained past init.
   Result<LocalTrainingResult> seven = TrainLocally(job, 7 * 50);
-  ASSERT_TRUE(seven.ok());
+  ASSERT_OK(seven);
   EXPECT_EQ(trained->test.metric, seven->test.metric);
   EXPECT_FALSE(last.empty());
 }

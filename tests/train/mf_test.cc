@@ -18,6 +18,7 @@
 #include "meridian/train/dataset.h"
 #include "meridian/train/model.h"
 #include "meridian/train/optimizer.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -45,7 +46,7 @@ std::unique_ptr<Model> BuildMf(uint32_t users, uint32_t items, uint32_t rank,
                                double l2) {
   Result<std::unique_ptr<Model>> model =
       MakeMatrixFactorization(MfConfig(rank, l2), users, items);
-  EXPECT_TRUE(model.ok()) << model.status();
+  EXPECT_OK(model);
   return model.ok() ? std::move(model).value() : nullptr;
 }
 
@@ -55,8 +56,8 @@ TEST(GenerateRatingsTest, IsDeterministicInItsSeedAndHasTheAskedShape) {
   const pb::RatingsConfig config = SmallMatrix();
   Result<RawData> a = GenerateRatings(config);
   Result<RawData> b = GenerateRatings(config);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   EXPECT_TRUE(a->ratings);
   EXPECT_EQ(a->train_pairs, b->train_pairs);
   EXPECT_EQ(a->train_labels, b->train_labels);
@@ -72,14 +73,14 @@ TEST(GenerateRatingsTest, IsDeterministicInItsSeedAndHasTheAskedShape) {
   pb::RatingsConfig other = config;
   other.set_seed(8);
   Result<RawData> c = GenerateRatings(other);
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   EXPECT_NE(a->train_pairs, c->train_pairs);
 }
 
 TEST(GenerateRatingsTest, PairsAreDistinctInRangeAndItemsFollowPopularity) {
   const pb::RatingsConfig config = SmallMatrix();
   Result<RawData> raw = GenerateRatings(config);
-  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_OK(raw);
   std::set<std::pair<uint32_t, uint32_t>> pairs;
   std::vector<uint64_t> per_item(config.items(), 0);
   std::map<int, uint64_t> per_rating;
@@ -153,7 +154,7 @@ TEST(GenerateRatingsTest, RefusesSettingsItCannotMeetNamingTheField) {
 
 TEST(GenerateRatingsTest, DatasetsCarryUserAndItemAsExactFeatures) {
   Result<RawData> raw = GenerateRatings(SmallMatrix());
-  ASSERT_TRUE(raw.ok());
+  ASSERT_OK(raw);
   const std::vector<uint32_t> some = {0, 5, 99999999};  // last: skipped
   const Dataset train = MakeTrainDataset(*raw, some, pb::STANDARDIZE);
   ASSERT_EQ(train.size(), 2u);
@@ -393,7 +394,7 @@ TEST(MatrixFactorizationTest, EvaluatesRmseOnClampedPredictions) {
 TEST(MatrixFactorizationTest, SgdOnGeneratedRatingsLearnsThePlantedStructure) {
   pb::RatingsConfig matrix = SmallMatrix();
   Result<RawData> raw = GenerateRatings(matrix);
-  ASSERT_TRUE(raw.ok());
+  ASSERT_OK(raw);
   const Dataset train = MakeTrainDataset(*raw, {}, pb::STANDARDIZE);
   const Dataset test = MakeTestDataset(*raw, pb::STANDARDIZE);
   std::unique_ptr<Model> model =

@@ -17,6 +17,7 @@
 #include "meridian/train/optimizer.h"
 #include "train/kernels.h"
 #include "train/model_test_util.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -532,7 +533,7 @@ TEST(ModelTest, MakeModelRejectsBadConfigs) {
   // The proto default kind is MLP.
   pb::ModelConfig defaults;
   defaults.add_hidden(4);
-  EXPECT_TRUE(MakeModel(defaults, 10, 3).ok());
+  EXPECT_OK(MakeModel(defaults, 10, 3));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "meridian/train/model.h"
 #include "train/kernels.h"
+#include "testing/status_matchers.h"
 
 namespace meridian::testing {
 
@@ -39,7 +40,7 @@ inline std::unique_ptr<Model> Build(const pb::ModelConfig& config,
       MakeModel(config, input_dim, num_classes);
   unsetenv("MERIDIAN_NO_SIMD");
   unsetenv("MERIDIAN_NO_AVX512");
-  EXPECT_TRUE(model.ok()) << model.status();
+  EXPECT_OK(model);
   return model.ok() ? std::move(model).value() : nullptr;
 }
 

@@ -15,6 +15,7 @@
 #include "meridian/train/dataset.h"
 #include "meridian/train/model.h"
 #include "train/model_test_util.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -60,7 +61,7 @@ std::unique_ptr<Model> OnThreads(const pb::ModelConfig& config, int dim,
     replicas.push_back(Build(config, dim, classes));
   }
   Result<std::unique_ptr<Model>> model = MakeParallelModel(std::move(replicas));
-  EXPECT_TRUE(model.ok()) << model.status();
+  EXPECT_OK(model);
   return model.ok() ? std::move(model).value() : nullptr;
 }
 
@@ -211,7 +212,7 @@ TEST(ParallelModelTest, RefusesWhatItCannotSplit) {
   std::vector<std::unique_ptr<Model>> sparse;
   for (int i = 0; i < 2; ++i) {
     Result<std::unique_ptr<Model>> model = MakeMatrixFactorization(mf, 50, 40);
-    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_OK(model);
     sparse.push_back(std::move(model).value());
   }
   const Result<std::unique_ptr<Model>> refused =
@@ -222,14 +223,14 @@ TEST(ParallelModelTest, RefusesWhatItCannotSplit) {
   // One replica is the model itself, sparse or not.
   std::vector<std::unique_ptr<Model>> one;
   one.push_back(std::move(MakeMatrixFactorization(mf, 50, 40)).value());
-  EXPECT_TRUE(MakeParallelModel(std::move(one)).ok());
+  EXPECT_OK(MakeParallelModel(std::move(one)));
 }
 
 TEST(ParallelModelTest, JobModelOnThreadsChecksTheCount) {
   pb::JobConfig job;
   *job.mutable_model() = Mlp();
-  EXPECT_TRUE(MakeJobModelOnThreads(job, 20, 10, 1).ok());
-  EXPECT_TRUE(MakeJobModelOnThreads(job, 20, 10, 3).ok());
+  EXPECT_OK(MakeJobModelOnThreads(job, 20, 10, 1));
+  EXPECT_OK(MakeJobModelOnThreads(job, 20, 10, 3));
   EXPECT_FALSE(MakeJobModelOnThreads(job, 20, 10, 0).ok());
   EXPECT_FALSE(MakeJobModelOnThreads(job, 20, 10, kMaxWorkerThreads + 1).ok());
 }

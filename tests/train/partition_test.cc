@@ -9,9 +9,13 @@
 #include <vector>
 
 #include "meridian/train/dataset.h"
+#include "testing/status_matchers.h"
+#include "testing/text.h"
 
 namespace meridian {
 namespace {
+
+using ::meridian::testing::Contains;
 
 using Partitions = std::vector<std::vector<uint32_t>>;
 
@@ -51,7 +55,7 @@ size_t CheckWellFormed(const Partitions& parts, size_t n) {
 TEST(PartitionTest, IidSharesAreBalancedDisjointAndComplete) {
   const std::vector<uint8_t> labels = Labels(103);
   Result<Partitions> parts = PartitionIndices(labels, 10, 4, Kind(pb::IID), 17);
-  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_OK(parts);
   ASSERT_EQ(parts->size(), 4u);
   EXPECT_EQ(CheckWellFormed(*parts, labels.size()), labels.size());
   size_t smallest = labels.size(), largest = 0;
@@ -90,10 +94,10 @@ TEST(PartitionTest, DefaultAndUnspecifiedKindsAreIid) {
 TEST(PartitionTest, IidWithMorePartsThanSamples) {
   const std::vector<uint8_t> labels = Labels(3);
   Result<Partitions> parts = PartitionIndices(labels, 10, 5, Kind(pb::IID), 1);
-  ASSERT_TRUE(parts.ok());
+  ASSERT_OK(parts);
   EXPECT_EQ(CheckWellFormed(*parts, 3), 3u);
   Result<Partitions> none = PartitionIndices({}, 10, 2, Kind(pb::IID), 1);
-  ASSERT_TRUE(none.ok());
+  ASSERT_OK(none);
   EXPECT_EQ(none->size(), 2u);
   EXPECT_TRUE((*none)[0].empty());
 }
@@ -107,7 +111,7 @@ TEST(PartitionTest, LabelSubsetWithLists) {
     for (int label : list) classes->add_label(label);
   }
   Result<Partitions> parts = PartitionIndices(labels, 10, 3, config, 1);
-  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_OK(parts);
   CheckWellFormed(*parts, labels.size());
   for (int p = 0; p < 3; ++p) {
     std::set<int> found;
@@ -126,7 +130,7 @@ TEST(PartitionTest, LabelSubsetDefaultIsLabelModParts) {
   const std::vector<uint8_t> labels = Labels(300);
   Result<Partitions> parts =
       PartitionIndices(labels, 10, 4, Kind(pb::LABEL_SUBSET), 1);
-  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_OK(parts);
   EXPECT_EQ(CheckWellFormed(*parts, labels.size()), labels.size());
   for (int p = 0; p < 4; ++p) {
     for (uint32_t index : (*parts)[p]) EXPECT_EQ(labels[index] % 4, p);
@@ -143,7 +147,7 @@ TEST(PartitionTest, LabelSubsetSharedClassIsSplitEvenly) {
   second->add_label(1);
   second->add_label(2);
   Result<Partitions> parts = PartitionIndices(labels, 10, 2, config, 1);
-  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_OK(parts);
   CheckWellFormed(*parts, labels.size());
   int class1[2] = {0, 0};
   for (int p = 0; p < 2; ++p) {
@@ -194,7 +198,7 @@ TEST(PartitionTest, LabelSkewPure) {
   pb::PartitionConfig config = Kind(pb::LABEL_SKEW);
   config.set_skew(1.0);
   Result<Partitions> parts = PartitionIndices(labels, 10, 3, config, 4);
-  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_OK(parts);
   EXPECT_EQ(CheckWellFormed(*parts, labels.size()), labels.size());
   EXPECT_DOUBLE_EQ(HomeFraction(*parts, labels), 1.0);
 }
@@ -204,7 +208,7 @@ TEST(PartitionTest, LabelSkewZeroSpreadsEveryClass) {
   pb::PartitionConfig config = Kind(pb::LABEL_SKEW);
   config.set_skew(0.0);
   Result<Partitions> parts = PartitionIndices(labels, 10, 4, config, 4);
-  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_OK(parts);
   EXPECT_EQ(CheckWellFormed(*parts, labels.size()), labels.size());
   EXPECT_NEAR(HomeFraction(*parts, labels), 0.25, 0.02);
   // Each partition holds about a quarter of each class.
@@ -223,12 +227,12 @@ TEST(PartitionTest, LabelSkewFraction) {
   const std::vector<uint8_t> labels = Labels(20000);
   pb::PartitionConfig config = Kind(pb::LABEL_SKEW);  // default skew 0.8
   Result<Partitions> parts = PartitionIndices(labels, 10, 5, config, 8);
-  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_OK(parts);
   EXPECT_EQ(CheckWellFormed(*parts, labels.size()), labels.size());
   // 0.8 directly, plus 1/5 of the remaining 0.2 by chance.
   EXPECT_NEAR(HomeFraction(*parts, labels), 0.8 + 0.2 / 5, 0.015);
   Result<Partitions> again = PartitionIndices(labels, 10, 5, config, 8);
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   EXPECT_EQ(*parts, *again);
 }
 
@@ -276,9 +280,6 @@ pb::PartitionConfig Dirichlet(double alpha, uint32_t min_samples = 10) {
   return config;
 }
 
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 TEST(PartitionTest, DirichletPlacesEverySampleExactlyOnce) {
   const std::vector<uint8_t> labels = Labels(5003);
@@ -286,7 +287,7 @@ TEST(PartitionTest, DirichletPlacesEverySampleExactlyOnce) {
     for (int parts_count : {1, 2, 7}) {
       Result<Partitions> parts =
           PartitionIndices(labels, 10, parts_count, Dirichlet(alpha), 11);
-      ASSERT_TRUE(parts.ok()) << parts.status();
+      ASSERT_OK(parts);
       ASSERT_EQ(parts->size(), static_cast<size_t>(parts_count));
       EXPECT_EQ(CheckWellFormed(*parts, labels.size()), labels.size())
           << "alpha " << alpha << ", " << parts_count << " partitions";
@@ -296,7 +297,7 @@ TEST(PartitionTest, DirichletPlacesEverySampleExactlyOnce) {
   // The defaults (alpha 0.5, min_samples 10) also work.
   Result<Partitions> defaults =
       PartitionIndices(labels, 10, 4, Kind(pb::DIRICHLET), 11);
-  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  ASSERT_OK(defaults);
   EXPECT_EQ(CheckWellFormed(*defaults, labels.size()), labels.size());
 }
 
@@ -316,7 +317,7 @@ TEST(PartitionTest, DirichletSizesArePinned) {
   const std::vector<uint8_t> labels = Labels(2000);
   Result<Partitions> parts =
       PartitionIndices(labels, 10, 4, Dirichlet(0.5), 42);
-  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_OK(parts);
   std::vector<size_t> sizes;
   for (const auto& part : *parts) sizes.push_back(part.size());
   EXPECT_EQ(sizes, (std::vector<size_t>{417, 588, 424, 571}));
@@ -326,7 +327,7 @@ TEST(PartitionTest, DirichletSizesArePinned) {
 TEST(PartitionTest, DirichletLargeAlphaIsNearlyIid) {
   const std::vector<uint8_t> labels = Labels(20000);
   Result<Partitions> parts = PartitionIndices(labels, 10, 4, Dirichlet(100), 3);
-  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_OK(parts);
   const auto counts = ClassCounts(*parts, labels);
   for (size_t p = 0; p < counts.size(); ++p) {
     const double size = static_cast<double>((*parts)[p].size());
@@ -343,7 +344,7 @@ TEST(PartitionTest, DirichletSmallAlphaIsSkewed) {
   const std::vector<uint8_t> labels = Labels(20000);
   Result<Partitions> parts =
       PartitionIndices(labels, 10, 10, Dirichlet(0.1), 3);
-  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_OK(parts);
   const auto counts = ClassCounts(*parts, labels);
   double max_share_sum = 0;
   for (size_t p = 0; p < counts.size(); ++p) {
@@ -360,14 +361,14 @@ TEST(PartitionTest, DirichletDrawsAgainUntilMinSamples) {
   // Without a minimum, this seed's first draw leaves a partition empty...
   Result<Partitions> first =
       PartitionIndices(labels, 10, 10, Dirichlet(0.1, 0), 12);
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   size_t smallest = labels.size();
   for (const auto& part : *first) smallest = std::min(smallest, part.size());
   EXPECT_EQ(smallest, 0u);
   // ...with one, the partitions are drawn again until none is.
   Result<Partitions> parts =
       PartitionIndices(labels, 10, 10, Dirichlet(0.1, 30), 12);
-  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_OK(parts);
   EXPECT_EQ(CheckWellFormed(*parts, labels.size()), labels.size());
   for (const auto& part : *parts) EXPECT_GE(part.size(), 30u);
 }
@@ -413,7 +414,7 @@ TEST(PartitionTest, ClassesPerPartHoldsExactlyKClassesEach) {
                         Case{2, 10}, Case{7, 3}, Case{1, 10}}) {
     Result<Partitions> parts =
         PartitionIndices(labels, 10, c.parts, ClassesPerPart(c.k), 1);
-    ASSERT_TRUE(parts.ok()) << parts.status();
+    ASSERT_OK(parts);
     EXPECT_EQ(CheckWellFormed(*parts, labels.size()), labels.size());
     const auto counts = ClassCounts(*parts, labels);
     std::vector<int> holders(10, 0);
@@ -524,7 +525,7 @@ TEST(WorkerSampleIndicesTest, WorkersCoverEachSampleAtMostOnce) {
     }
     Result<Partitions> sites = PartitionIndices(
         labels, 10, 3, job.data().site_partition(), job.seed());
-    ASSERT_TRUE(sites.ok()) << sites.status();
+    ASSERT_OK(sites);
     Partitions all_workers;
     for (int s = 0; s < 3; ++s) {
       const int workers = s == 0 ? 2 : s == 1 ? 3 : 1;
@@ -533,7 +534,7 @@ TEST(WorkerSampleIndicesTest, WorkersCoverEachSampleAtMostOnce) {
       for (int w = 0; w < workers; ++w) {
         Result<std::vector<uint32_t>> mine =
             WorkerSampleIndices(job, labels, s, w);
-        ASSERT_TRUE(mine.ok()) << mine.status();
+        ASSERT_OK(mine);
         EXPECT_TRUE(std::is_sorted(mine->begin(), mine->end()));
         smallest = std::min(smallest, mine->size());
         largest = std::max(largest, mine->size());
@@ -558,7 +559,7 @@ TEST(WorkerSampleIndicesTest, IidSitesTogetherCoverEverything) {
     for (int w = 0; w < workers; ++w) {
       Result<std::vector<uint32_t>> mine =
           WorkerSampleIndices(job, labels, s, w);
-      ASSERT_TRUE(mine.ok()) << mine.status();
+      ASSERT_OK(mine);
       all_workers.push_back(*mine);
     }
   }
@@ -577,7 +578,7 @@ TEST(WorkerSampleIndicesTest, Deterministic) {
   EXPECT_EQ(*a, *b);
   job.set_seed(4);
   Result<std::vector<uint32_t>> c = WorkerSampleIndices(job, labels, 1, 2);
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   EXPECT_NE(*a, *c);
 }
 
@@ -589,7 +590,7 @@ TEST(WorkerSampleIndicesTest, LabelSubsetSitesSeeOnlyTheirClasses) {
   for (int s = 0; s < 3; ++s) partition->add_classes()->add_label(s + 3);
   for (int w = 0; w < 3; ++w) {
     Result<std::vector<uint32_t>> mine = WorkerSampleIndices(job, labels, 1, w);
-    ASSERT_TRUE(mine.ok()) << mine.status();
+    ASSERT_OK(mine);
     EXPECT_FALSE(mine->empty());
     for (uint32_t index : *mine) EXPECT_EQ(labels[index], 4);
   }
@@ -610,7 +611,7 @@ TEST(WorkerSampleIndicesTest, OutOfRangeIndices) {
             StatusCode::kOutOfRange);
   EXPECT_EQ(WorkerSampleIndices(job, labels, 2, -1).status().code(),
             StatusCode::kOutOfRange);
-  EXPECT_TRUE(WorkerSampleIndices(job, labels, 1, 2).ok());
+  EXPECT_OK(WorkerSampleIndices(job, labels, 1, 2));
 }
 
 TEST(SiteLabelHistogramTest, CountsTheSiteShareByClass) {
@@ -622,10 +623,10 @@ TEST(SiteLabelHistogramTest, CountsTheSiteShareByClass) {
   for (int s = 0; s < 3; ++s) {
     Result<std::vector<uint64_t>> histogram =
         SiteLabelHistogram(job, labels, s);
-    ASSERT_TRUE(histogram.ok()) << histogram.status();
+    ASSERT_OK(histogram);
     ASSERT_EQ(histogram->size(), 10u);
     Result<std::vector<uint32_t>> share = SiteSampleIndices(job, labels, s);
-    ASSERT_TRUE(share.ok()) << share.status();
+    ASSERT_OK(share);
     uint64_t total = 0;
     for (uint64_t count : *histogram) total += count;
     EXPECT_EQ(total, share->size());
@@ -634,7 +635,7 @@ TEST(SiteLabelHistogramTest, CountsTheSiteShareByClass) {
     for (int w = 0; w < workers[s]; ++w) {
       Result<std::vector<uint32_t>> mine =
           WorkerSampleIndices(job, labels, s, w);
-      ASSERT_TRUE(mine.ok()) << mine.status();
+      ASSERT_OK(mine);
       for (uint32_t index : *mine) ++from_workers[labels[index]];
     }
     EXPECT_EQ(*histogram, from_workers) << "site " << s;
@@ -651,7 +652,7 @@ TEST(SiteLabelHistogramTest, CountsTheSiteShareByClass) {
   std::vector<uint8_t> wide = labels;
   wide[0] = 11;
   Result<std::vector<uint64_t>> widened = SiteLabelHistogram(job, wide, 0);
-  ASSERT_TRUE(widened.ok()) << widened.status();
+  ASSERT_OK(widened);
   EXPECT_EQ(widened->size(), 12u);
 }
 

@@ -7,6 +7,7 @@
 #include "meridian/wan/control.h"
 #include "wan/emulator.h"
 #include "wan/wan_test_util.h"
+#include "testing/status_matchers.h"
 
 namespace meridian::wan {
 namespace {
@@ -25,10 +26,10 @@ class ControlTest : public ::testing::Test {
     options.links.push_back(LinkModel{"a", "b", model, model});
     options.links.push_back(LinkModel{"a", "c", model, model});
     auto emulator = Emulator::Create(std::move(options));
-    ASSERT_TRUE(emulator.ok()) << emulator.status();
+    ASSERT_OK(emulator);
     emulator_ = std::move(*emulator);
     auto server = ControlServer::Start(emulator_.get(), "tcp://127.0.0.1:0");
-    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_OK(server);
     server_ = std::move(*server);
     client_ = std::make_unique<ControlClient>(server_->endpoint());
   }
@@ -43,7 +44,7 @@ TEST_F(ControlTest, StatusListsEveryLinkWithItsModel) {
   EXPECT_EQ(server_->endpoint().find(":0"), std::string::npos)
       << "the bound port, not 0";
   auto reply = client_->GetStatus();
-  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_OK(reply);
   ASSERT_EQ(reply->links_size(), 2);
   EXPECT_EQ(reply->links(0).link(), "a-b");
   EXPECT_EQ(reply->links(1).link(), "a-c");
@@ -60,21 +61,21 @@ TEST_F(ControlTest, SetPartitionHealAndAddRoute) {
   pb::LinkDirectionConfig change;
   change.set_bandwidth("20mbit");
   change.set_latency("15ms");
-  ASSERT_TRUE(client_->Set("a-b", pb::B_TO_A, change).ok());
+  ASSERT_OK(client_->Set("a-b", pb::B_TO_A, change));
   auto reply = client_->GetStatus();
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   EXPECT_DOUBLE_EQ(reply->links(0).b_to_a().bandwidth_bps(), 20e6);
   EXPECT_DOUBLE_EQ(reply->links(0).b_to_a().latency_s(), 0.015);
   EXPECT_DOUBLE_EQ(reply->links(0).a_to_b().bandwidth_bps(), 0);
 
-  ASSERT_TRUE(client_->Partition("a-c").ok());
+  ASSERT_OK(client_->Partition("a-c"));
   EXPECT_TRUE(client_->GetStatus()->links(1).partitioned());
-  ASSERT_TRUE(client_->Heal("a-c").ok());
+  ASSERT_OK(client_->Heal("a-c"));
   EXPECT_FALSE(client_->GetStatus()->links(1).partitioned());
 
   Listener server;
   auto listen = client_->AddRoute("a-c", "c", "127.0.0.1:0", server.address());
-  ASSERT_TRUE(listen.ok()) << listen.status();
+  ASSERT_OK(listen);
   EXPECT_EQ(listen->find("127.0.0.1:"), 0u);
   const int client = Connect(*listen);
   const int peer = server.Accept();
@@ -112,16 +113,16 @@ TEST_F(ControlTest, RefusalsSayWhy) {
   pb::WanControlRequest request = MakeStatusRequest();
   request.set_protocol_version(2);
   auto reply = client_->Call(request);
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   EXPECT_FALSE(reply->ok());
   EXPECT_NE(reply->error().find("protocol_version"), std::string::npos);
   // No command at all.
   pb::WanControlRequest empty;
   reply = client_->Call(empty);
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   EXPECT_FALSE(reply->ok());
   // The server is still serving.
-  EXPECT_TRUE(client_->GetStatus().ok());
+  EXPECT_OK(client_->GetStatus());
 }
 
 TEST_F(ControlTest, GarbageAndMultipartRequestsGetAnErrorReply) {
@@ -147,7 +148,7 @@ TEST_F(ControlTest, GarbageAndMultipartRequestsGetAnErrorReply) {
   ASSERT_TRUE(reply.ParseFromArray(answer.data(), answer.size()));
   EXPECT_FALSE(reply.ok());
   EXPECT_NE(reply.error().find("one frame"), std::string::npos);
-  EXPECT_TRUE(client_->GetStatus().ok());
+  EXPECT_OK(client_->GetStatus());
   EXPECT_GE(server_->requests_served(), 3u);
 }
 
@@ -166,7 +167,7 @@ TEST(ControlCodecTest, DecodesAndValidates) {
           .SerializeAsString();
   auto request = DecodeControlRequest(
       {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
-  ASSERT_TRUE(request.ok()) << request.status();
+  ASSERT_OK(request);
   EXPECT_EQ(request->add_route().forward(), "10.0.0.2:7100");
 
   EXPECT_FALSE(DecodeControlRequest({}).ok()) << "no version, no command";
@@ -182,7 +183,7 @@ TEST(ControlCodecTest, DecodesAndValidates) {
       << "forward needs a real port";
 
   auto set = MakeSetRequest("a-b", "a-to-b", "10mbit", "", "2ms", "normal");
-  ASSERT_TRUE(set.ok()) << set.status();
+  ASSERT_OK(set);
   EXPECT_EQ(set->set().direction(), pb::A_TO_B);
   EXPECT_FALSE(set->set().change().has_latency());
   EXPECT_EQ(set->set().change().jitter_distribution(), pb::JITTER_NORMAL);
@@ -216,9 +217,9 @@ TEST(ControlCodecTest, TrafficRowsAndReportEntries) {
 TEST(ControlServerTest, BindFailureIsAClearError) {
   EmulatorOptions options;
   auto emulator = Emulator::Create(std::move(options));
-  ASSERT_TRUE(emulator.ok());
+  ASSERT_OK(emulator);
   auto first = ControlServer::Start(emulator->get(), "tcp://127.0.0.1:0");
-  ASSERT_TRUE(first.ok());
+  ASSERT_OK(first);
   auto second = ControlServer::Start(emulator->get(), (*first)->endpoint());
   EXPECT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find("cannot bind"), std::string::npos);

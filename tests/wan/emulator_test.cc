@@ -8,6 +8,7 @@
 
 #include "wan/emulator.h"
 #include "wan/wan_test_util.h"
+#include "testing/status_matchers.h"
 
 namespace meridian::wan {
 namespace {
@@ -36,7 +37,7 @@ std::unique_ptr<Emulator> MakeEmulator(const DirectionModel& a_to_b,
   options.links.push_back(LinkModel{"a", "b", a_to_b, b_to_a});
   Result<std::unique_ptr<Emulator>> emulator =
       Emulator::Create(std::move(options));
-  EXPECT_TRUE(emulator.ok()) << emulator.status();
+  EXPECT_OK(emulator);
   return std::move(*emulator);
 }
 
@@ -44,13 +45,13 @@ std::string AddRoute(Emulator& emulator, const std::string& forward,
                      const std::string& from = "a") {
   Result<std::string> bound =
       emulator.AddRoute({"a-b", from, "127.0.0.1:0", forward});
-  EXPECT_TRUE(bound.ok()) << bound.status();
+  EXPECT_OK(bound);
   return bound.ok() ? *bound : "";
 }
 
 pb::WanLinkState State(Emulator& emulator) {
   Result<pb::WanLinkState> state = emulator.LinkState("a-b");
-  EXPECT_TRUE(state.ok());
+  EXPECT_OK(state);
   return *state;
 }
 
@@ -254,7 +255,7 @@ TEST(EmulatorTest, PartitionHoldsBytesKeepsConnectionsAndHealDelivers) {
   ASSERT_TRUE(SendAll(client, "before"));
   ASSERT_EQ(RecvBytes(peer, 6), "before");
 
-  ASSERT_TRUE(emulator->Partition("a-b").ok());
+  ASSERT_OK(emulator->Partition("a-b"));
   const std::string held = Pattern(200'000, 5);
   ASSERT_TRUE(SendAll(client, held));
   ASSERT_TRUE(SendAll(peer, "reply"));
@@ -267,7 +268,7 @@ TEST(EmulatorTest, PartitionHoldsBytesKeepsConnectionsAndHealDelivers) {
   EXPECT_EQ(state.routes(0).connections(), 1u) << "connection kept";
   EXPECT_EQ(state.a_to_b().bytes(), 6u);
 
-  ASSERT_TRUE(emulator->Heal("a-b").ok());
+  ASSERT_OK(emulator->Heal("a-b"));
   EXPECT_EQ(RecvBytes(peer, held.size()), held);
   EXPECT_EQ(RecvBytes(client, 5), "reply");
   ASSERT_TRUE(Eventually(
@@ -282,7 +283,7 @@ TEST(EmulatorTest, QueueLimitStopsReadingAndLosesNothing) {
   model.queue_limit_bytes = 64 * 1024;
   auto emulator = MakeEmulator(model, model);
   // Partitioned before the connection exists: every read is a queued one.
-  ASSERT_TRUE(emulator->Partition("a-b").ok());
+  ASSERT_OK(emulator->Partition("a-b"));
   Listener server;
   const int client = Connect(AddRoute(*emulator, server.address()));
   const int peer = server.Accept();
@@ -310,7 +311,7 @@ TEST(EmulatorTest, QueueLimitStopsReadingAndLosesNothing) {
   EXPECT_LE(queued, 64u * 1024) << "never more than the queue limit";
   EXPECT_GT(sent.size(), queued) << "the rest waits in TCP buffers";
 
-  ASSERT_TRUE(emulator->Heal("a-b").ok());
+  ASSERT_OK(emulator->Heal("a-b"));
   EXPECT_EQ(RecvBytes(peer, sent.size(), 20000), sent);
   ::close(client);
   ::close(peer);
@@ -412,7 +413,7 @@ TEST(EmulatorTest, SetLinkChangesTheModelWhileRunning) {
   EXPECT_LT(one_way(), 0.03);
   pb::LinkDirectionConfig change;
   change.set_latency("60ms");
-  ASSERT_TRUE(emulator->SetLink("a-b", pb::A_TO_B, change).ok());
+  ASSERT_OK(emulator->SetLink("a-b", pb::A_TO_B, change));
   EXPECT_NEAR(one_way(), 0.060, 0.012);
   const pb::WanLinkState state = State(*emulator);
   EXPECT_DOUBLE_EQ(state.a_to_b().latency_s(), 0.060);
@@ -445,7 +446,7 @@ TEST(EmulatorTest, BadRequestsAreClearErrors) {
   // A standalone wanem's route waits for its forward host to exist.
   Result<std::string> later = emulator->AddRoute(
       {"a-b", "a", "127.0.0.1:0", "no.such.host.invalid:5", true});
-  ASSERT_TRUE(later.ok()) << later.status();
+  ASSERT_OK(later);
   const int client = Connect(*later);
   ASSERT_GE(client, 0) << "the route listens";
   EXPECT_LE(testing::PeerState(client, 5000), 0)

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "meridian/wan/presets.h"
+#include "testing/status_matchers.h"
 
 namespace meridian::wan {
 namespace {
@@ -64,7 +65,7 @@ TEST(PresetsTest, TableIsSymmetricAndCoversDtFmsAndGaiasRegions) {
 TEST(PresetsTest, OneLinkPerPairInSiteOrderWithTheDefault) {
   const auto links = ResolveJobLinks(
       Job("site { name: 'x' } site { name: 'y' } site { name: 'z' }"));
-  ASSERT_TRUE(links.ok()) << links.status();
+  ASSERT_OK(links);
   ASSERT_EQ(links->size(), 3u);
   EXPECT_EQ((*links)[0].name(), "x-y");
   EXPECT_EQ((*links)[1].name(), "x-z");
@@ -85,7 +86,7 @@ TEST(PresetsTest, RegionsGiveHalfTheRttEachWay) {
       ResolveJobLinks(Job("site { name: 'va' region: 'us-east-1' } "
                           "site { name: 'tokyo' region: 'ap-northeast-1' } "
                           "site { name: 'lab' }"));
-  ASSERT_TRUE(links.ok()) << links.status();
+  ASSERT_OK(links);
   const LinkModel& va_tokyo = (*links)[0];
   EXPECT_EQ(va_tokyo.name(), "va-tokyo");
   for (const DirectionModel* d : {&va_tokyo.a_to_b, &va_tokyo.b_to_a}) {
@@ -109,7 +110,7 @@ TEST(PresetsTest, OverridesApplyDefaultThenPresetThenBothThenDirection) {
         a_to_b { bandwidth: '5mbit' }   # b -> a in link order
       }
     })"));
-  ASSERT_TRUE(links.ok()) << links.status();
+  ASSERT_OK(links);
   const LinkModel& link = (*links)[0];
   EXPECT_EQ(link.name(), "a-b");
   // a -> b: preset bandwidth (1.14 Gbit/s), both's latency, default jitter.
@@ -126,7 +127,7 @@ TEST(PresetsTest, PresetLatencyWithoutOverrideIsHalfTheRtt) {
   const auto links =
       ResolveJobLinks(Job("site { name: 'a' region: 'eu-west-2' } "
                           "site { name: 'b' region: 'eu-central-1' }"));
-  ASSERT_TRUE(links.ok());
+  ASSERT_OK(links);
   EXPECT_EQ((*links)[0].a_to_b.latency, milliseconds(7));
 }
 
@@ -205,7 +206,7 @@ TEST(AccessLinkPresetsTest, WorkerLinksFollowTheWorkerNumberingOfTheSite) {
       workers { count: 1 link { both { bandwidth: '20mbit' latency: '30ms' }
                                 down { latency: '10ms' } } } }
   )"));
-  ASSERT_TRUE(links.ok()) << links.status();
+  ASSERT_OK(links);
   ASSERT_EQ(links->size(), 3u);
   EXPECT_EQ((*links)[0].name(), "a/w1-a");
   EXPECT_EQ((*links)[1].name(), "a/w2-a");

@@ -3,19 +3,20 @@
 
 #include "wan/model.h"
 #include "meridian/wan/units.h"
+#include "testing/status_matchers.h"
 
 namespace meridian::wan {
 namespace {
 
 double Rate(const char* text) {
   Result<double> r = ParseBandwidth(text);
-  EXPECT_TRUE(r.ok()) << text << ": " << r.status();
+  EXPECT_OK(r) << text << ": " << r.status();
   return r.ok() ? *r : -1;
 }
 
 Duration Time(const char* text) {
   Result<Duration> r = ParseDuration(text);
-  EXPECT_TRUE(r.ok()) << text << ": " << r.status();
+  EXPECT_OK(r) << text << ": " << r.status();
   return r.ok() ? *r : Duration(-1);
 }
 
@@ -108,17 +109,17 @@ TEST(UnitsTest, FormatsRoundTrip) {
 
 TEST(UnitsTest, HostPortParsing) {
   Result<HostPort> a = ParseHostPort("127.0.0.1:8080", false);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_EQ(a->host, "127.0.0.1");
   EXPECT_EQ(a->port, 8080);
   Result<HostPort> b = ParseHostPort("tcp://localhost:7100", false);
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_EQ(b->host, "localhost");
   Result<HostPort> c = ParseHostPort("[::1]:9", false);
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   EXPECT_EQ(c->host, "::1");
   EXPECT_EQ(c->ToString(), "[::1]:9");
-  EXPECT_TRUE(ParseHostPort("127.0.0.1:0", true).ok());
+  EXPECT_OK(ParseHostPort("127.0.0.1:0", true));
   EXPECT_FALSE(ParseHostPort("127.0.0.1:0", false).ok());
   EXPECT_FALSE(ParseHostPort("127.0.0.1", true).ok());
   EXPECT_FALSE(ParseHostPort("127.0.0.1:70000", true).ok());
@@ -146,7 +147,7 @@ TEST(UnitsTest, DirectionConfigNamesTheField) {
   change.set_queue_limit("4mb");
   change.set_jitter("5ms");
   change.set_jitter_distribution(pb::JITTER_NORMAL);
-  ASSERT_TRUE(ApplyDirectionConfig(change, "x", &model).ok());
+  ASSERT_OK(ApplyDirectionConfig(change, "x", &model));
   EXPECT_DOUBLE_EQ(model.bandwidth_bps, 10e6);
   EXPECT_EQ(model.latency, std::chrono::milliseconds(40));
   EXPECT_EQ(model.jitter, std::chrono::milliseconds(5));

@@ -18,6 +18,7 @@
 #include "testing/processes.h"
 #include "testing/test_data.h"
 #include "wan/wan_test_util.h"
+#include "testing/status_matchers.h"
 
 namespace meridian::wan {
 namespace {
@@ -42,7 +43,7 @@ class WanemProcess {
     Result<ChildProcess> child = ChildProcess::Spawn(
         "wanem", argv,
         ::meridian::testing::MakeTempDir("wanem") + "/wanem.log");
-    EXPECT_TRUE(child.ok()) << child.status();
+    EXPECT_OK(child);
     if (!child.ok()) return;
     child_.emplace(std::move(*child));
     Result<std::string> line =
@@ -91,7 +92,7 @@ std::string TwoSiteJob(const std::string& wan) {
   const std::string dir = ::meridian::testing::MakeTempDir("wanem-job");
   std::string text;
   const std::string path = dir + "/job.pbtxt";
-  EXPECT_TRUE(::meridian::testing::WriteJobFile(job, path).ok());
+  EXPECT_OK(::meridian::testing::WriteJobFile(job, path));
   std::ofstream(path, std::ios::app) << wan << "\n";
   return path;
 }
@@ -160,7 +161,7 @@ TEST(WanemE2eTest, ZeroMqThroughWanemCountsBytesAndMessages) {
   ControlClient client(wanem.endpoint());
   auto req_listen = client.AddRoute("site-a-site-b", "site-b", "127.0.0.1:0",
                                     "127.0.0.1:" + std::to_string(rep_port));
-  ASSERT_TRUE(req_listen.ok()) << req_listen.status();
+  ASSERT_OK(req_listen);
   zmq::socket_t req(context, ZMQ_REQ);
   req.set(zmq::sockopt::rcvtimeo, 10000);
   req.set(zmq::sockopt::linger, 0);
@@ -175,7 +176,7 @@ TEST(WanemE2eTest, ZeroMqThroughWanemCountsBytesAndMessages) {
   }
 
   auto status = client.GetStatus();
-  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_OK(status);
   ASSERT_EQ(status->links_size(), 1);
   const pb::WanLinkState& link = status->links(0);
   EXPECT_EQ(link.a(), "site-a");
@@ -227,7 +228,7 @@ TEST(WanemE2eTest, OneLinkFormShapesAndTakesRunTimeChanges) {
                       "tcp://127.0.0.1:0"});
   ControlClient client(wanem.endpoint());
   auto status = client.GetStatus();
-  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_OK(status);
   ASSERT_EQ(status->links_size(), 1);
   EXPECT_EQ(status->links(0).link(), "client-server");
   ASSERT_EQ(status->links(0).routes_size(), 1);

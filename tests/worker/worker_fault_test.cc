@@ -28,6 +28,7 @@
 #include "meridian/core/process.h"
 #include "testing/site_control.h"
 #include "testing/test_data.h"
+#include "testing/status_matchers.h"
 
 namespace meridian {
 namespace {
@@ -104,7 +105,7 @@ class WorkerFaultTest : public ::testing::Test {
     testing::SyntheticDataOptions options;
     options.train_samples = 2000;
     options.test_samples = 200;
-    ASSERT_TRUE(testing::WriteSyntheticIdx(*data_dir_, options).ok());
+    ASSERT_OK(testing::WriteSyntheticIdx(*data_dir_, options));
   }
 
   void TearDown() override {
@@ -137,7 +138,7 @@ class WorkerFaultTest : public ::testing::Test {
     EXPECT_TRUE(ValidateJobConfig(job).empty());
     dir_ = testing::MakeTempDir("worker-fault");
     const std::string path = dir_ + "/job.pbtxt";
-    EXPECT_TRUE(testing::WriteJobFile(job, path).ok());
+    EXPECT_OK(testing::WriteJobFile(job, path));
     return path;
   }
 
@@ -153,7 +154,7 @@ class WorkerFaultTest : public ::testing::Test {
     options.control_token = testing::kTestControlToken;
     Result<std::unique_ptr<SiteServer>> server =
         SiteServer::Create(std::move(options));
-    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_OK(server);
     server_ = std::move(*server);
     endpoint_ = server_->endpoint();
     server_thread_ = std::thread([this] { run_status_ = server_->Run(); });
@@ -168,7 +169,7 @@ class WorkerFaultTest : public ::testing::Test {
     Result<ChildProcess> child =
         testing::SpawnWorker(MERIDIAN_BINARY, job_path_, "site-a", index,
                              endpoint_, WorkerLog(index, incarnation));
-    EXPECT_TRUE(child.ok()) << child.status();
+    EXPECT_OK(child);
     if (!child.ok()) return nullptr;
     workers_.push_back(std::make_unique<ChildProcess>(std::move(*child)));
     return workers_.back().get();
@@ -177,7 +178,7 @@ class WorkerFaultTest : public ::testing::Test {
   pb::SiteStatus Status() {
     Result<pb::SiteStatus> status =
         QueryStatus(context_, endpoint_, kCallTimeout);
-    EXPECT_TRUE(status.ok()) << status.status();
+    EXPECT_OK(status);
     return status.ok() ? *status : pb::SiteStatus();
   }
 
@@ -190,8 +191,7 @@ class WorkerFaultTest : public ::testing::Test {
   // Ends the job and waits for the server and every live worker process;
   // they must all end normally.
   void FinishJob(const std::vector<ChildProcess*>& live) {
-    ASSERT_TRUE(
-        RequestShutdown(context_, endpoint_, "test done", kCallTimeout).ok());
+    ASSERT_OK(RequestShutdown(context_, endpoint_, "test done", kCallTimeout));
     for (ChildProcess* worker : live) {
       ASSERT_TRUE(WaitFor([&] { return worker->Poll(); }, kLong))
           << worker->name() << " did not exit:\n"
@@ -201,7 +201,7 @@ class WorkerFaultTest : public ::testing::Test {
           << worker->LogTail(20);
     }
     server_thread_.join();
-    ASSERT_TRUE(run_status_.ok()) << run_status_;
+    ASSERT_OK(run_status_);
   }
 
   static std::string* data_dir_;
@@ -359,7 +359,7 @@ TEST_F(WorkerFaultTest, StoppedSiteServerGetsItsWorkersBack) {
   job_path_ = WriteJob(job);
   Result<testing::SiteProcess> site = testing::SpawnSite(
       MERIDIAN_BINARY, job_path_, "site-a", dir_, dir_ + "/site.log", kLong);
-  ASSERT_TRUE(site.ok()) << site.status();
+  ASSERT_OK(site);
   endpoint_ = site->endpoint;
   std::vector<ChildProcess*> processes;
   for (uint32_t i = 0; i < 3; ++i) processes.push_back(StartWorker(i));
@@ -394,8 +394,7 @@ TEST_F(WorkerFaultTest, StoppedSiteServerGetsItsWorkersBack) {
         << "worker " << i << ":\n"
         << ReadFile(WorkerLog(i));
   }
-  ASSERT_TRUE(
-      RequestShutdown(context_, endpoint_, "test done", kCallTimeout).ok());
+  ASSERT_OK(RequestShutdown(context_, endpoint_, "test done", kCallTimeout));
   for (ChildProcess* worker : processes) {
     ASSERT_TRUE(WaitFor([&] { return worker->Poll(); }, kLong));
     EXPECT_TRUE(worker->succeeded()) << worker->DescribeExit() << "\n"
@@ -405,7 +404,7 @@ TEST_F(WorkerFaultTest, StoppedSiteServerGetsItsWorkersBack) {
   EXPECT_TRUE(site->process.succeeded()) << site->process.LogTail(30);
 
   pb::SiteSummary summary;
-  ASSERT_TRUE(ReadJsonFile(dir_ + "/site-site-a.json", &summary).ok());
+  ASSERT_OK(ReadJsonFile(dir_ + "/site-site-a.json", &summary));
   SCOPED_TRACE(DescribeEvents(summary));
   for (const std::string worker : {"site-a/0", "site-a/1", "site-a/2"}) {
     EXPECT_EQ(CountEvents(summary, pb::WORKER_DEAD, worker), 0)
@@ -431,7 +430,7 @@ class CommitIdTest : public WorkerFaultTest {
   void SetUp() override {
     StartServer(Job(1, pb::ASYNC));
     Result<std::unique_ptr<Model>> model = MakeModel(job_.model(), 784, 10);
-    ASSERT_TRUE(model.ok());
+    ASSERT_OK(model);
     model_ = std::move(*model);
     initial_.resize(model_->layout().num_elements());
     model_->Initialize(job_.seed(), initial_);
@@ -490,23 +489,23 @@ class CommitIdTest : public WorkerFaultTest {
 TEST_F(CommitIdTest, ACommitSentTwiceIsAppliedOnce) {
   RpcClient first(context_, endpoint_, Worker0());
   Result<Envelope> welcome = first.Call(Hello(77), {}, kCallTimeout);
-  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  ASSERT_OK(welcome);
   ASSERT_EQ(welcome->header.type(), pb::WELCOME);
   EXPECT_EQ(welcome->header.welcome().last_commit_id(), 0u);
 
   Result<Envelope> reply = Commit(&first, 1, 0.25f, 0);
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   ASSERT_EQ(reply->header.type(), pb::MODEL);
   EXPECT_EQ(reply->header.model().version(), 1u);
   // The same commit id again (a new request on the same connection): it
   // is answered with the model, which does not move.
   reply = Commit(&first, 1, 0.25f, 0);
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   ASSERT_EQ(reply->header.type(), pb::MODEL) << reply->header.error().message();
   EXPECT_EQ(reply->header.model().version(), 1u);
   ExpectModelMovedBy(*reply, 0.25f);
   reply = Commit(&first, 2, 0.25f, 1);
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   EXPECT_EQ(reply->header.model().version(), 2u);
 
   // The same process over a new connection (a lost reply, a reconnect):
@@ -514,18 +513,18 @@ TEST_F(CommitIdTest, ACommitSentTwiceIsAppliedOnce) {
   // old connection is not the worker's any more.
   RpcClient second(context_, endpoint_, Worker0());
   welcome = second.Call(Hello(77), {}, kCallTimeout);
-  ASSERT_TRUE(welcome.ok());
+  ASSERT_OK(welcome);
   ASSERT_EQ(welcome->header.type(), pb::WELCOME);
   EXPECT_EQ(welcome->header.welcome().last_commit_id(), 2u);
   reply = Commit(&second, 2, 0.25f, 2);
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   EXPECT_EQ(reply->header.model().version(), 2u);
   reply = Commit(&first, 3, 0.25f, 2);
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   ASSERT_EQ(reply->header.type(), pb::ERROR);
   EXPECT_EQ(reply->header.error().code(), pb::ERROR_UNKNOWN_SENDER);
   reply = Commit(&second, 3, 0.25f, 2);
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   EXPECT_EQ(reply->header.model().version(), 3u);
   ExpectModelMovedBy(*reply, 0.75f);
 
@@ -533,25 +532,25 @@ TEST_F(CommitIdTest, ACommitSentTwiceIsAppliedOnce) {
   // start again at 1, and the old process may not come back.
   RpcClient third(context_, endpoint_, Worker0());
   welcome = third.Call(Hello(78), {}, kCallTimeout);
-  ASSERT_TRUE(welcome.ok());
+  ASSERT_OK(welcome);
   ASSERT_EQ(welcome->header.type(), pb::WELCOME);
   EXPECT_EQ(welcome->header.welcome().last_commit_id(), 0u);
   reply = Commit(&third, 1, 0.25f, 3);
-  ASSERT_TRUE(reply.ok());
+  ASSERT_OK(reply);
   EXPECT_EQ(reply->header.model().version(), 4u);
   ExpectModelMovedBy(*reply, 1.0f);
   RpcClient fourth(context_, endpoint_, Worker0());
   Result<Envelope> refused = fourth.Call(Hello(77), {}, kCallTimeout);
-  ASSERT_TRUE(refused.ok());
+  ASSERT_OK(refused);
   ASSERT_EQ(refused->header.type(), pb::ERROR);
   EXPECT_EQ(refused->header.error().code(), pb::ERROR_UNEXPECTED);
 
   pb::Header bye;
   bye.set_type(pb::BYE);
   bye.mutable_bye()->mutable_stats()->set_commits(1);
-  ASSERT_TRUE(third.Call(bye, {}, kCallTimeout).ok());
+  ASSERT_OK(third.Call(bye, {}, kCallTimeout));
   server_thread_.join();  // its only worker left
-  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  ASSERT_OK(run_status_);
   const pb::SiteSummary& summary = server_->summary();
   EXPECT_EQ(summary.commits(), 4u);
   EXPECT_EQ(summary.model_version(), 4u);
@@ -599,7 +598,7 @@ TEST_F(WorkerFaultTest, LateJoinerIsAdmittedAndSilentWorkerDeclaredDead) {
   LayoutToSpecs(model->layout(), hello.mutable_hello()->mutable_layout());
   // Under BSP it is let in at the next round boundary.
   Result<Envelope> welcome = silent.Call(hello, {}, kCallTimeout);
-  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  ASSERT_OK(welcome);
   ASSERT_EQ(welcome->header.type(), pb::WELCOME);
   ASSERT_TRUE(WaitFor([&] { return Status().workers_dead() == 1; }, kLong));
   ASSERT_TRUE(AwaitProgress(10)) << "the barrier waits for a dead worker";
