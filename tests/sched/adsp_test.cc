@@ -180,7 +180,8 @@ TEST(PredictedSecondsToLossTest, AFasterCurveScoresShorter) {
   const std::vector<LossSample> fast = Curve(0.04, 0.5, 0.3, {0, 5, 10});
   const Result<LossCurve> slow_fit = FitLossCurve(slow);
   const Result<LossCurve> fast_fit = FitLossCurve(fast);
-  ASSERT_TRUE(slow_fit.ok() && fast_fit.ok());
+  ASSERT_OK(slow_fit);
+  ASSERT_OK(fast_fit);
   const double t_slow = PredictedSecondsToLoss(*slow_fit, 2.0, 1.0);
   const double t_fast = PredictedSecondsToLoss(*fast_fit, 2.0, 1.0);
   EXPECT_NEAR(t_slow / t_fast, 2.0, 0.1);

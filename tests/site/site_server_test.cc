@@ -507,7 +507,8 @@ TEST_F(SiteServerTest, BspHoldsRepliesUntilEveryWorkerCommitted) {
   std::thread join1([&] { welcome1 = w1->Call(Hello(1), {}, kTimeout); });
   Result<Envelope> welcome0 = w0->Call(Hello(0), {}, kTimeout);
   join1.join();
-  ASSERT_TRUE(welcome0.ok() && welcome1.ok());
+  ASSERT_OK(welcome0);
+  ASSERT_OK(welcome1);
   ASSERT_EQ(welcome0->header.type(), pb::WELCOME);
 
   // Worker 0 commits alone: no answer while worker 1 has not committed.

@@ -441,7 +441,8 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   std::thread join1([&] { welcome1 = w1.Call(hello(1), {}, kTimeout); });
   Result<Envelope> welcome0 = w0.Call(hello(0), {}, kTimeout);
   join1.join();
-  ASSERT_TRUE(welcome0.ok() && welcome1.ok());
+  ASSERT_OK(welcome0);
+  ASSERT_OK(welcome1);
 
   // Worker 0 commits: its reply is the whole model, which includes the
   // announced parameters, so it waits.

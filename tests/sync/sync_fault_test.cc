@@ -170,7 +170,7 @@ TEST_F(SyncFaultTest, ResetConnectionsLoseNothingAndDuplicateNothing) {
     for (int i = 0; i < 8; ++i) {
       std::this_thread::sleep_for(milliseconds(400));
       ASSERT_OK(wanem->Reset("a-b"));
-      ASSERT_TRUE(wanem->Reset(i % 2 == 0 ? "a-c" : "b-c").ok());
+      ASSERT_OK(wanem->Reset(i % 2 == 0 ? "a-c" : "b-c"));
     }
   };
   Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);

@@ -74,7 +74,9 @@ TEST(PartitionTest, IidIsDeterministicInTheSeed) {
   Result<Partitions> a = PartitionIndices(labels, 10, 3, Kind(pb::IID), 5);
   Result<Partitions> b = PartitionIndices(labels, 10, 3, Kind(pb::IID), 5);
   Result<Partitions> c = PartitionIndices(labels, 10, 3, Kind(pb::IID), 6);
-  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  ASSERT_OK(c);
   EXPECT_EQ(*a, *b);
   EXPECT_NE(*a, *c);
 }
@@ -86,7 +88,9 @@ TEST(PartitionTest, DefaultAndUnspecifiedKindsAreIid) {
       PartitionIndices(labels, 10, 3, pb::PartitionConfig(), 9);
   Result<Partitions> unspecified =
       PartitionIndices(labels, 10, 3, Kind(pb::PARTITION_KIND_UNSPECIFIED), 9);
-  ASSERT_TRUE(iid.ok() && defaults.ok() && unspecified.ok());
+  ASSERT_OK(iid);
+  ASSERT_OK(defaults);
+  ASSERT_OK(unspecified);
   EXPECT_EQ(*iid, *defaults);
   EXPECT_EQ(*iid, *unspecified);
 }
@@ -306,7 +310,9 @@ TEST(PartitionTest, DirichletIsDeterministicInTheSeed) {
   Result<Partitions> a = PartitionIndices(labels, 10, 4, Dirichlet(0.3), 5);
   Result<Partitions> b = PartitionIndices(labels, 10, 4, Dirichlet(0.3), 5);
   Result<Partitions> c = PartitionIndices(labels, 10, 4, Dirichlet(0.3), 6);
-  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  ASSERT_OK(c);
   EXPECT_EQ(*a, *b);
   EXPECT_NE(*a, *c);
 }
@@ -461,7 +467,9 @@ TEST(PartitionTest, ClassesPerPartIsDeterministicAndIndependentOfTheSeed) {
   Result<Partitions> a = PartitionIndices(labels, 10, 4, ClassesPerPart(3), 1);
   Result<Partitions> b = PartitionIndices(labels, 10, 4, ClassesPerPart(3), 1);
   Result<Partitions> c = PartitionIndices(labels, 10, 4, ClassesPerPart(3), 2);
-  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  ASSERT_OK(c);
   EXPECT_EQ(*a, *b);
   EXPECT_EQ(*a, *c);
 }
@@ -574,7 +582,8 @@ TEST(WorkerSampleIndicesTest, Deterministic) {
   pb::JobConfig job = ThreeSiteJob();
   Result<std::vector<uint32_t>> a = WorkerSampleIndices(job, labels, 1, 2);
   Result<std::vector<uint32_t>> b = WorkerSampleIndices(job, labels, 1, 2);
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   EXPECT_EQ(*a, *b);
   job.set_seed(4);
   Result<std::vector<uint32_t>> c = WorkerSampleIndices(job, labels, 1, 2);
