@@ -143,9 +143,10 @@ void AddLayoutSlices(const ModelLayout& layout, pb::Header* header) {
   }
 }
 
-Verdict DecodeMessage(std::span<const std::byte> frame0,
-                      std::span<const FrameView> payload, pb::Header* header) {
-  header->Clear();
+Parsed<pb::Header> DecodeMessage(std::span<const std::byte> frame0,
+                                 std::span<const FrameView> payload) {
+  pb::Header parsed;
+  pb::Header* header = &parsed;
   if (frame0.empty()) {
     return Reject(pb::ERROR_MALFORMED, "empty header frame");
   }
@@ -156,7 +157,6 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
                                            std::to_string(kMaxHeaderBytes));
   }
   if (!header->ParseFromArray(frame0.data(), static_cast<int>(frame0.size()))) {
-    header->Clear();
     return Reject(pb::ERROR_MALFORMED,
                   "header frame is not a valid meridian.pb.Header (" +
                       std::to_string(frame0.size()) + " bytes)");
@@ -231,11 +231,20 @@ Verdict DecodeMessage(std::span<const std::byte> frame0,
                         "-byte frame");
     }
   }
-  return std::nullopt;
+  return parsed;
 }
 
-Verdict CheckSlicesAgainstLayout(const pb::Header& header,
-                                 const ModelLayout& layout, bool whole_model) {
+pb::Header PartialHeader(std::span<const std::byte> frame0) {
+  pb::Header header;
+  if (frame0.size() > kMaxHeaderBytes ||
+      !header.ParseFromArray(frame0.data(), static_cast<int>(frame0.size()))) {
+    header.Clear();
+  }
+  return header;
+}
+
+Check CheckSlicesAgainstLayout(const pb::Header& header,
+                               const ModelLayout& layout, bool whole_model) {
   if (whole_model &&
       static_cast<size_t>(header.slices_size()) != layout.tensors().size()) {
     return Reject(pb::ERROR_OUT_OF_RANGE,
@@ -269,11 +278,11 @@ Verdict CheckSlicesAgainstLayout(const pb::Header& header,
                         layout.tensors()[i].name + "'");
     }
   }
-  return std::nullopt;
+  return Check();
 }
 
-Verdict CheckCodec(const pb::Header& header, pb::Codec codec,
-                   std::optional<pb::Codec> also) {
+Check CheckCodec(const pb::Header& header, pb::Codec codec,
+                 std::optional<pb::Codec> also) {
   for (int i = 0; i < header.slices_size(); ++i) {
     const pb::Codec used = header.slices(i).codec();
     if (used != codec && used != also) {
@@ -285,7 +294,7 @@ Verdict CheckCodec(const pb::Header& header, pb::Codec codec,
                         pb::MessageType_Name(header.type()));
     }
   }
-  return std::nullopt;
+  return Check();
 }
 
 uint64_t RowLength(const TensorInfo& tensor) {
@@ -333,10 +342,11 @@ float* AddRowsSlice(const TensorInfo& tensor, std::span<const uint32_t> rows,
                                   sizeof(uint32_t) * (rows.size() + 1));
 }
 
-Verdict ParseRowReads(const pb::Commit& commit, const ModelLayout& layout,
-                      std::vector<std::optional<std::vector<uint32_t>>>* rows) {
-  rows->clear();
-  if (commit.reads_size() == 0) return std::nullopt;  // the whole model
+Parsed<RowReads> ParseRowReads(const pb::Commit& commit,
+                               const ModelLayout& layout) {
+  RowReads parsed;
+  RowReads* rows = &parsed;
+  if (commit.reads_size() == 0) return parsed;  // the whole model
   rows->assign(layout.tensors().size(), std::nullopt);
   for (int r = 0; r < commit.reads_size(); ++r) {
     const pb::RowRead& read = commit.reads(r);
@@ -366,11 +376,14 @@ Verdict ParseRowReads(const pb::Commit& commit, const ModelLayout& layout,
       list.push_back(row);
     }
   }
-  return std::nullopt;
+  return parsed;
 }
 
-Verdict DecodeRows(const pb::TensorSlice& slice, const TensorInfo& tensor,
-                   std::span<const std::byte> payload, DecodedRows* out) {
+Parsed<DecodedRows> DecodeRows(const pb::TensorSlice& slice,
+                               const TensorInfo& tensor,
+                               std::span<const std::byte> payload) {
+  DecodedRows decoded;
+  DecodedRows* out = &decoded;
   const std::string where = "rows of '" + Sanitized(slice.tensor(), 64) + "'";
   if (slice.dtype() != pb::DTYPE_FLOAT32 || slice.offset() != 0 ||
       slice.length() != tensor.size) {
@@ -416,14 +429,14 @@ Verdict DecodeRows(const pb::TensorSlice& slice, const TensorInfo& tensor,
   }
   const std::span<const std::byte> values =
       payload.subspan(sizeof(uint32_t) * (count + 1));
-  if (Verdict verdict = CheckFinite(slice, values)) return verdict;
+  MERIDIAN_RETURN_IF_REJECTED(CheckFinite(slice, values));
   out->values.resize(count * row_length);
   std::memcpy(out->values.data(), values.data(), values.size());
-  return std::nullopt;
+  return decoded;
 }
 
-Verdict CheckFinite(const pb::TensorSlice& slice,
-                    std::span<const std::byte> payload) {
+Check CheckFinite(const pb::TensorSlice& slice,
+                  std::span<const std::byte> payload) {
   // An IEEE-754 float is NaN or Inf exactly when its exponent bits are all
   // ones. The branch-free first pass vectorises (the accumulator must be an
   // integer: GCC leaves a `bool |=` loop scalar, 3x slower); the second one
@@ -436,7 +449,7 @@ Verdict CheckFinite(const pb::TensorSlice& slice,
     std::memcpy(&bits, payload.data() + i * sizeof(float), sizeof(bits));
     any_bad |= static_cast<uint32_t>((bits & kExponent) == kExponent);
   }
-  if (any_bad == 0) return std::nullopt;
+  if (any_bad == 0) return Check();
   for (size_t i = 0; i < count; ++i) {
     float value;
     std::memcpy(&value, payload.data() + i * sizeof(float), sizeof(value));
@@ -447,7 +460,7 @@ Verdict CheckFinite(const pb::TensorSlice& slice,
                         "' at element " + std::to_string(slice.offset() + i));
     }
   }
-  return std::nullopt;
+  return Check();
 }
 
 std::string DescribeHeader(const pb::Header& header) {

@@ -142,10 +142,11 @@ Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
   for (size_t i = first + 1; i < frames.size(); ++i) {
     views.push_back(FrameView{BytesOf(frames[i])});
   }
-  pb::Header header;
-  if (Verdict verdict = DecodeMessage(BytesOf(frames[first]), views, &header)) {
+  Parsed<pb::Header> header = DecodeMessage(BytesOf(frames[first]), views);
+  if (!header.ok()) {
     received.refused =
-        Refused{std::move(routing_id), std::move(*verdict), std::move(header)};
+        Refused{std::move(routing_id), std::move(header).rejection(),
+                PartialHeader(BytesOf(frames[first]))};
     return received;
   }
   Envelope envelope;
@@ -154,7 +155,7 @@ Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
   if (const char* user_id = zmq_msg_gets(frames[first].handle(), "User-Id")) {
     envelope.user_id = user_id;
   }
-  envelope.header = std::move(header);
+  envelope.header = std::move(header).value();
   envelope.payload.reserve(frames.size() - first - 1);
   for (size_t i = first + 1; i < frames.size(); ++i) {
     envelope.payload.push_back(std::move(frames[i]));

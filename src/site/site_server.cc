@@ -993,13 +993,15 @@ class SiteServer::Impl {
       return Refuse(message.routing_id, message.header,
                     {pb::ERROR_UNEXPECTED, "training has not started"});
     }
-    if (Verdict verdict = CheckSlicesAgainstLayout(
-            message.header, model_->layout(), /*whole_model=*/true)) {
-      return Refuse(message.routing_id, message.header, *verdict);
+    if (Check check = CheckSlicesAgainstLayout(
+            message.header, model_->layout(), /*whole_model=*/true);
+        !check.ok()) {
+      return Refuse(message.routing_id, message.header, check.rejection());
     }
-    if (Verdict verdict =
-            CheckCodec(message.header, pb::CODEC_RAW, pb::CODEC_ROWS)) {
-      return Refuse(message.routing_id, message.header, *verdict);
+    if (Check check =
+            CheckCodec(message.header, pb::CODEC_RAW, pb::CODEC_ROWS);
+        !check.ok()) {
+      return Refuse(message.routing_id, message.header, check.rejection());
     }
     // Sparse tensors come as their touched rows (decoded here, once, for
     // Segments); dense ones whole.
@@ -1007,17 +1009,29 @@ class SiteServer::Impl {
     for (int i = 0; i < message.header.slices_size(); ++i) {
       const pb::TensorSlice& slice = message.header.slices(i);
       const std::span<const std::byte> bytes = BytesOf(message.payload[i]);
-      Verdict verdict = slice.codec() == pb::CODEC_ROWS
-                            ? DecodeRows(slice, model_->layout().tensors()[i],
-                                         bytes, &rows_[i])
-                            : CheckFinite(slice, bytes);
-      if (verdict) return Refuse(message.routing_id, message.header, *verdict);
+      Check check;
+      if (slice.codec() == pb::CODEC_ROWS) {
+        Parsed<DecodedRows> rows =
+            DecodeRows(slice, model_->layout().tensors()[i], bytes);
+        if (rows.ok()) {
+          rows_[i] = std::move(rows).value();
+        } else {
+          check = std::move(rows).rejection();
+        }
+      } else {
+        check = CheckFinite(slice, bytes);
+      }
+      if (!check.ok()) {
+        return Refuse(message.routing_id, message.header, check.rejection());
+      }
     }
     const pb::Commit& commit = message.header.commit();
-    std::vector<std::optional<std::vector<uint32_t>>> read_rows;
-    if (Verdict verdict = ParseRowReads(commit, model_->layout(), &read_rows)) {
-      return Refuse(message.routing_id, message.header, *verdict);
+    Parsed<RowReads> parsed_reads = ParseRowReads(commit, model_->layout());
+    if (!parsed_reads.ok()) {
+      return Refuse(message.routing_id, message.header,
+                    parsed_reads.rejection());
     }
+    RowReads read_rows = std::move(parsed_reads).value();
     if (workers_.IsDuplicate(worker, commit.commit_id())) {
       // Sent again after a reconnect although it was applied: answer it
       // with the model, never apply it twice.
@@ -1104,9 +1118,10 @@ class SiteServer::Impl {
     if (pull.ranges_size() > 0) {
       pb::Header wanted;
       *wanted.mutable_slices() = pull.ranges();
-      if (Verdict verdict = CheckSlicesAgainstLayout(wanted, model_->layout(),
-                                                     /*whole_model=*/false)) {
-        return Refuse(message.routing_id, message.header, *verdict);
+      if (Check check = CheckSlicesAgainstLayout(wanted, model_->layout(),
+                                                 /*whole_model=*/false);
+          !check.ok()) {
+        return Refuse(message.routing_id, message.header, check.rejection());
       }
       // Ranges may overlap: without a cap, one small request could ask
       // for thousands of copies of the model.

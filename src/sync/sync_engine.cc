@@ -1631,8 +1631,9 @@ class SyncEngine::Impl {
                                      "' does not score travelled models "
                                      "(sync.skewscout is off)"});
     }
-    if (Verdict verdict = CheckAndDecode(message, /*whole_model=*/true)) {
-      return Refuse(message.routing_id, header, *verdict);
+    if (Check check = CheckAndDecode(message, /*whole_model=*/true);
+        !check.ok()) {
+      return Refuse(message.routing_id, header, check.rejection());
     }
     const DecodedUpdate& received = codec_->decoded();
     const uint64_t n = store_->num_elements();
@@ -1874,8 +1875,9 @@ class SyncEngine::Impl {
                " from '" + site + "', expected " + std::to_string(expected) +
                " (updates of a clock come before it)"});
     }
-    if (Verdict verdict = CheckAndDecode(message, /*whole_model=*/false)) {
-      return Refuse(message.routing_id, header, *verdict);
+    if (Check check = CheckAndDecode(message, /*whole_model=*/false);
+        !check.ok()) {
+      return Refuse(message.routing_id, header, check.rejection());
     }
     if (header.type() == pb::MIRROR_INDICES) {
       blocked_.Block(site, header.clock(), codec_->decoded().indices);
@@ -1907,19 +1909,15 @@ class SyncEngine::Impl {
   // (covering the whole model when `whole_model`) and its codec, then
   // decodes them into codec_->decoded(); what to refuse it with otherwise.
   // Nothing is applied.
-  Verdict CheckAndDecode(const Envelope& message, bool whole_model) {
+  Check CheckAndDecode(const Envelope& message, bool whole_model) {
     const pb::Header& header = message.header;
-    if (Verdict verdict =
-            CheckSlicesAgainstLayout(header, store_->layout(), whole_model)) {
-      return verdict;
-    }
-    if (Verdict verdict = CheckCodec(header, pb::CODEC_PIPELINE)) {
-      return verdict;
-    }
+    MERIDIAN_RETURN_IF_REJECTED(
+        CheckSlicesAgainstLayout(header, store_->layout(), whole_model));
+    MERIDIAN_RETURN_IF_REJECTED(CheckCodec(header, pb::CODEC_PIPELINE));
     if (Status decoded = DecodeUpdate(header, message.payload); !decoded.ok()) {
       return Rejection{pb::ERROR_MALFORMED, decoded.message()};
     }
-    return std::nullopt;
+    return Check();
   }
 
   // Decodes the slices of an update (header validated against the layout

@@ -316,21 +316,26 @@ class Worker::Impl {
 
   // Copies the model in `reply` into params_ and base_ after validating it.
   Status LoadModel(const Envelope& reply, uint64_t version) {
-    if (Verdict verdict = CheckSlicesAgainstLayout(
-            reply.header, model_->layout(), /*whole_model=*/true)) {
-      return verdict->ToStatus().WithContext("model from the site server");
+    if (Check check = CheckSlicesAgainstLayout(
+            reply.header, model_->layout(), /*whole_model=*/true);
+        !check.ok()) {
+      return check.rejection().ToStatus().WithContext(
+          "model from the site server");
     }
-    if (Verdict verdict =
-            CheckCodec(reply.header, pb::CODEC_RAW, pb::CODEC_ROWS)) {
-      return verdict->ToStatus().WithContext("model from the site server");
+    if (Check check = CheckCodec(reply.header, pb::CODEC_RAW, pb::CODEC_ROWS);
+        !check.ok()) {
+      return check.rejection().ToStatus().WithContext(
+          "model from the site server");
     }
     for (const pb::TensorSlice& slice : reply.header.slices()) {
       if (slice.codec() == pb::CODEC_ROWS) return LoadRows(reply, version);
     }
     for (size_t i = 0; i < reply.payload.size(); ++i) {
       const pb::TensorSlice& slice = reply.header.slices(static_cast<int>(i));
-      if (Verdict verdict = CheckFinite(slice, BytesOf(reply.payload[i]))) {
-        return verdict->ToStatus().WithContext("model from the site server");
+      if (Check check = CheckFinite(slice, BytesOf(reply.payload[i]));
+          !check.ok()) {
+        return check.rejection().ToStatus().WithContext(
+            "model from the site server");
       }
       const TensorInfo* tensor = model_->layout().Find(slice.tensor());
       std::memcpy(params_.data() + tensor->offset, reply.payload[i].data(),
@@ -351,12 +356,21 @@ class Worker::Impl {
     for (size_t i = 0; i < reply.payload.size(); ++i) {
       const pb::TensorSlice& slice = reply.header.slices(static_cast<int>(i));
       const std::span<const std::byte> bytes = BytesOf(reply.payload[i]);
-      Verdict verdict = slice.codec() == pb::CODEC_ROWS
-                            ? DecodeRows(slice, model_->layout().tensors()[i],
-                                         bytes, &decoded[i])
-                            : CheckFinite(slice, bytes);
-      if (verdict) {
-        return verdict->ToStatus().WithContext("model from the site server");
+      Check check;
+      if (slice.codec() == pb::CODEC_ROWS) {
+        Parsed<DecodedRows> rows =
+            DecodeRows(slice, model_->layout().tensors()[i], bytes);
+        if (rows.ok()) {
+          decoded[i] = std::move(rows).value();
+        } else {
+          check = std::move(rows).rejection();
+        }
+      } else {
+        check = CheckFinite(slice, bytes);
+      }
+      if (!check.ok()) {
+        return check.rejection().ToStatus().WithContext(
+            "model from the site server");
       }
     }
     const std::vector<TensorInfo>& tensors = model_->layout().tensors();

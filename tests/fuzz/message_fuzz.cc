@@ -34,7 +34,8 @@ namespace {
 using meridian::FrameView;
 using meridian::ModelLayout;
 using meridian::TensorInfo;
-using meridian::Verdict;
+using meridian::Check;
+using meridian::Rejection;
 namespace pb = meridian::pb;
 
 [[noreturn]] void Fail(const char* what) {
@@ -87,12 +88,12 @@ std::span<const std::byte> View(const std::vector<std::byte>& frame) {
   return {frame.data(), frame.size()};
 }
 
-void CheckRejection(const Verdict& verdict) {
-  Require(verdict->code != pb::ERROR_CODE_UNSPECIFIED,
+void CheckRejection(const Rejection& rejection) {
+  Require(rejection.code != pb::ERROR_CODE_UNSPECIFIED,
           "rejection without an error code");
-  Require(pb::ErrorCode_IsValid(verdict->code), "invalid error code");
-  Require(!verdict->reason.empty(), "rejection without a reason");
-  Require(!verdict->ToStatus().ok(), "rejection converts to OK");
+  Require(pb::ErrorCode_IsValid(rejection.code), "invalid error code");
+  Require(!rejection.reason.empty(), "rejection without a reason");
+  Require(!rejection.ToStatus().ok(), "rejection converts to OK");
 }
 
 // Independent re-statement of what CheckSlicesAgainstLayout promises.
@@ -111,12 +112,13 @@ void CheckRows(const pb::TensorSlice& slice, std::span<const std::byte> bytes,
                const ModelLayout& layout) {
   const TensorInfo* tensor = layout.Find(slice.tensor());
   if (tensor == nullptr) return;
-  meridian::DecodedRows rows;
-  const Verdict verdict = meridian::DecodeRows(slice, *tensor, bytes, &rows);
-  if (verdict) {
-    CheckRejection(verdict);
+  meridian::Parsed<meridian::DecodedRows> decoded =
+      meridian::DecodeRows(slice, *tensor, bytes);
+  if (!decoded.ok()) {
+    CheckRejection(decoded.rejection());
     return;
   }
+  const meridian::DecodedRows& rows = *decoded;
   Require(slice.offset() == 0 && slice.length() == tensor->size,
           "rows: accepted a partial slice");
   Require(
@@ -167,12 +169,12 @@ void CheckAccepted(const pb::Header& header, std::span<const FrameView> payload,
   // A commit's row reads (ParseRowReads): what it accepts is one entry per
   // tensor, listed rows strictly ascending inside their tensor.
   if (header.has_commit()) {
-    std::vector<std::optional<std::vector<uint32_t>>> rows;
-    const Verdict reads =
-        meridian::ParseRowReads(header.commit(), layout, &rows);
-    if (reads) {
-      CheckRejection(reads);
+    const meridian::Parsed<meridian::RowReads> reads =
+        meridian::ParseRowReads(header.commit(), layout);
+    if (!reads.ok()) {
+      CheckRejection(reads.rejection());
     } else {
+      const meridian::RowReads& rows = *reads;
       Require(rows.size() == (header.commit().reads_size() == 0
                                   ? 0
                                   : layout.tensors().size()),
@@ -191,10 +193,10 @@ void CheckAccepted(const pb::Header& header, std::span<const FrameView> payload,
 
   // Layout checks, both modes.
   for (const bool whole_model : {false, true}) {
-    const Verdict verdict =
+    const Check check =
         meridian::CheckSlicesAgainstLayout(header, layout, whole_model);
-    if (verdict) {
-      CheckRejection(verdict);
+    if (!check.ok()) {
+      CheckRejection(check.rejection());
       continue;
     }
     uint64_t covered = 0;
@@ -225,23 +227,24 @@ void CheckAccepted(const pb::Header& header, std::span<const FrameView> payload,
     const pb::TensorSlice& slice = header.slices(i);
     pb::Header single;
     *single.add_slices() = slice;
-    const Verdict in_layout =
+    const Check in_layout =
         meridian::CheckSlicesAgainstLayout(single, layout, false);
-    Require(!in_layout == SliceInside(slice, layout),
+    Require(in_layout.ok() == SliceInside(slice, layout),
             "single-slice layout check disagrees with the range");
-    if (in_layout) continue;
+    if (!in_layout.ok()) continue;
     const std::span<const std::byte> bytes = payload[i].bytes;
-    const Verdict finite = meridian::CheckFinite(slice, bytes);
+    const Check finite = meridian::CheckFinite(slice, bytes);
     bool all_finite = true;
     for (size_t e = 0; e + sizeof(float) <= bytes.size(); e += sizeof(float)) {
       uint32_t bits;
       std::memcpy(&bits, bytes.data() + e, sizeof(bits));
       if ((bits & 0x7f800000u) == 0x7f800000u) all_finite = false;
     }
-    Require(!finite == all_finite, "CheckFinite disagrees with the bits");
-    if (finite) {
-      CheckRejection(finite);
-      Require(finite->code == pb::ERROR_NON_FINITE, "wrong non-finite code");
+    Require(finite.ok() == all_finite, "CheckFinite disagrees with the bits");
+    if (!finite.ok()) {
+      CheckRejection(finite.rejection());
+      Require(finite.rejection().code == pb::ERROR_NON_FINITE,
+              "wrong non-finite code");
     }
     if (slice.codec() == pb::CODEC_ROWS) CheckRows(slice, bytes, layout);
   }
@@ -257,14 +260,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     payload.push_back(FrameView{View(frames[i])});
   }
 
-  pb::Header header;
-  const Verdict verdict =
-      meridian::DecodeMessage(View(frames[0]), payload, &header);
-  (void)meridian::DescribeHeader(header);
-  if (verdict) {
-    CheckRejection(verdict);
+  meridian::Parsed<pb::Header> decoded =
+      meridian::DecodeMessage(View(frames[0]), payload);
+  if (!decoded.ok()) {
+    (void)meridian::DescribeHeader(meridian::PartialHeader(View(frames[0])));
+    CheckRejection(decoded.rejection());
     return 0;
   }
+  const pb::Header& header = *decoded;
+  (void)meridian::DescribeHeader(header);
   CheckAccepted(header, payload, FuzzLayout());
 
   // What was accepted stays accepted after a re-encode (a relay forwarding
@@ -274,10 +278,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string reencoded;
   Require(header.SerializeToString(&reencoded), "cannot re-encode");
   if (reencoded.size() <= meridian::kMaxHeaderBytes) {
-    pb::Header again;
-    const Verdict second = meridian::DecodeMessage(
-        std::as_bytes(std::span(reencoded)), payload, &again);
-    Require(!second, "re-encoded accepted header is rejected");
+    const meridian::Parsed<pb::Header> second = meridian::DecodeMessage(
+        std::as_bytes(std::span(reencoded)), payload);
+    Require(second.ok(), "re-encoded accepted header is rejected");
   }
   return 0;
 }

@@ -70,6 +70,20 @@ Wire ValidCommit() {
   return wire;
 }
 
+// The rejection of a check or a parse; nullopt when it was accepted.
+using Verdict = std::optional<Rejection>;
+Verdict RejectionOf(const Check& check) {
+  if (check.ok()) return std::nullopt;
+  return check.rejection();
+}
+template <typename T>
+Verdict RejectionOf(const Parsed<T>& parsed) {
+  if (parsed.ok()) return std::nullopt;
+  return parsed.rejection();
+}
+
+// DecodeMessage of the frames; `header` gets the parsed header when it was
+// accepted, else what a receiver answers with (PartialHeader).
 Verdict DecodeFrames(const std::string& frame0,
                      const std::vector<std::string>& payload,
                      pb::Header* header) {
@@ -77,7 +91,11 @@ Verdict DecodeFrames(const std::string& frame0,
   for (const std::string& frame : payload) {
     views.push_back(FrameView{std::as_bytes(std::span(frame))});
   }
-  return DecodeMessage(std::as_bytes(std::span(frame0)), views, header);
+  Parsed<pb::Header> parsed =
+      DecodeMessage(std::as_bytes(std::span(frame0)), views);
+  *header = parsed.ok() ? *parsed
+                       : PartialHeader(std::as_bytes(std::span(frame0)));
+  return RejectionOf(parsed);
 }
 
 Verdict Decode(const Wire& wire, pb::Header* header) {
@@ -425,7 +443,8 @@ pb::Header HeaderWithSlices(
 }
 
 pb::ErrorCode LayoutCode(const pb::Header& header, bool whole_model) {
-  return CodeOf(CheckSlicesAgainstLayout(header, SmallLayout(), whole_model));
+  return CodeOf(
+      RejectionOf(CheckSlicesAgainstLayout(header, SmallLayout(), whole_model)));
 }
 
 TEST(CheckSlicesAgainstLayoutTest, AcceptsSlicesInsideTensors) {
@@ -443,8 +462,8 @@ TEST(CheckSlicesAgainstLayoutTest, AcceptsSlicesInsideTensors) {
 }
 
 TEST(CheckSlicesAgainstLayoutTest, RejectsUnknownTensor) {
-  const Verdict verdict = CheckSlicesAgainstLayout(
-      HeaderWithSlices({{"w", 0, 6}, {"bias", 0, 3}}), SmallLayout(), false);
+  const Verdict verdict = RejectionOf(CheckSlicesAgainstLayout(
+      HeaderWithSlices({{"w", 0, 6}, {"bias", 0, 3}}), SmallLayout(), false));
   ASSERT_TRUE(verdict);
   EXPECT_EQ(verdict->code, pb::ERROR_OUT_OF_RANGE);
   EXPECT_NE(verdict->reason.find("bias"), std::string::npos) << verdict->reason;
@@ -523,8 +542,8 @@ pb::TensorSlice SliceAt(uint64_t offset, uint64_t length) {
 
 Verdict Finite(uint64_t offset, const std::vector<float>& values) {
   const std::string bytes = FloatBytes(values);
-  return CheckFinite(SliceAt(offset, values.size()),
-                     std::as_bytes(std::span(bytes)));
+  return RejectionOf(CheckFinite(SliceAt(offset, values.size()),
+                                 std::as_bytes(std::span(bytes))));
 }
 
 TEST(CheckFiniteTest, AcceptsFiniteValuesIncludingExtremes) {
@@ -581,7 +600,7 @@ TEST(CheckFiniteTest, WorksOnMisalignedPayload) {
   buffer += FloatBytes({1, 2, std::numeric_limits<float>::quiet_NaN()});
   const std::span<const std::byte> payload =
       std::as_bytes(std::span(buffer)).subspan(1);
-  const Verdict verdict = CheckFinite(SliceAt(0, 3), payload);
+  const Verdict verdict = RejectionOf(CheckFinite(SliceAt(0, 3), payload));
   ASSERT_TRUE(verdict);
   EXPECT_NE(verdict->reason.find("element 2"), std::string::npos)
       << verdict->reason;
@@ -908,9 +927,9 @@ TEST(RowsCodecTest, RoundTripsRowsAndTheirValues) {
   // 4 (count) + 3 x 4 (indices) + 3 x 3 x 4 (values): the bytes grow with
   // the rows sent, not with the tensor.
   EXPECT_EQ(bytes.size(), 4u + 12u + 36u);
-  DecodedRows rows;
-  const Verdict verdict = DecodeRows(slice, Embedding(), bytes, &rows);
-  ASSERT_FALSE(verdict) << verdict->reason;
+  Parsed<DecodedRows> decoded = DecodeRows(slice, Embedding(), bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.rejection().reason;
+  DecodedRows rows = *decoded;
   EXPECT_EQ(rows.row_length, 3u);
   EXPECT_EQ(rows.rows, (std::vector<uint32_t>{0, 3, 4}));
   EXPECT_EQ(rows.values, (std::vector<float>{0.5f, 0.5f, 0.5f, 1.5f, 1.5f, 1.5f,
@@ -918,8 +937,9 @@ TEST(RowsCodecTest, RoundTripsRowsAndTheirValues) {
   // No rows at all is a valid (empty) update.
   pb::Header empty_header;
   const std::vector<std::byte> empty = RowsPayload({}, &empty_header);
-  EXPECT_FALSE(DecodeRows(empty_header.slices(0), Embedding(), empty, &rows));
-  EXPECT_TRUE(rows.rows.empty());
+  Parsed<DecodedRows> none = DecodeRows(empty_header.slices(0), Embedding(), empty);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->rows.empty());
 }
 
 TEST(RowsCodecTest, RefusesEveryMalformedPayloadNamingTheProblem) {
@@ -964,8 +984,8 @@ TEST(RowsCodecTest, RefusesEveryMalformedPayloadNamingTheProblem) {
     std::vector<std::byte> bytes = RowsPayload(c.rows, &header);
     pb::TensorSlice slice = header.slices(0);
     if (c.mutate != nullptr) c.mutate(&slice, &bytes);
-    DecodedRows rows;
-    const Verdict verdict = DecodeRows(slice, Embedding(), bytes, &rows);
+    const Verdict verdict =
+        RejectionOf(DecodeRows(slice, Embedding(), bytes));
     ASSERT_TRUE(verdict) << c.says;
     EXPECT_EQ(verdict->code, c.code) << verdict->reason;
     EXPECT_NE(verdict->reason.find(c.says), std::string::npos)

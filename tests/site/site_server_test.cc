@@ -266,10 +266,10 @@ TEST_F(SiteServerTest, RowCommitsApplyTheirRowsAndRowReadsAnswerWithRows) {
   ASSERT_EQ(reply->header.slices_size(),
             static_cast<int>(model_->layout().tensors().size()));
   EXPECT_EQ(reply->header.slices(0).codec(), pb::CODEC_ROWS);
-  DecodedRows answer;
-  const Verdict decoded = DecodeRows(reply->header.slices(0), first,
-                                     BytesOf(reply->payload[0]), &answer);
-  ASSERT_FALSE(decoded) << decoded->reason;
+  Parsed<DecodedRows> decoded = DecodeRows(reply->header.slices(0), first,
+                                           BytesOf(reply->payload[0]));
+  ASSERT_TRUE(decoded.ok()) << decoded.rejection().reason;
+  const DecodedRows& answer = *decoded;
   EXPECT_EQ(answer.rows, (std::vector<uint32_t>{2, 3}));
   for (uint64_t k = 0; k < length; ++k) {
     // Row 2 unchanged, row 3 moved by its update (MEAN over one worker).

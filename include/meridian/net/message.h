@@ -10,6 +10,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "meridian/core/layout.h"
@@ -40,8 +42,58 @@ struct Rejection {
   Status ToStatus() const;
 };
 
-// nullopt when the message passed the check.
-using Verdict = std::optional<Rejection>;
+// The outcome of a check of bytes from a peer: accepted (ok()), or the
+// rejection to answer and log. Reads the right way round:
+//   if (Check check = CheckCodec(...); !check.ok()) return check.rejection();
+class [[nodiscard]] Check {
+ public:
+  Check() = default;  // accepted
+  Check(Rejection rejection)  // NOLINT: implicit, as `return Reject(...)`
+      : rejection_(std::move(rejection)) {}
+
+  bool ok() const { return !rejection_.has_value(); }
+  // Precondition: !ok().
+  const Rejection& rejection() const& { return *rejection_; }
+  Rejection&& rejection() && { return std::move(*rejection_); }
+
+ private:
+  std::optional<Rejection> rejection_;
+};
+
+// A typed value parsed from bytes a peer sent, or why they were refused:
+// parse at the boundary, then act on the value.
+template <typename T>
+class [[nodiscard]] Parsed {
+ public:
+  Parsed(T value) : state_(std::move(value)) {}  // NOLINT: implicit by design
+  Parsed(Rejection rejection)                     // NOLINT
+      : state_(std::move(rejection)) {}
+
+  bool ok() const { return std::holds_alternative<T>(state_); }
+  // Precondition: !ok().
+  const Rejection& rejection() const& { return std::get<Rejection>(state_); }
+  Rejection&& rejection() && { return std::get<Rejection>(std::move(state_)); }
+  // Precondition: ok().
+  T& value() & { return std::get<T>(state_); }
+  const T& value() const& { return std::get<T>(state_); }
+  T&& value() && { return std::get<T>(std::move(state_)); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+
+ private:
+  std::variant<T, Rejection> state_;
+};
+
+// Returns the rejection of `expr` (a Check or a Parsed<T>) from the
+// enclosing function (which returns a Check, a Parsed<U> or a Rejection).
+#define MERIDIAN_RETURN_IF_REJECTED(expr)                    \
+  do {                                                       \
+    if (auto meridian_check_ = (expr); !meridian_check_.ok()) { \
+      return std::move(meridian_check_).rejection();         \
+    }                                                        \
+  } while (false)
 
 // Bytes of one element of `dtype`; 0 for unknown types.
 size_t DTypeSize(pb::DType dtype);
@@ -60,30 +112,35 @@ struct FrameView {
   std::span<const std::byte> bytes;
 };
 
-// Parses frame 0 into `header` and checks everything that does not need
+// Parses frame 0 into a header and checks everything that does not need
 // the model: the protocol version, a known message type with the body it
 // requires, one payload frame per slice, each frame's size equal to its
 // slice's payload_bytes (and, for RAW slices, to length * dtype size),
 // known dtype/codec. `payload` are frames 1..N. CODEC_PIPELINE payloads are
 // validated by their decoder (compression.h).
-Verdict DecodeMessage(std::span<const std::byte> frame0,
-                      std::span<const FrameView> payload, pb::Header* header);
+Parsed<pb::Header> DecodeMessage(std::span<const std::byte> frame0,
+                                 std::span<const FrameView> payload);
+
+// A refused message's header as far as it parses (empty when frame 0 is
+// not a header or is over kMaxHeaderBytes): what the ERROR reply echoes
+// (sequence, sender) and the log names. Only for the refusal path.
+pb::Header PartialHeader(std::span<const std::byte> frame0);
 
 // Checks the header's slices against `layout`: every tensor exists and
 // offset + length stays inside it (overflow-safe). When `whole_model` is
 // set, the slices must cover every tensor exactly once and entirely, in
 // layout order (what a worker commit carries).
-Verdict CheckSlicesAgainstLayout(const pb::Header& header,
-                                 const ModelLayout& layout, bool whole_model);
+Check CheckSlicesAgainstLayout(const pb::Header& header,
+                               const ModelLayout& layout, bool whole_model);
 
 // Every slice of `header` uses `codec` (models are RAW), or `also` when
 // given (worker commits: RAW or ROWS).
-Verdict CheckCodec(const pb::Header& header, pb::Codec codec,
-                   std::optional<pb::Codec> also = std::nullopt);
+Check CheckCodec(const pb::Header& header, pb::Codec codec,
+                 std::optional<pb::Codec> also = std::nullopt);
 
 // Rejects NaN or +-Inf in a FLOAT32 payload; names the slice and index.
-Verdict CheckFinite(const pb::TensorSlice& slice,
-                    std::span<const std::byte> payload);
+Check CheckFinite(const pb::TensorSlice& slice,
+                  std::span<const std::byte> payload);
 
 // ---- CODEC_ROWS: whole rows of a tensor (sparse, embedding-like updates) --
 
@@ -112,16 +169,18 @@ struct DecodedRows {
 // whole of `tensor` in FLOAT32: the row count at most shape[0], the size
 // exactly RowsPayloadBytes, rows strictly ascending and in range, values
 // finite. Each failure names the slice and what is wrong.
-Verdict DecodeRows(const pb::TensorSlice& slice, const TensorInfo& tensor,
-                   std::span<const std::byte> payload, DecodedRows* out);
+Parsed<DecodedRows> DecodeRows(const pb::TensorSlice& slice,
+                               const TensorInfo& tensor,
+                               std::span<const std::byte> payload);
 
 // A COMMIT's Commit.reads checked against `layout`: every tensor known and
 // listed once, with rows strictly ascending below its shape[0]. On success
-// `rows` is empty without reads (the whole model is the answer), else has
-// one entry per tensor of the layout: the rows to answer with, or nullopt
-// for a tensor answered whole.
-Verdict ParseRowReads(const pb::Commit& commit, const ModelLayout& layout,
-                      std::vector<std::optional<std::vector<uint32_t>>>* rows);
+// the result is empty without reads (the whole model is the answer), else
+// has one entry per tensor of the layout: the rows to answer with, or
+// nullopt for a tensor answered whole.
+using RowReads = std::vector<std::optional<std::vector<uint32_t>>>;
+Parsed<RowReads> ParseRowReads(const pb::Commit& commit,
+                               const ModelLayout& layout);
 
 // "COMMIT from site-a/worker#3 seq 17 (2 slices)".
 std::string DescribeHeader(const pb::Header& header);

@@ -736,10 +736,9 @@ Sent Fuzzer::Classify(int c, const Wire& wire, const std::string& action,
   for (const std::string& frame : wire.payload) {
     views.push_back(FrameView{std::as_bytes(std::span(frame))});
   }
-  pb::Header decoded;
-  const Verdict verdict =
-      DecodeMessage(std::as_bytes(std::span(frame0)), views, &decoded);
-  sent.decodes = !verdict.has_value();
+  const Parsed<pb::Header> decoded =
+      DecodeMessage(std::as_bytes(std::span(frame0)), views);
+  sent.decodes = decoded.ok();
   sent.parsed = !frame0.empty() && frame0.size() <= kMaxHeaderBytes &&
                 sent.header.ParseFromString(frame0);
   bool oversized = frame0.size() > max_frame_bytes_;
@@ -748,7 +747,7 @@ Sent Fuzzer::Classify(int c, const Wire& wire, const std::string& action,
   }
   if (!sent.decodes) {
     sent.must_refuse = true;
-    sent.why_refuse = verdict->reason;
+    sent.why_refuse = decoded.rejection().reason;
     // A HEARTBEAT is refused without an answer; an oversized frame may
     // make the server drop the connection before anything is read.
     sent.expects_reply = !(sent.parsed && sent.header.type() == pb::HEARTBEAT);
@@ -830,16 +829,18 @@ Sent Fuzzer::Classify(int c, const Wire& wire, const std::string& action,
         refuse("sequence number not above the last accepted");
       }
       if (header.type() == pb::COMMIT) {
-        if (Verdict v = CheckSlicesAgainstLayout(header, layout_, true)) {
-          refuse(v->reason);
-        } else if (Verdict v = CheckCodec(header, pb::CODEC_RAW)) {
-          refuse(v->reason);
+        if (Check v = CheckSlicesAgainstLayout(header, layout_, true);
+            !v.ok()) {
+          refuse(v.rejection().reason);
+        } else if (Check c = CheckCodec(header, pb::CODEC_RAW); !c.ok()) {
+          refuse(c.rejection().reason);
         } else {
           for (int i = 0; i < header.slices_size(); ++i) {
-            if (Verdict v =
+            if (Check f =
                     CheckFinite(header.slices(i),
-                                std::as_bytes(std::span(wire.payload[i])))) {
-              refuse(v->reason);
+                                std::as_bytes(std::span(wire.payload[i])));
+                !f.ok()) {
+              refuse(f.rejection().reason);
               break;
             }
           }
@@ -855,8 +856,9 @@ Sent Fuzzer::Classify(int c, const Wire& wire, const std::string& action,
       if (header.type() == pb::PULL && header.pull().ranges_size() > 0) {
         pb::Header wanted;
         *wanted.mutable_slices() = header.pull().ranges();
-        if (Verdict v = CheckSlicesAgainstLayout(wanted, layout_, false)) {
-          refuse(v->reason);
+        if (Check v = CheckSlicesAgainstLayout(wanted, layout_, false);
+            !v.ok()) {
+          refuse(v.rejection().reason);
         }
       }
       break;
