@@ -5,8 +5,39 @@
 
 namespace meridian {
 
-Status ModelLayout::Add(std::string name, std::vector<uint64_t> shape) {
+size_t ElementSize(ElementType type) {
+  switch (type) {
+    case ElementType::kF64:
+    case ElementType::kI64:
+      return 8;
+    case ElementType::kF32:
+    case ElementType::kI32:
+      return 4;
+    case ElementType::kF16:
+    case ElementType::kBF16:
+    case ElementType::kI16:
+      return 2;
+    case ElementType::kI8:
+    case ElementType::kU8:
+    case ElementType::kBool:
+      return 1;
+  }
+  return 0;
+}
+
+bool IsFloating(ElementType type) {
+  return type == ElementType::kF32 || type == ElementType::kF16 ||
+         type == ElementType::kBF16 || type == ElementType::kF64;
+}
+
+Status ModelLayout::Add(std::string name, std::vector<uint64_t> shape,
+                        ElementType type) {
   if (name.empty()) return InvalidArgumentError("tensor name is empty");
+  if (!IsFloating(type)) {
+    return InvalidArgumentError("tensor '" + name +
+                                "' is not floating-point: a model's layout "
+                                "holds floating-point tensors only");
+  }
   if (Find(name) != nullptr) {
     return InvalidArgumentError("duplicate tensor name '" + name + "'");
   }
@@ -32,6 +63,7 @@ Status ModelLayout::Add(std::string name, std::vector<uint64_t> shape) {
   info.shape = std::move(shape);
   info.offset = num_elements_;
   info.size = size;
+  info.type = type;
   num_elements_ += size;
   tensors_.push_back(std::move(info));
   return Status::Ok();
@@ -72,7 +104,8 @@ bool operator==(const ModelLayout& a, const ModelLayout& b) {
   if (a.tensors_.size() != b.tensors_.size()) return false;
   for (size_t i = 0; i < a.tensors_.size(); ++i) {
     if (a.tensors_[i].name != b.tensors_[i].name ||
-        a.tensors_[i].shape != b.tensors_[i].shape) {
+        a.tensors_[i].shape != b.tensors_[i].shape ||
+        a.tensors_[i].type != b.tensors_[i].type) {
       return false;
     }
   }

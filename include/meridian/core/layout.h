@@ -12,12 +12,27 @@
 
 namespace meridian {
 
+// The element type of a tensor in the model as its owner (the worker's
+// framework, the initial-weights file) holds it. Site servers keep, send and
+// sync every tensor of a layout as float32 whatever its type; the type is
+// part of the model's identity (a worker whose tensor has another type is
+// refused), and tells a worker what to convert to and from.
+enum class ElementType { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8,
+                         kBool };
+
+// Bytes of one element of `type`.
+size_t ElementSize(ElementType type);
+// Whether `type` is a floating-point type (the types a layout may hold:
+// integer tensors, such as BatchNorm's step counter, stay with the worker).
+bool IsFloating(ElementType type);
+
 // One named tensor inside the flat parameter vector.
 struct TensorInfo {
   std::string name;
   std::vector<uint64_t> shape;  // row-major
   uint64_t offset = 0;          // first element in the flat vector
   uint64_t size = 0;            // product of shape
+  ElementType type = ElementType::kF32;  // as its owner holds it
 };
 
 // Names, shapes and flat offsets of a model's tensors. Value type;
@@ -25,8 +40,9 @@ struct TensorInfo {
 class ModelLayout {
  public:
   // Appends a tensor after the existing ones. Fails on an empty or duplicate
-  // name, an empty shape or a zero dimension.
-  Status Add(std::string name, std::vector<uint64_t> shape);
+  // name, an empty shape, a zero dimension or a type that is not floating.
+  Status Add(std::string name, std::vector<uint64_t> shape,
+             ElementType type = ElementType::kF32);
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   uint64_t num_elements() const { return num_elements_; }

@@ -1,0 +1,344 @@
+#include "meridian/train/safetensors.h"
+
+#include <fcntl.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+namespace meridian {
+namespace {
+
+using google::protobuf::ListValue;
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+constexpr std::string_view kMetadataKey = "__metadata__";
+
+struct DTypeName {
+  ElementType type;
+  std::string_view name;
+};
+constexpr DTypeName kDTypes[] = {
+    {ElementType::kF32, "F32"},   {ElementType::kF16, "F16"},
+    {ElementType::kBF16, "BF16"}, {ElementType::kF64, "F64"},
+    {ElementType::kI64, "I64"},   {ElementType::kI32, "I32"},
+    {ElementType::kI16, "I16"},   {ElementType::kI8, "I8"},
+    {ElementType::kU8, "U8"},     {ElementType::kBool, "BOOL"},
+};
+
+// A non-negative integer held exactly by a JSON number (a double).
+std::optional<uint64_t> WholeNumber(const Value& value) {
+  if (value.kind_case() != Value::kNumberValue) return std::nullopt;
+  const double number = value.number_value();
+  // 2^53: beyond it a double no longer holds every integer.
+  if (!(number >= 0) || number > 9007199254740992.0 ||
+      std::floor(number) != number) {
+    return std::nullopt;
+  }
+  return static_cast<uint64_t>(number);
+}
+
+// One entry of the header: {"dtype": ..., "shape": [...],
+// "data_offsets": [b, e]}, checked against itself (not yet against the
+// buffer).
+Result<FileTensor> ParseEntry(const std::string& name, const Value& value,
+                              std::string_view what) {
+  const std::string where =
+      std::string(what) + ": tensor '" + name + "'";
+  if (name.empty()) {
+    return DataLossError(std::string(what) + ": a tensor has an empty name");
+  }
+  if (value.kind_case() != Value::kStructValue) {
+    return DataLossError(where + ": its entry is not an object");
+  }
+  const auto& fields = value.struct_value().fields();
+  for (const auto& [key, unused] : fields) {
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      return DataLossError(where + ": unknown field '" + key + "'");
+    }
+  }
+  FileTensor tensor;
+  tensor.name = name;
+  const auto dtype = fields.find("dtype");
+  if (dtype == fields.end() ||
+      dtype->second.kind_case() != Value::kStringValue) {
+    return DataLossError(where + ": no dtype");
+  }
+  const std::optional<ElementType> type =
+      ElementTypeFromSafetensors(dtype->second.string_value());
+  if (!type) {
+    return DataLossError(where + ": dtype '" + dtype->second.string_value() +
+                         "' is not one this build reads (F32, F16, BF16, "
+                         "F64, I64, I32, I16, I8, U8, BOOL)");
+  }
+  tensor.type = *type;
+  const auto shape = fields.find("shape");
+  if (shape == fields.end() || shape->second.kind_case() != Value::kListValue) {
+    return DataLossError(where + ": no shape");
+  }
+  uint64_t elements = 1;
+  for (const Value& dim : shape->second.list_value().values()) {
+    const std::optional<uint64_t> size = WholeNumber(dim);
+    if (!size) {
+      return DataLossError(where + ": a shape entry is not a whole number");
+    }
+    if (*size != 0 &&
+        elements > std::numeric_limits<uint64_t>::max() / 16 / *size) {
+      return DataLossError(where + ": the shape is too large");
+    }
+    elements *= *size;
+    tensor.shape.push_back(*size);
+  }
+  const auto offsets = fields.find("data_offsets");
+  if (offsets == fields.end() ||
+      offsets->second.kind_case() != Value::kListValue ||
+      offsets->second.list_value().values_size() != 2) {
+    return DataLossError(where + ": data_offsets is not [begin, end]");
+  }
+  const std::optional<uint64_t> begin =
+      WholeNumber(offsets->second.list_value().values(0));
+  const std::optional<uint64_t> end =
+      WholeNumber(offsets->second.list_value().values(1));
+  if (!begin || !end || *end < *begin) {
+    return DataLossError(where + ": data_offsets is not [begin, end] with "
+                                 "begin <= end");
+  }
+  tensor.begin = *begin;
+  tensor.end = *end;
+  const uint64_t bytes = elements * ElementSize(tensor.type);
+  if (*end - *begin != bytes) {
+    return DataLossError(where + ": " + std::to_string(*end - *begin) +
+                         " bytes of data for " + std::to_string(elements) +
+                         " elements of " +
+                         std::string(SafetensorsDType(tensor.type)) +
+                         " (" + std::to_string(bytes) + " bytes)");
+  }
+  return tensor;
+}
+
+uint64_t ReadU64Le(const std::string& bytes) {
+  uint64_t value = 0;
+  for (int i = 7; i >= 0; --i) {
+    value = (value << 8) | static_cast<uint8_t>(bytes[i]);
+  }
+  return value;
+}
+
+std::string U64Le(uint64_t value) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) {
+    out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
+  }
+  return out;
+}
+
+// A JSON string literal of `text` (names are the user's: escape them).
+std::string JsonString(std::string_view text) {
+  Value value;
+  value.set_string_value(std::string(text));
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(value, &out).ok()) {
+    return "\"\"";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view SafetensorsDType(ElementType type) {
+  for (const DTypeName& entry : kDTypes) {
+    if (entry.type == type) return entry.name;
+  }
+  return "?";
+}
+
+std::optional<ElementType> ElementTypeFromSafetensors(std::string_view name) {
+  for (const DTypeName& entry : kDTypes) {
+    if (entry.name == name) return entry.type;
+  }
+  return std::nullopt;
+}
+
+std::span<const std::byte> TensorFile::Bytes(const FileTensor& tensor) const {
+  return std::as_bytes(std::span(data)).subspan(tensor.begin,
+                                                tensor.end - tensor.begin);
+}
+
+const FileTensor* TensorFile::Find(std::string_view name) const {
+  for (const FileTensor& tensor : tensors) {
+    if (tensor.name == name) return &tensor;
+  }
+  return nullptr;
+}
+
+Result<TensorFile> ParseSafetensors(std::string bytes, std::string_view what) {
+  const std::string file(what);
+  if (bytes.size() < 8) {
+    return DataLossError(file + ": " + std::to_string(bytes.size()) +
+                         " bytes: too short for a safetensors file (it "
+                         "starts with an 8-byte header length)");
+  }
+  const uint64_t header_bytes = ReadU64Le(bytes);
+  if (header_bytes > kMaxSafetensorsHeaderBytes) {
+    return DataLossError(file + ": a header of " +
+                         std::to_string(header_bytes) +
+                         " bytes exceeds the limit of " +
+                         std::to_string(kMaxSafetensorsHeaderBytes) +
+                         " (not a safetensors file?)");
+  }
+  if (header_bytes > bytes.size() - 8) {
+    return DataLossError(file + ": the header says " +
+                         std::to_string(header_bytes) + " bytes, the file has " +
+                         std::to_string(bytes.size() - 8) +
+                         " after the length (truncated?)");
+  }
+  Struct header;
+  google::protobuf::util::JsonParseOptions options;
+  const google::protobuf::util::Status parsed =
+      google::protobuf::util::JsonStringToMessage(
+          std::string_view(bytes).substr(8, header_bytes), &header, options);
+  if (!parsed.ok()) {
+    return DataLossError(file + ": the header is not a JSON object: " +
+                         std::string(parsed.message()));
+  }
+  TensorFile out;
+  for (const auto& [name, value] : header.fields()) {
+    if (name == kMetadataKey) {
+      if (value.kind_case() != Value::kStructValue) {
+        return DataLossError(file + ": __metadata__ is not an object");
+      }
+      for (const auto& [key, entry] : value.struct_value().fields()) {
+        if (entry.kind_case() != Value::kStringValue) {
+          return DataLossError(file + ": __metadata__ '" + key +
+                               "' is not a string");
+        }
+        out.metadata[key] = entry.string_value();
+      }
+      continue;
+    }
+    Result<FileTensor> tensor = ParseEntry(name, value, file);
+    if (!tensor.ok()) return tensor.status();
+    out.tensors.push_back(std::move(tensor).value());
+  }
+  std::sort(out.tensors.begin(), out.tensors.end(),
+            [](const FileTensor& a, const FileTensor& b) {
+              return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+            });
+  // The byte ranges tile the buffer: each starts where the last ended.
+  const uint64_t data_bytes = bytes.size() - 8 - header_bytes;
+  uint64_t next = 0;
+  for (const FileTensor& tensor : out.tensors) {
+    if (tensor.begin != next) {
+      return DataLossError(
+          file + ": tensor '" + tensor.name + "' starts at byte " +
+          std::to_string(tensor.begin) + ", expected " + std::to_string(next) +
+          (tensor.begin < next ? " (it overlaps the tensor before)"
+                               : " (a gap before it)"));
+    }
+    next = tensor.end;
+  }
+  if (next != data_bytes) {
+    return DataLossError(file + ": the tensors hold " + std::to_string(next) +
+                         " bytes of data, the file has " +
+                         std::to_string(data_bytes) +
+                         (next > data_bytes ? " (truncated)"
+                                            : " (bytes after the last tensor)"));
+  }
+  out.data = bytes.substr(8 + header_bytes);
+  return out;
+}
+
+Result<TensorFile> ReadSafetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return NotFoundError(path + ": cannot open: " + std::strerror(errno));
+  }
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    return InvalidArgumentError(path + ": is a directory, not a tensor file");
+  }
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (in.bad()) {
+    return DataLossError(path + ": read failed: " + std::strerror(errno));
+  }
+  return ParseSafetensors(std::move(bytes).str(), path);
+}
+
+Status WriteSafetensors(const std::string& path,
+                        std::span<const TensorToWrite> tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  std::string header = "{";
+  bool first = true;
+  if (!metadata.empty()) {
+    header += JsonString(kMetadataKey) + ":{";
+    for (const auto& [key, value] : metadata) {
+      if (!first) header += ',';
+      first = false;
+      header += JsonString(key) + ':' + JsonString(value);
+    }
+    header += '}';
+    first = false;
+  }
+  uint64_t offset = 0;
+  for (const TensorToWrite& tensor : tensors) {
+    uint64_t elements = 1;
+    for (uint64_t dim : tensor.shape) elements *= dim;
+    if (tensor.bytes.size() != elements * ElementSize(tensor.type)) {
+      return InvalidArgumentError(
+          "tensor '" + tensor.name + "': " +
+          std::to_string(tensor.bytes.size()) + " bytes for its shape and " +
+          std::string(SafetensorsDType(tensor.type)));
+    }
+    if (!first) header += ',';
+    first = false;
+    header += JsonString(tensor.name) + ":{\"dtype\":\"" +
+              std::string(SafetensorsDType(tensor.type)) + "\",\"shape\":[";
+    for (size_t i = 0; i < tensor.shape.size(); ++i) {
+      if (i > 0) header += ',';
+      header += std::to_string(tensor.shape[i]);
+    }
+    header += "],\"data_offsets\":[" + std::to_string(offset) + ',' +
+              std::to_string(offset + tensor.bytes.size()) + "]}";
+    offset += tensor.bytes.size();
+  }
+  header += '}';
+  // Pad the header with spaces to a multiple of 8 bytes, as the reference
+  // writer does, so that the data starts aligned.
+  header.append((8 - header.size() % 8) % 8, ' ');
+
+  const std::string temp = path + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    if (!out) {
+      return UnavailableError(temp + ": cannot create: " +
+                              std::strerror(errno));
+    }
+    out << U64Le(header.size()) << header;
+    for (const TensorToWrite& tensor : tensors) {
+      out.write(reinterpret_cast<const char*>(tensor.bytes.data()),
+                static_cast<std::streamsize>(tensor.bytes.size()));
+    }
+    out.flush();
+    if (!out) {
+      return UnavailableError(temp + ": write failed: " +
+                              std::strerror(errno));
+    }
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    return UnavailableError(path + ": rename failed: " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace meridian
