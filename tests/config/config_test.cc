@@ -725,7 +725,7 @@ TEST(ValidateJobConfigTest, UnspecifiedEnumsListTheAllowedValues) {
                             }));
   ASSERT_EQ(issues.size(), 7u);
   EXPECT_EQ(issues[0].message,
-            "must be one of SOFTMAX, MLP, CNN, MATRIX_FACTORIZATION, got "
+            "must be one of SOFTMAX, MLP, CNN, MATRIX_FACTORIZATION, EXTERNAL, got "
             "MODEL_KIND_UNSPECIFIED");
   EXPECT_EQ(issues[1].message,
             "must be one of SCALE, STANDARDIZE, got "
