@@ -15,6 +15,19 @@ constexpr double kAckSpacingS = 0.05;
 
 }  // namespace
 
+// ---- LinkDelivery -----------------------------------------------------------
+
+void LinkDelivery::Acknowledged(double now) {
+  if (rate_start_s_ < 0) rate_start_s_ = now;
+  if (now - rate_start_s_ >= 0.5) {
+    const double sample =
+        static_cast<double>(rate_bytes_) / (now - rate_start_s_);
+    rate_ = std::max(sample, 0.9 * rate_);
+    rate_bytes_ = 0;
+    rate_start_s_ = now;
+  }
+}
+
 // ---- OutboundChannel --------------------------------------------------------
 
 OutboundChannel::OutboundChannel(std::string peer, pb::Endpoint self,
@@ -94,25 +107,14 @@ void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
     for (const RetainedMessage& message : retained_) {
       if (message.sequence > applied) break;
       if (message.sequence > applied_sequence_) {
-        delivered_bytes_ += message.bytes;
-        rate_bytes_ += message.bytes;
+        link_.Delivered(message.bytes);
         if (message.sent_s >= 0 && message.sequence == applied) {
-          const double round_trip = now - message.sent_s;
-          if (min_round_trip_s_ < 0 || round_trip < min_round_trip_s_) {
-            min_round_trip_s_ = round_trip;
-          }
+          link_.RoundTrip(now - message.sent_s);
         }
       }
     }
   }
-  if (rate_start_s_ < 0) rate_start_s_ = now;
-  if (now - rate_start_s_ >= 0.5) {
-    const double sample =
-        static_cast<double>(rate_bytes_) / (now - rate_start_s_);
-    delivery_rate_ = std::max(sample, 0.9 * delivery_rate_);
-    rate_bytes_ = 0;
-    rate_start_s_ = now;
-  }
+  link_.Acknowledged(now);
   if (ack.resend()) {
     // The receiver may have lost what it applied (it restarted from an
     // older checkpoint): trust it, and go back to what it has.
@@ -149,7 +151,7 @@ bool OutboundChannel::Saturated(double now) const {
     if (message.sequence <= applied_sequence_) continue;
     if (message.sequence >= next_to_send_ || message.sent_s < 0) break;
     const double limit =
-        std::max(kSaturationS, 4 * std::max(min_round_trip_s_, 0.0));
+        std::max(kSaturationS, 4 * std::max(link_.min_round_trip_s(), 0.0));
     return now - message.sent_s > limit;
   }
   return false;
@@ -157,7 +159,7 @@ bool OutboundChannel::Saturated(double now) const {
 
 uint64_t OutboundChannel::window() const {
   return std::max<uint64_t>(kMinWindowBytes,
-                            static_cast<uint64_t>(kWindowS * delivery_rate_));
+                            static_cast<uint64_t>(kWindowS * link_.rate()));
 }
 
 uint64_t OutboundChannel::backlog_bytes() const {

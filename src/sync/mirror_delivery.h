@@ -70,6 +70,39 @@ struct RetainedMessage {
   double sent_s = -1;  // first handed to ZeroMQ (-1: not yet, or unknown)
 };
 
+// What the acknowledgements of one channel show of its link: the bytes
+// delivered, the delivery rate (the recent peak, decaying 10% per half
+// second) and the shortest round trip. Part of an OutboundChannel; fixed
+// size.
+class LinkDelivery {
+ public:
+  // The peer acknowledged a message of `bytes` as applied.
+  void Delivered(uint64_t bytes) {
+    delivered_bytes_ += bytes;
+    rate_bytes_ += bytes;
+  }
+  // A message sent `seconds` ago was acknowledged.
+  void RoundTrip(double seconds) {
+    if (min_round_trip_s_ < 0 || seconds < min_round_trip_s_) {
+      min_round_trip_s_ = seconds;
+    }
+  }
+  // An acknowledgement arrived at `now`: the rate takes a sample every
+  // half second.
+  void Acknowledged(double now);
+
+  double rate() const { return rate_; }
+  double min_round_trip_s() const { return min_round_trip_s_; }
+  uint64_t delivered_bytes() const { return delivered_bytes_; }
+
+ private:
+  double rate_ = 0;
+  double min_round_trip_s_ = -1;  // send to acknowledgement, shortest seen
+  uint64_t rate_bytes_ = 0;       // delivered since rate_start_s_
+  double rate_start_s_ = -1;
+  uint64_t delivered_bytes_ = 0;
+};
+
 // The sending half of a channel to one peer site. Owns its DEALER socket
 // once Attach()ed.
 class OutboundChannel {
@@ -121,7 +154,7 @@ class OutboundChannel {
   uint64_t window() const;
   // The link's delivery rate as acknowledgements show it (bytes/s; the
   // recent peak, decaying 10% per half second), 0 before any.
-  double delivery_rate() const { return delivery_rate_; }
+  double delivery_rate() const { return link_.rate(); }
   // The link is saturated: it is congested(), or its oldest
   // unacknowledged message has waited more than kSaturationS, or 4 round
   // trips (the shortest seen), whichever is longer — it queues what it is
@@ -147,7 +180,7 @@ class OutboundChannel {
   // applied: what the link has not delivered yet.
   uint64_t backlog_bytes() const;
   // Cumulative bytes of messages the peer acknowledged as applied.
-  uint64_t delivered_bytes() const { return delivered_bytes_; }
+  uint64_t delivered_bytes() const { return link_.delivered_bytes(); }
   // Bytes handed to ZeroMQ (headers and payloads, resends included;
   // control messages too).
   uint64_t bytes_sent() const { return bytes_sent_; }
@@ -205,12 +238,8 @@ class OutboundChannel {
 
   double last_send_s_ = -1;  // anything handed to ZeroMQ
   double last_ack_s_ = -1;
-  double delivery_rate_ = 0;
-  double min_round_trip_s_ = -1;  // send to acknowledgement, shortest seen
-  uint64_t rate_bytes_ = 0;       // delivered since rate_start_s_
-  double rate_start_s_ = -1;
+  LinkDelivery link_;
   uint64_t bytes_sent_ = 0;
-  uint64_t delivered_bytes_ = 0;
   uint64_t messages_resent_ = 0;
   uint64_t heartbeats_sent_ = 0;
   uint64_t resend_requests_ = 0;

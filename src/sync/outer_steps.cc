@@ -11,6 +11,24 @@ std::string RoundName(int64_t clock) {
   return "outer/round/" + std::to_string(clock);
 }
 
+// The checkpoint's array `name` of outer state, which must have `size`
+// elements.
+Result<const NamedArray*> FindOuterArray(const Checkpoint& arrays,
+                                         const std::string& name,
+                                         size_t size) {
+  const NamedArray* array = arrays.Find(name);
+  if (array == nullptr) {
+    return DataLossError("the checkpoint has no array '" + name +
+                         "' (DiLoCo's outer state)");
+  }
+  if (array->values.size() != size) {
+    return DataLossError("the checkpoint's array '" + name + "' has " +
+                         std::to_string(array->values.size()) +
+                         " elements, expected " + std::to_string(size));
+  }
+  return array;
+}
+
 }  // namespace
 
 bool HasOuterRounds(pb::SyncKind kind) {
@@ -418,20 +436,6 @@ void OuterSteps::AppendArrays(std::vector<NamedArray>* arrays) const {
 
 Status OuterSteps::RestoreFrom(const pb::OuterStepCheckpoint& saved,
                                const Checkpoint& arrays) {
-  auto find = [&](const std::string& name,
-                  size_t size) -> Result<const NamedArray*> {
-    const NamedArray* array = arrays.Find(name);
-    if (array == nullptr) {
-      return DataLossError("the checkpoint has no array '" + name +
-                           "' (DiLoCo's outer state)");
-    }
-    if (array->values.size() != size) {
-      return DataLossError("the checkpoint's array '" + name + "' has " +
-                           std::to_string(array->values.size()) +
-                           " elements, expected " + std::to_string(size));
-    }
-    return array;
-  };
   if (saved.closed_size() != static_cast<int>(options_.fragments)) {
     return DataLossError("the checkpoint's DiLoCo state has " +
                          std::to_string(saved.closed_size()) +
@@ -444,91 +448,101 @@ Status OuterSteps::RestoreFrom(const pb::OuterStepCheckpoint& saved,
   restored.steps_ = saved.steps();
   restored.closed_.assign(saved.closed().begin(), saved.closed().end());
   if (options_.adaptive) {
-    // A checkpoint of a fixed period (none saved) continues at the job's.
-    restored.period_ = saved.has_period() ? saved.period() : options_.period;
-    if (restored.period_ < options_.min_period ||
-        restored.period_ > options_.max_period) {
-      return DataLossError("the checkpoint's averaging period (" +
-                           std::to_string(restored.period_) +
-                           " clocks) lies outside [" +
-                           std::to_string(options_.min_period) + ", " +
-                           std::to_string(options_.max_period) + "]");
-    }
-    restored.rounds_dropped_ = saved.rounds_dropped();
-    restored.period_changes_.clear();
-    const int first = std::max(
-        0, saved.period_changes_size() - static_cast<int>(kMaxPeriodChanges));
-    for (int i = first; i < saved.period_changes_size(); ++i) {
-      restored.period_changes_.push_back(
-          {saved.period_changes(i).round(), saved.period_changes(i).period()});
-    }
+    MERIDIAN_RETURN_IF_ERROR(restored.RestorePeriod(saved));
   }
   if (saved.started()) {
-    MERIDIAN_ASSIGN_OR_RETURN(const NamedArray* anchor,
-                              find("outer/anchor", num_elements_));
-    MERIDIAN_ASSIGN_OR_RETURN(const NamedArray* momentum,
-                              find("outer/momentum", num_elements_));
+    MERIDIAN_ASSIGN_OR_RETURN(
+        const NamedArray* anchor,
+        FindOuterArray(arrays, "outer/anchor", num_elements_));
+    MERIDIAN_ASSIGN_OR_RETURN(
+        const NamedArray* momentum,
+        FindOuterArray(arrays, "outer/momentum", num_elements_));
     restored.anchor_ = anchor->values;
     restored.momentum_ = momentum->values;
   }
   for (const pb::OuterRoundCheckpoint& round_state : saved.rounds()) {
-    const int64_t clock = round_state.clock();
-    // An adaptive period's rounds after the next were accepted when their
-    // clock could not be checked yet (a peer's, or this site's replayed
-    // after a restart: any number of rounds ahead); the schedule checks
-    // them as it reaches them.
-    const bool starts_round = options_.adaptive
-                                  ? clock > restored.closed_[0]
-                                  : restored.FragmentDueAt(clock).has_value();
-    if (!starts_round) {
-      return DataLossError("the checkpoint has an outer round at clock " +
-                           std::to_string(clock) + ", which starts no round");
-    }
-    if (options_.adaptive &&
-        (round_state.peer_proposals_size() != round_state.peers_size() ||
-         (round_state.own() &&
-          !restored.CheckProposal(round_state.own_proposal(), "").ok()))) {
-      return DataLossError("the checkpoint's outer round " +
-                           std::to_string(clock) +
-                           " lacks the averaging periods its sites proposed");
-    }
-    Round& round = restored.RoundAt(clock);
-    MERIDIAN_ASSIGN_OR_RETURN(
-        const NamedArray* sum,
-        find(RoundName(clock) + "/sum", round.sum.size()));
-    round.sum = sum->values;
-    round.own = round_state.own();
-    round.contributions = round.own ? 1 : 0;
-    if (round.own) {
-      MERIDIAN_ASSIGN_OR_RETURN(
-          const NamedArray* base,
-          find(RoundName(clock) + "/base", round.sum.size()));
-      round.base = base->values;
-    }
-    for (uint32_t peer : round_state.peers()) {
-      if (peer >= options_.peers || round.from_peer[peer]) {
-        return DataLossError("the checkpoint's outer round " +
-                             std::to_string(clock) + " names peer " +
-                             std::to_string(peer) + " wrongly");
-      }
-      round.from_peer[peer] = true;
-      ++round.contributions;
-    }
-    if (options_.adaptive) {
-      round.own_proposal = round.own ? round_state.own_proposal() : 0;
-      for (int i = 0; i < round_state.peers_size(); ++i) {
-        const uint32_t proposal = round_state.peer_proposals(i);
-        if (!restored.CheckProposal(proposal, "").ok()) {
-          return DataLossError("the checkpoint's outer round " +
-                               std::to_string(clock) +
-                               " has a proposed period of " +
-                               std::to_string(proposal) + " clocks");
-        }
-        round.peer_proposals[round_state.peers(i)] = proposal;
-      }
-    }
+    MERIDIAN_RETURN_IF_ERROR(restored.RestoreRound(round_state, arrays));
   }
   *this = std::move(restored);
+  return Status::Ok();
+}
+
+Status OuterSteps::RestorePeriod(const pb::OuterStepCheckpoint& saved) {
+  // A checkpoint of a fixed period (none saved) continues at the job's.
+  period_ = saved.has_period() ? saved.period() : options_.period;
+  if (period_ < options_.min_period || period_ > options_.max_period) {
+    return DataLossError("the checkpoint's averaging period (" +
+                         std::to_string(period_) + " clocks) lies outside [" +
+                         std::to_string(options_.min_period) + ", " +
+                         std::to_string(options_.max_period) + "]");
+  }
+  rounds_dropped_ = saved.rounds_dropped();
+  period_changes_.clear();
+  const int first = std::max(
+      0, saved.period_changes_size() - static_cast<int>(kMaxPeriodChanges));
+  for (int i = first; i < saved.period_changes_size(); ++i) {
+    period_changes_.push_back(
+        {saved.period_changes(i).round(), saved.period_changes(i).period()});
+  }
+  return Status::Ok();
+}
+
+Status OuterSteps::RestoreRound(const pb::OuterRoundCheckpoint& round_state,
+                                const Checkpoint& arrays) {
+  const int64_t clock = round_state.clock();
+  // An adaptive period's rounds after the next were accepted when their
+  // clock could not be checked yet (a peer's, or this site's replayed
+  // after a restart: any number of rounds ahead); the schedule checks
+  // them as it reaches them.
+  const bool starts_round = options_.adaptive
+                                ? clock > closed_[0]
+                                : FragmentDueAt(clock).has_value();
+  if (!starts_round) {
+    return DataLossError("the checkpoint has an outer round at clock " +
+                         std::to_string(clock) + ", which starts no round");
+  }
+  if (options_.adaptive &&
+      (round_state.peer_proposals_size() != round_state.peers_size() ||
+       (round_state.own() &&
+        !CheckProposal(round_state.own_proposal(), "").ok()))) {
+    return DataLossError("the checkpoint's outer round " +
+                         std::to_string(clock) +
+                         " lacks the averaging periods its sites proposed");
+  }
+  Round& round = RoundAt(clock);
+  MERIDIAN_ASSIGN_OR_RETURN(
+      const NamedArray* sum,
+      FindOuterArray(arrays, RoundName(clock) + "/sum", round.sum.size()));
+  round.sum = sum->values;
+  round.own = round_state.own();
+  round.contributions = round.own ? 1 : 0;
+  if (round.own) {
+    MERIDIAN_ASSIGN_OR_RETURN(
+        const NamedArray* base,
+        FindOuterArray(arrays, RoundName(clock) + "/base", round.sum.size()));
+    round.base = base->values;
+  }
+  for (uint32_t peer : round_state.peers()) {
+    if (peer >= options_.peers || round.from_peer[peer]) {
+      return DataLossError("the checkpoint's outer round " +
+                           std::to_string(clock) + " names peer " +
+                           std::to_string(peer) + " wrongly");
+    }
+    round.from_peer[peer] = true;
+    ++round.contributions;
+  }
+  if (!options_.adaptive) return Status::Ok();
+  round.own_proposal = round.own ? round_state.own_proposal() : 0;
+  for (int i = 0; i < round_state.peers_size(); ++i) {
+    const uint32_t proposal = round_state.peer_proposals(i);
+    if (!CheckProposal(proposal, "").ok()) {
+      return DataLossError("the checkpoint's outer round " +
+                           std::to_string(clock) +
+                           " has a proposed period of " +
+                           std::to_string(proposal) + " clocks");
+    }
+    round.peer_proposals[round_state.peers(i)] = proposal;
+  }
   return Status::Ok();
 }
 

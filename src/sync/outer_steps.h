@@ -217,6 +217,11 @@ class OuterSteps {
   void AgreePeriod(int64_t clock, const Round& round);
   void DropRoundsOffSchedule();
   Round& RoundAt(int64_t clock);
+  // RestoreFrom's parts, on the copy being restored: the adaptive
+  // period's agreement and one round (its arrays from `arrays`).
+  Status RestorePeriod(const pb::OuterStepCheckpoint& saved);
+  Status RestoreRound(const pb::OuterRoundCheckpoint& round_state,
+                      const Checkpoint& arrays);
 
   OuterStepOptions options_;
   uint64_t num_elements_ = 0;

@@ -12,6 +12,10 @@
 // caught up; a site that finds itself more than DS clocks behind the
 // reachable peers (after a freeze or a restart) jumps its clock forward
 // (ClockFloor).
+//
+// The engine is a few parts with one job each (the peer table, the mirror
+// socket, the outbox and Gaia's sender, SkewScout's travel, the outer
+// rounds, the inbox, the saved state): sync_engine.cc lists them.
 #ifndef MERIDIAN_SYNC_SYNC_ENGINE_H_
 #define MERIDIAN_SYNC_SYNC_ENGINE_H_
 
@@ -69,8 +73,6 @@ class SyncEngine {
 
   // The endpoint peers connect to (port resolved).
   const std::string& mirror_endpoint() const;
-  // Sites this one exchanges messages with (by name).
-  std::vector<std::string> peers() const;
   // Peers that have not introduced themselves (MIRROR_HELLO) yet, each as
   // "name (endpoint this site connects to)".
   std::vector<std::string> silent_peers() const;

@@ -178,16 +178,18 @@ EncodedSlices UpdateCodec::IndicesOnly(const EncodedSlices& update) {
   return indices;
 }
 
-Status UpdateCodec::Decode(const ModelLayout& layout, const pb::Header& header,
-                           std::span<const std::span<const std::byte>> frames) {
-  decoded_.indices.clear();
-  decoded_.values.clear();
+Result<DecodedUpdate> DecodeUpdate(
+    const ModelLayout& layout, const pb::Header& header,
+    std::span<const std::span<const std::byte>> frames,
+    UpdateDecoder& decoder) {
   if (static_cast<size_t>(header.slices_size()) != frames.size()) {
     return InvalidArgumentError(
         "the update has " + std::to_string(frames.size()) +
         " payload frames for " + std::to_string(header.slices_size()) +
         " slices");
   }
+  DecodedUpdate decoded;
+  SparseUpdate sparse;
   for (int i = 0; i < header.slices_size(); ++i) {
     const pb::TensorSlice& slice = header.slices(i);
     const TensorInfo* tensor = layout.Find(slice.tensor());
@@ -195,28 +197,55 @@ Status UpdateCodec::Decode(const ModelLayout& layout, const pb::Header& header,
       return InvalidArgumentError("slice " + std::to_string(i) +
                                   ": unknown tensor '" + slice.tensor() + "'");
     }
-    Status decoded = decoder_.DecodeSparse(frames[i], slice.length(), &sparse_);
-    if (decoded.ok() && sparse_.size != slice.length()) {
-      decoded = InvalidArgumentError(
-          "encoded slice has " + std::to_string(sparse_.size) +
+    Status status = decoder.DecodeSparse(frames[i], slice.length(), &sparse);
+    if (status.ok() && sparse.size != slice.length()) {
+      status = InvalidArgumentError(
+          "encoded slice has " + std::to_string(sparse.size) +
           " elements, the header says " + std::to_string(slice.length()));
     }
-    if (!decoded.ok()) {
+    if (!status.ok()) {
       return InvalidArgumentError("slice " + std::to_string(i) + " ('" +
-                                  slice.tensor() + "'): " + decoded.message());
+                                  slice.tensor() + "'): " + status.message());
     }
     const uint64_t base = tensor->offset + slice.offset();
-    for (size_t j = 0; j < sparse_.indices.size(); ++j) {
-      decoded_.indices.push_back(base + sparse_.indices[j]);
-      decoded_.values.push_back(sparse_.values[j]);
+    for (size_t j = 0; j < sparse.indices.size(); ++j) {
+      decoded.indices.push_back(base + sparse.indices[j]);
+      decoded.values.push_back(sparse.values[j]);
     }
   }
-  const std::vector<uint64_t>& indices = decoded_.indices;
+  const std::vector<uint64_t>& indices = decoded.indices;
   if (!std::is_sorted(indices.begin(), indices.end()) ||
       std::adjacent_find(indices.begin(), indices.end()) != indices.end()) {
     return InvalidArgumentError("slices overlap or are out of order");
   }
-  return Status::Ok();
+  return decoded;
+}
+
+std::vector<std::span<const std::byte>> FrameSpans(
+    std::span<const zmq::message_t> frames) {
+  std::vector<std::span<const std::byte>> bytes;
+  bytes.reserve(frames.size());
+  for (const zmq::message_t& frame : frames) {
+    bytes.push_back(
+        {static_cast<const std::byte*>(frame.data()), frame.size()});
+  }
+  return bytes;
+}
+
+std::vector<std::span<const std::byte>> FrameSpans(
+    const google::protobuf::RepeatedPtrField<std::string>& frames) {
+  std::vector<std::span<const std::byte>> bytes;
+  bytes.reserve(frames.size());
+  for (const std::string& frame : frames) bytes.push_back(AsBytes(frame));
+  return bytes;
+}
+
+std::vector<std::span<const std::byte>> FrameSpans(
+    std::span<const std::string> frames) {
+  std::vector<std::span<const std::byte>> bytes;
+  bytes.reserve(frames.size());
+  for (const std::string& frame : frames) bytes.push_back(AsBytes(frame));
+  return bytes;
 }
 
 }  // namespace meridian

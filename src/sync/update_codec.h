@@ -5,9 +5,13 @@
 // (the selective barrier's MIRROR_INDICES). Lossy coding's residuals go
 // back into the accumulator the change came from, so nothing is lost.
 //
-// Ownership and threads: owned by one SyncEngine and used by its event
-// loop alone; not thread-safe. Holds scratch buffers reused across calls:
-// their size is bounded by the model (one entry per parameter at most).
+// Decoding (DecodeUpdate) keeps no state here: it returns the decoded
+// update as a value.
+//
+// Ownership and threads: owned by one SyncEngine (its Outbox) and used by
+// its event loop alone; not thread-safe. Holds scratch buffers reused
+// across calls: their size is bounded by the model (one entry per
+// parameter at most).
 #ifndef MERIDIAN_SYNC_UPDATE_CODEC_H_
 #define MERIDIAN_SYNC_UPDATE_CODEC_H_
 
@@ -17,6 +21,7 @@
 #include <span>
 #include <string>
 #include <vector>
+#include <zmq.hpp>
 
 #include "meridian/compression/compression.h"
 #include "meridian/job.pb.h"
@@ -72,15 +77,6 @@ class UpdateCodec {
   // The same slices with every value zero, index-coded (MIRROR_INDICES).
   EncodedSlices IndicesOnly(const EncodedSlices& update);
 
-  // Decodes the slices of `header` (already checked against the layout
-  // and the codec) with one payload frame each into `decoded()`. Nothing
-  // is applied: a bad slice fails naming it.
-  Status Decode(const ModelLayout& layout, const pb::Header& header,
-                std::span<const std::span<const std::byte>> frames);
-  // What the last successful Decode produced; the caller may change the
-  // values (a retraction negates them).
-  DecodedUpdate& decoded() { return decoded_; }
-
  private:
   UpdateCodec(UpdateEncoder configured, UpdateEncoder lossless,
               UpdateEncoder indices, UpdateEncoder travel);
@@ -105,9 +101,25 @@ class UpdateCodec {
   std::vector<float> residual_;
   std::vector<uint64_t> residual_indices_;
   std::vector<float> residual_values_;
-  SparseUpdate sparse_;
-  DecodedUpdate decoded_;
 };
+
+// Decodes the slices of `header` (already checked against `layout` and the
+// codec: CheckSlicesAgainstLayout, CheckCodec), one payload frame each,
+// with `decoder`. Nothing is applied: a bad slice fails naming it, and so
+// do slices that overlap or are out of order.
+Result<DecodedUpdate> DecodeUpdate(
+    const ModelLayout& layout, const pb::Header& header,
+    std::span<const std::span<const std::byte>> frames,
+    UpdateDecoder& decoder);
+
+// The payload frames of a message as byte views (zmq::message_t as
+// received, std::string as kept for a resend or logged).
+std::vector<std::span<const std::byte>> FrameSpans(
+    std::span<const zmq::message_t> frames);
+std::vector<std::span<const std::byte>> FrameSpans(
+    const google::protobuf::RepeatedPtrField<std::string>& frames);
+std::vector<std::span<const std::byte>> FrameSpans(
+    std::span<const std::string> frames);
 
 }  // namespace meridian
 
