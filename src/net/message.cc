@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 
@@ -101,6 +102,16 @@ bool HasUnknownValue(const pb::TensorSlice& slice, int field_number) {
   return false;
 }
 
+// One payload frame per slice.
+Check CheckFrameCount(const pb::Header& header, size_t frames) {
+  if (static_cast<size_t>(header.slices_size()) != frames) {
+    return Reject(pb::ERROR_SIZE_MISMATCH,
+                  "header announces " + std::to_string(header.slices_size()) +
+                      " payload frames, message has " + std::to_string(frames));
+  }
+  return Check();
+}
+
 }  // namespace
 
 Status Rejection::ToStatus() const {
@@ -191,12 +202,7 @@ Parsed<pb::Header> DecodeMessage(std::span<const std::byte> frame0,
                                            " slices exceed the limit of " +
                                            std::to_string(kMaxSlices));
   }
-  if (static_cast<size_t>(header->slices_size()) != payload.size()) {
-    return Reject(pb::ERROR_SIZE_MISMATCH,
-                  "header announces " + std::to_string(header->slices_size()) +
-                      " payload frames, message has " +
-                      std::to_string(payload.size()));
-  }
+  MERIDIAN_RETURN_IF_REJECTED(CheckFrameCount(*header, payload.size()));
   for (int i = 0; i < header->slices_size(); ++i) {
     const pb::TensorSlice& slice = header->slices(i);
     const std::string where = "slice " + std::to_string(i) + " ('" +
@@ -433,6 +439,61 @@ Parsed<DecodedRows> DecodeRows(const pb::TensorSlice& slice,
   out->values.resize(count * row_length);
   std::memcpy(out->values.data(), values.data(), values.size());
   return decoded;
+}
+
+bool ModelPayload::has_rows() const {
+  return std::any_of(tensors.begin(), tensors.end(),
+                     [](const TensorPayload& t) { return t.rows.has_value(); });
+}
+
+Parsed<ModelPayload> ParseModelPayload(const pb::Header& header,
+                                       std::span<const FrameView> frames,
+                                       const ModelLayout& layout) {
+  MERIDIAN_RETURN_IF_REJECTED(CheckFrameCount(header, frames.size()));
+  MERIDIAN_RETURN_IF_REJECTED(
+      CheckSlicesAgainstLayout(header, layout, /*whole_model=*/true));
+  MERIDIAN_RETURN_IF_REJECTED(
+      CheckCodec(header, pb::CODEC_RAW, pb::CODEC_ROWS));
+  ModelPayload payload;
+  payload.tensors.resize(frames.size());
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const pb::TensorSlice& slice = header.slices(static_cast<int>(i));
+    const std::span<const std::byte> bytes = frames[i].bytes;
+    TensorPayload& tensor = payload.tensors[i];
+    tensor.tensor = &layout.tensors()[i];
+    if (slice.codec() == pb::CODEC_ROWS) {
+      Parsed<DecodedRows> rows = DecodeRows(slice, *tensor.tensor, bytes);
+      if (!rows.ok()) return std::move(rows).rejection();
+      tensor.rows = std::move(rows).value();
+      continue;
+    }
+    MERIDIAN_RETURN_IF_REJECTED(CheckFinite(slice, bytes));
+    // DecodeMessage checked that a RAW frame holds exactly `length` floats,
+    // and the slice covers its tensor.
+    const size_t count = bytes.size() / sizeof(float);
+    if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+      tensor.values = {reinterpret_cast<const float*>(bytes.data()), count};
+    } else {
+      std::vector<float>& copy = payload.realigned.emplace_back(count);
+      std::memcpy(copy.data(), bytes.data(), count * sizeof(float));
+      tensor.values = copy;
+    }
+  }
+  return payload;
+}
+
+Parsed<WorkerCommit> ParseCommit(const pb::Header& header,
+                                 std::span<const FrameView> frames,
+                                 const ModelLayout& layout) {
+  Parsed<ModelPayload> update = ParseModelPayload(header, frames, layout);
+  if (!update.ok()) return std::move(update).rejection();
+  Parsed<RowReads> reads = ParseRowReads(header.commit(), layout);
+  if (!reads.ok()) return std::move(reads).rejection();
+  WorkerCommit commit;
+  commit.fields = &header.commit();
+  commit.update = std::move(update).value();
+  commit.reads = std::move(reads).value();
+  return commit;
 }
 
 Check CheckFinite(const pb::TensorSlice& slice,

@@ -1,10 +1,59 @@
 #include "site/evaluator.h"
 
+#include <algorithm>
 #include <chrono>
+#include <numeric>
+#include <random>
 
 #include "meridian/core/log.h"
 
 namespace meridian {
+namespace {
+
+// `count` of the positions [0, total) (all when fewer), the same for the
+// same seed, sorted: the training samples of the policy's loss evaluations
+// (one seed at every site), and SkewScout's held-out sample of a site's
+// share (a seed per site).
+std::vector<uint32_t> SeededSample(size_t total, uint64_t count,
+                                   uint64_t seed) {
+  std::vector<uint32_t> all(total);
+  std::iota(all.begin(), all.end(), 0u);
+  std::mt19937_64 rng(seed ^ 0x6c6f7373ull);  // "loss"
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(std::min<uint64_t>(count, total));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+}  // namespace
+
+Result<EvaluationSets> MakeEvaluationSets(const pb::JobConfig& job,
+                                          int site_index, const RawData& raw) {
+  EvaluationSets sets;
+  sets.test = MakeTestDataset(raw, job.data().normalization());
+  const pb::PolicyKind kind = job.policy().kind();
+  if (kind == pb::ADSP || kind == pb::ADACOMM) {
+    const std::vector<uint32_t> sample =
+        SeededSample(raw.train_labels.size(),
+                     static_cast<uint64_t>(job.policy().loss_eval_batches()) *
+                         job.optimizer().batch_size(),
+                     job.seed());
+    sets.loss = MakeTrainDataset(raw, sample, job.data().normalization());
+  }
+  if (job.sync().skewscout().enabled()) {
+    MERIDIAN_ASSIGN_OR_RETURN(
+        const std::vector<uint32_t> share,
+        SiteSampleIndices(job, raw.train_labels, site_index));
+    const std::vector<uint32_t> positions =
+        SeededSample(share.size(), job.sync().skewscout().holdout_samples(),
+                     job.seed() ^ static_cast<uint64_t>(site_index + 1));
+    std::vector<uint32_t> sample;
+    sample.reserve(positions.size());
+    for (uint32_t position : positions) sample.push_back(share[position]);
+    sets.holdout = MakeTrainDataset(raw, sample, job.data().normalization());
+  }
+  return sets;
+}
 
 Evaluator::Evaluator(EvaluatorOptions options) : options_(std::move(options)) {}
 

@@ -28,6 +28,8 @@
 #include <vector>
 
 #include "meridian/core/clock.h"
+#include "meridian/core/status.h"
+#include "meridian/job.pb.h"
 #include "meridian/train/dataset.h"
 #include "meridian/train/model.h"
 #include "meridian/core/mutex.h"
@@ -62,6 +64,21 @@ struct EvaluatorOptions {
   // SkewScout's knob now (may be empty; nullopt: no SkewScout).
   std::function<std::optional<double>()> skew_knob;
 };
+
+// The data sets a site's evaluator works on: the test set; when the
+// policy evaluates the global loss (ADSP, ADACOMM), fixed training
+// minibatches (loss_eval_batches x batch_size samples of the training set,
+// the same at every site); with SkewScout, a held-out sample of this
+// site's share (holdout_samples, a seed per site).
+struct EvaluationSets {
+  Dataset test;
+  Dataset loss;
+  Dataset holdout;
+};
+// `raw`: the job's data with its training images (LoadRawData). Errors:
+// the site's share cannot be worked out (SiteSampleIndices).
+Result<EvaluationSets> MakeEvaluationSets(const pb::JobConfig& job,
+                                          int site_index, const RawData& raw);
 
 // A peer's travelled model to score (SkewScout) and, once scored, how it
 // and this site's own model did on the held-out sample.

@@ -21,146 +21,162 @@ MetricCell* SiteMetrics::Cell(const std::string& name, const char* help,
   return cell;
 }
 
+void SiteMetrics::Gauge(const char* name, const char* help, double value,
+                        const MetricLabels& extra) {
+  Cell(name, help, false, extra)->Set(value);
+}
+
+void SiteMetrics::Counter(const char* name, const char* help, double value,
+                          const MetricLabels& extra) {
+  Cell(name, help, true, extra)->Set(value);
+}
+
 void SiteMetrics::Publish(const SiteMetricsSnapshot& s) {
-  auto gauge = [&](const char* name, const char* help, double value,
-                   const MetricLabels& extra = {}) {
-    Cell(name, help, false, extra)->Set(value);
-  };
-  auto counter = [&](const char* name, const char* help, double value,
-                     const MetricLabels& extra = {}) {
-    Cell(name, help, true, extra)->Set(value);
-  };
-  gauge("meridian_site_training",
+  PublishJob(s);
+  PublishWorkers(s);
+  if (s.sync != nullptr) PublishSync(*s.sync, s.clock);
+}
+
+void SiteMetrics::PublishJob(const SiteMetricsSnapshot& s) {
+  Gauge("meridian_site_training",
         "1 while the site trains (every worker "
         "joined, the job not over), else 0",
         s.training && !s.finished);
-  gauge("meridian_site_finished", "1 once the site's job is over", s.finished);
-  gauge("meridian_site_training_seconds", "Seconds of training so far",
+  Gauge("meridian_site_finished", "1 once the site's job is over", s.finished);
+  Gauge("meridian_site_training_seconds", "Seconds of training so far",
         s.training_s);
-  gauge("meridian_site_workers_joined", "Workers that joined the site server",
-        s.workers_joined);
-  gauge("meridian_site_workers_expected", "Workers the site server serves",
-        s.workers_expected);
-  gauge("meridian_site_workers_dead",
-        "Workers declared dead (silent past fault.worker_timeout_s) that have "
-        "not come back",
-        s.workers_dead);
-  counter("meridian_site_duplicate_commits_total",
-          "Commits sent again after a reconnect whose id was already applied: "
-          "answered with the model, not applied twice",
-          static_cast<double>(s.duplicate_commits));
-  counter("meridian_site_commits_total", "Worker commits accepted",
+  Counter("meridian_site_commits_total", "Worker commits accepted",
           static_cast<double>(s.commits));
-  gauge("meridian_site_commits_per_second",
+  Gauge("meridian_site_commits_per_second",
         "Commits per second over the last 5 s", s.commits_per_s);
-  counter("meridian_site_pulls_total", "Worker PULL requests accepted",
+  Counter("meridian_site_pulls_total", "Worker PULL requests accepted",
           static_cast<double>(s.pulls));
-  counter("meridian_site_rejected_total",
+  Counter("meridian_site_rejected_total",
           "Worker requests refused (malformed, stale, unknown sender)",
           static_cast<double>(s.rejected));
-  counter("meridian_site_applied_updates_total",
+  Counter("meridian_site_applied_updates_total",
           "Updates applied to the site's replica: worker commits (or barrier "
           "aggregates) and peer sites' updates; the model version",
           static_cast<double>(s.model_version));
-  gauge("meridian_site_clock", "The site's clock (the intra-site policy's)",
+  Gauge("meridian_site_clock", "The site's clock (the intra-site policy's)",
         static_cast<double>(s.clock));
   if (s.has_eval) {
-    gauge("meridian_site_accuracy",
+    Gauge("meridian_site_accuracy",
           "Test accuracy of the last evaluation (fraction)", s.accuracy);
-    gauge("meridian_site_loss", "Test loss of the last evaluation", s.loss);
-    gauge("meridian_site_eval_training_seconds",
+    Gauge("meridian_site_loss", "Test loss of the last evaluation", s.loss);
+    Gauge("meridian_site_eval_training_seconds",
           "Training time of the last evaluation's snapshot", s.eval_t_s);
   }
-  gauge("meridian_site_waiting_workers",
-        "Workers whose commit or pull awaits its answer (barrier, bound or "
-        "selective barrier): the site's queue of blocked requests",
-        s.waiting_workers);
-  gauge("meridian_site_held_replies",
-        "Answers ready but held by the inter-site sync (DS bound, averaging "
-        "round, selective barrier)",
-        s.held_replies);
-  gauge("meridian_site_barrier_commits",
+  Gauge("meridian_site_barrier_commits",
         "Commits waiting in the open barrier aggregate (BSP)",
         static_cast<double>(s.barrier_commits));
-  gauge("meridian_site_commit_staleness_mean_versions",
+  Gauge("meridian_site_commit_staleness_mean_versions",
         "Mean version lag of the last 5 s of commits (model version at "
         "arrival minus the version the commit started from)",
         s.staleness_mean);
-  gauge("meridian_site_commit_staleness_max_versions",
+  Gauge("meridian_site_commit_staleness_max_versions",
         "Largest version lag among the last 5 s of commits", s.staleness_max);
+}
+
+void SiteMetrics::PublishWorkers(const SiteMetricsSnapshot& s) {
+  Gauge("meridian_site_workers_joined", "Workers that joined the site server",
+        s.workers_joined);
+  Gauge("meridian_site_workers_expected", "Workers the site server serves",
+        s.workers_expected);
+  Gauge("meridian_site_workers_dead",
+        "Workers declared dead (silent past fault.worker_timeout_s) that have "
+        "not come back",
+        s.workers_dead);
+  Counter("meridian_site_duplicate_commits_total",
+          "Commits sent again after a reconnect whose id was already applied: "
+          "answered with the model, not applied twice",
+          static_cast<double>(s.duplicate_commits));
+  Gauge("meridian_site_waiting_workers",
+        "Workers whose commit or pull awaits its answer (barrier, bound or "
+        "selective barrier): the site's queue of blocked requests",
+        s.waiting_workers);
+  Gauge("meridian_site_held_replies",
+        "Answers ready but held by the inter-site sync (DS bound, averaging "
+        "round, selective barrier)",
+        s.held_replies);
   for (const SiteMetricsSnapshot::Worker& w : s.workers) {
     const MetricLabels worker = {{"worker", w.name}};
-    counter("meridian_site_worker_steps_total",
+    Counter("meridian_site_worker_steps_total",
             "Local SGD steps of a worker, as it last reported",
             static_cast<double>(w.steps), worker);
-    counter("meridian_site_worker_commits_total",
+    Counter("meridian_site_worker_commits_total",
             "Commits of a worker, as it last reported",
             static_cast<double>(w.commits), worker);
-    counter("meridian_site_worker_blocked_seconds_total",
+    Counter("meridian_site_worker_blocked_seconds_total",
             "Seconds a worker waited for commit and pull answers", w.blocked_s,
             worker);
   }
-  if (s.sync == nullptr) return;
-  const SyncEngine& sync = *s.sync;
-  gauge("meridian_sync_theta", "Current significance threshold", sync.theta());
-  gauge("meridian_sync_slowest_peer_clock",
+}
+
+void SiteMetrics::PublishSync(const SyncEngine& sync, int64_t clock) {
+  Gauge("meridian_sync_theta", "Current significance threshold", sync.theta());
+  Gauge("meridian_sync_slowest_peer_clock",
         "Clock of the slowest peer site this site syncs with",
         static_cast<double>(sync.slowest_peer_clock()));
-  gauge("meridian_sync_clock_lag",
+  Gauge("meridian_sync_clock_lag",
         "The site's clock minus its slowest peer's (bounded by DS)",
-        static_cast<double>(s.clock - sync.slowest_peer_clock()));
-  gauge("meridian_sync_peers_unreachable",
+        static_cast<double>(clock - sync.slowest_peer_clock()));
+  Gauge("meridian_sync_peers_unreachable",
         "Peer sites declared unreachable right now (silent past "
         "fault.peer_timeout_s)",
         static_cast<double>(sync.unreachable_peers()));
   const pb::SyncSummary summary = sync.Summary();
-  counter("meridian_sync_updates_sent_total", "MIRROR_UPDATE messages sent",
+  Counter("meridian_sync_updates_sent_total", "MIRROR_UPDATE messages sent",
           summary.updates_sent());
-  counter("meridian_sync_updates_received_total",
+  Counter("meridian_sync_updates_received_total",
           "MIRROR_UPDATE messages received and applied",
           summary.updates_received());
-  counter("meridian_sync_entries_sent_total", "Significant elements sent",
+  Counter("meridian_sync_entries_sent_total", "Significant elements sent",
           summary.entries_sent());
-  counter("meridian_sync_entries_received_total", "Elements received",
+  Counter("meridian_sync_entries_received_total", "Elements received",
           summary.entries_received());
-  counter("meridian_sync_rejected_total", "Mirror messages refused",
+  Counter("meridian_sync_rejected_total", "Mirror messages refused",
           summary.rejected());
-  counter("meridian_sync_blocked_seconds_total",
+  Counter("meridian_sync_blocked_seconds_total",
           "Seconds worker answers were held by the sync", summary.blocked_s());
-  for (const SyncEngine::PeerCounters& peer : sync.peer_counters()) {
-    const MetricLabels labels = {{"peer", peer.site}};
-    counter("meridian_sync_bytes_sent_total",
-            "Bytes handed to the channel towards a peer site (header and "
-            "payload frames)",
-            static_cast<double>(peer.bytes_sent), labels);
-    counter("meridian_sync_bytes_received_total",
-            "Bytes of the mirror messages received from a peer site",
-            static_cast<double>(peer.bytes_received), labels);
-    counter("meridian_sync_messages_received_total",
-            "Mirror messages received from a peer site",
-            static_cast<double>(peer.messages_received), labels);
-    gauge("meridian_sync_peer_clock", "A peer site's last announced clock",
-          static_cast<double>(peer.clock), labels);
-    gauge("meridian_sync_peer_connected",
-          "1 once a peer site introduced itself (MIRROR_HELLO)", peer.connected,
-          labels);
-    gauge("meridian_sync_peer_reachable",
-          "1 while a peer site is heard from (0: silent past "
-          "fault.peer_timeout_s)",
-          peer.reachable, labels);
-    gauge("meridian_sync_retained_bytes",
-          "Bytes of messages kept for a peer until its checkpoint holds them",
-          static_cast<double>(peer.retained_bytes), labels);
-    gauge("meridian_sync_backlog_bytes",
-          "Bytes sent to a peer and not yet acknowledged",
-          static_cast<double>(peer.backlog_bytes), labels);
-  }
-  counter("meridian_sync_resent_total",
+  Counter("meridian_sync_resent_total",
           "Mirror messages sent again after a gap or a reconnect",
           summary.resent());
-  counter("meridian_sync_duplicates_dropped_total",
+  Counter("meridian_sync_duplicates_dropped_total",
           "Mirror messages received again (a resend) and dropped",
           summary.duplicates_dropped());
+  for (const SyncEngine::PeerCounters& peer : sync.peer_counters()) {
+    PublishPeer(peer);
+  }
+}
+
+void SiteMetrics::PublishPeer(const SyncEngine::PeerCounters& peer) {
+  const MetricLabels labels = {{"peer", peer.site}};
+  Counter("meridian_sync_bytes_sent_total",
+          "Bytes handed to the channel towards a peer site (header and "
+          "payload frames)",
+          static_cast<double>(peer.bytes_sent), labels);
+  Counter("meridian_sync_bytes_received_total",
+          "Bytes of the mirror messages received from a peer site",
+          static_cast<double>(peer.bytes_received), labels);
+  Counter("meridian_sync_messages_received_total",
+          "Mirror messages received from a peer site",
+          static_cast<double>(peer.messages_received), labels);
+  Gauge("meridian_sync_peer_clock", "A peer site's last announced clock",
+        static_cast<double>(peer.clock), labels);
+  Gauge("meridian_sync_peer_connected",
+        "1 once a peer site introduced itself (MIRROR_HELLO)", peer.connected,
+        labels);
+  Gauge("meridian_sync_peer_reachable",
+        "1 while a peer site is heard from (0: silent past "
+        "fault.peer_timeout_s)",
+        peer.reachable, labels);
+  Gauge("meridian_sync_retained_bytes",
+        "Bytes of messages kept for a peer until its checkpoint holds them",
+        static_cast<double>(peer.retained_bytes), labels);
+  Gauge("meridian_sync_backlog_bytes",
+        "Bytes sent to a peer and not yet acknowledged",
+        static_cast<double>(peer.backlog_bytes), labels);
 }
 
 }  // namespace meridian

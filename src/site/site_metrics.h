@@ -68,6 +68,15 @@ class SiteMetrics {
  private:
   MetricCell* Cell(const std::string& name, const char* help, bool counter,
                    const MetricLabels& extra = {});
+  void Gauge(const char* name, const char* help, double value,
+             const MetricLabels& extra = {});
+  void Counter(const char* name, const char* help, double value,
+               const MetricLabels& extra = {});
+  // The series of the job, of the workers, of the sync and of one peer.
+  void PublishJob(const SiteMetricsSnapshot& snapshot);
+  void PublishWorkers(const SiteMetricsSnapshot& snapshot);
+  void PublishSync(const SyncEngine& sync, int64_t clock);
+  void PublishPeer(const SyncEngine::PeerCounters& peer);
 
   MetricsRegistry* registry_;
   const std::string site_;

@@ -1,5 +1,6 @@
-// libFuzzer target for the wire decoder (DecodeMessage and the checks a
-// receiver runs after it). Besides "no crash, no leak, no out-of-bounds
+// libFuzzer target for the wire decoder (DecodeMessage, the checks a
+// receiver runs after it and the parse functions composed of them:
+// ParseModelPayload, ParseCommit). Besides "no crash, no leak, no out-of-bounds
 // read", it checks what an accepted message promises, so that a decoder
 // that lets a bad message through is a finding too.
 //
@@ -139,6 +140,120 @@ void CheckRows(const pb::TensorSlice& slice, std::span<const std::byte> bytes,
   }
 }
 
+// The rejection of the checks ParseModelPayload composes, in its order
+// (an independent re-statement of the sequence); nullopt: all accept.
+std::optional<Rejection> ComposedRejection(const pb::Header& header,
+                                           std::span<const FrameView> payload,
+                                           const ModelLayout& layout) {
+  if (Check c = meridian::CheckSlicesAgainstLayout(header, layout, true);
+      !c.ok()) {
+    return c.rejection();
+  }
+  if (Check c = meridian::CheckCodec(header, pb::CODEC_RAW, pb::CODEC_ROWS);
+      !c.ok()) {
+    return c.rejection();
+  }
+  for (int i = 0; i < header.slices_size(); ++i) {
+    const pb::TensorSlice& slice = header.slices(i);
+    if (slice.codec() == pb::CODEC_ROWS) {
+      const meridian::Parsed<meridian::DecodedRows> rows =
+          meridian::DecodeRows(slice, layout.tensors()[i], payload[i].bytes);
+      if (!rows.ok()) return rows.rejection();
+    } else if (Check c = meridian::CheckFinite(slice, payload[i].bytes);
+               !c.ok()) {
+      return c.rejection();
+    }
+  }
+  return std::nullopt;
+}
+
+void RequireSameRejection(const Rejection& got, const Rejection& expected,
+                          const char* what) {
+  CheckRejection(got);
+  Require(got.code == expected.code && got.reason == expected.reason, what);
+}
+
+// What ParseModelPayload accepts holds, per tensor of the layout, exactly
+// the frame's values (finite) or its decoded rows.
+void CheckModelPayloadValue(const meridian::ModelPayload& parsed,
+                            const pb::Header& header,
+                            std::span<const FrameView> payload,
+                            const ModelLayout& layout) {
+  Require(parsed.tensors.size() == layout.tensors().size(),
+          "payload: not one entry per tensor");
+  for (size_t t = 0; t < parsed.tensors.size(); ++t) {
+    const meridian::TensorPayload& tensor = parsed.tensors[t];
+    Require(tensor.tensor == &layout.tensors()[t], "payload: wrong tensor");
+    const std::span<const std::byte> bytes = payload[t].bytes;
+    if (header.slices(static_cast<int>(t)).codec() == pb::CODEC_ROWS) {
+      Require(tensor.rows.has_value() && tensor.values.empty(),
+              "payload: a ROWS slice without its rows");
+      continue;
+    }
+    Require(!tensor.rows.has_value(), "payload: rows of a RAW slice");
+    Require(tensor.values.size() == tensor.tensor->size &&
+                tensor.values.size_bytes() == bytes.size(),
+            "payload: values do not cover the tensor");
+    Require(bytes.empty() || std::memcmp(tensor.values.data(), bytes.data(),
+                                         bytes.size()) == 0,
+            "payload: values differ from the frame");
+    for (float v : tensor.values) {
+      Require(std::isfinite(v), "payload: accepted a non-finite value");
+    }
+  }
+}
+
+// ParseModelPayload and ParseCommit (a site server's reading of a COMMIT,
+// a worker's of its MODEL): accepted exactly when every check they compose
+// accepts, else refused with the first one's rejection; the same from
+// frames at an address not aligned for floats (a copy one byte in).
+void CheckParsers(const pb::Header& header, std::span<const FrameView> payload,
+                  const ModelLayout& layout) {
+  const std::optional<Rejection> expected =
+      ComposedRejection(header, payload, layout);
+  const meridian::Parsed<meridian::ModelPayload> parsed =
+      meridian::ParseModelPayload(header, payload, layout);
+  Require(parsed.ok() == !expected.has_value(),
+          "ParseModelPayload disagrees with the checks it composes");
+  if (!parsed.ok()) {
+    RequireSameRejection(parsed.rejection(), *expected,
+                         "ParseModelPayload: not the first check's rejection");
+  } else {
+    CheckModelPayloadValue(*parsed, header, payload, layout);
+    std::vector<std::vector<std::byte>> shifted;
+    std::vector<FrameView> views;
+    shifted.reserve(payload.size());
+    for (const FrameView& frame : payload) {
+      std::vector<std::byte>& copy =
+          shifted.emplace_back(frame.bytes.size() + 1);
+      if (!frame.bytes.empty()) {
+        std::memcpy(copy.data() + 1, frame.bytes.data(), frame.bytes.size());
+      }
+      views.push_back(FrameView{std::span<const std::byte>(copy).subspan(1)});
+    }
+    const meridian::Parsed<meridian::ModelPayload> again =
+        meridian::ParseModelPayload(header, views, layout);
+    Require(again.ok(), "ParseModelPayload: refused misaligned frames");
+    CheckModelPayloadValue(*again, header, views, layout);
+  }
+  if (header.type() != pb::COMMIT) return;
+  const meridian::Parsed<meridian::WorkerCommit> commit =
+      meridian::ParseCommit(header, payload, layout);
+  const meridian::Parsed<meridian::RowReads> reads =
+      meridian::ParseRowReads(header.commit(), layout);
+  Require(commit.ok() == (parsed.ok() && reads.ok()),
+          "ParseCommit disagrees with its parts");
+  if (!commit.ok()) {
+    RequireSameRejection(commit.rejection(),
+                         parsed.ok() ? reads.rejection() : *expected,
+                         "ParseCommit: not the first part's rejection");
+    return;
+  }
+  Require(commit->fields == &header.commit(), "ParseCommit: wrong fields");
+  Require(commit->reads == *reads, "ParseCommit: reads differ");
+  CheckModelPayloadValue(commit->update, header, payload, layout);
+}
+
 void CheckAccepted(const pb::Header& header, std::span<const FrameView> payload,
                    const ModelLayout& layout) {
   // DecodeMessage's promises.
@@ -248,6 +363,8 @@ void CheckAccepted(const pb::Header& header, std::span<const FrameView> payload,
     }
     if (slice.codec() == pb::CODEC_ROWS) CheckRows(slice, bytes, layout);
   }
+
+  CheckParsers(header, payload, layout);
 }
 
 }  // namespace

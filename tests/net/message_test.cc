@@ -995,5 +995,160 @@ TEST(RowsCodecTest, RefusesEveryMalformedPayloadNamingTheProblem) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// ParseModelPayload, ParseCommit
+
+// The frames of `wire` as a receiver views them.
+std::vector<FrameView> Views(const Wire& wire) {
+  std::vector<FrameView> views;
+  for (const std::string& frame : wire.payload) {
+    views.push_back(FrameView{std::as_bytes(std::span(frame))});
+  }
+  return views;
+}
+
+TEST(ParseModelPayloadTest, BorrowsEveryTensorsValuesFromAlignedFrames) {
+  const ModelLayout layout = SmallLayout();
+  const Wire wire = ValidCommit();
+  const std::vector<FrameView> views = Views(wire);
+  Parsed<ModelPayload> parsed = ParseModelPayload(wire.header, views, layout);
+  ASSERT_TRUE(parsed.ok()) << parsed.rejection().reason;
+  ASSERT_EQ(parsed->tensors.size(), 2u);
+  EXPECT_FALSE(parsed->has_rows());
+  EXPECT_TRUE(parsed->realigned.empty());
+  for (size_t t = 0; t < 2; ++t) {
+    const TensorPayload& tensor = parsed->tensors[t];
+    EXPECT_EQ(tensor.tensor, &layout.tensors()[t]);
+    EXPECT_FALSE(tensor.rows.has_value());
+    // A view of the frame itself: no copy.
+    EXPECT_EQ(static_cast<const void*>(tensor.values.data()),
+              static_cast<const void*>(views[t].bytes.data()));
+  }
+  EXPECT_EQ(std::vector<float>(parsed->tensors[1].values.begin(),
+                               parsed->tensors[1].values.end()),
+            (std::vector<float>{-1, -2, -3}));
+}
+
+TEST(ParseModelPayloadTest, CopiesOnlyFramesNotAlignedForFloats) {
+  const ModelLayout layout = SmallLayout();
+  const Wire wire = ValidCommit();
+  std::vector<FrameView> views = Views(wire);
+  // Tensor b's bytes one byte into a buffer: not aligned for floats.
+  std::vector<std::byte> shifted(wire.payload[1].size() + 1);
+  std::memcpy(shifted.data() + 1, wire.payload[1].data(),
+              wire.payload[1].size());
+  views[1] = FrameView{std::span<const std::byte>(shifted).subspan(1)};
+  Parsed<ModelPayload> parsed = ParseModelPayload(wire.header, views, layout);
+  ASSERT_TRUE(parsed.ok()) << parsed.rejection().reason;
+  ASSERT_EQ(parsed->realigned.size(), 1u);
+  EXPECT_EQ(static_cast<const void*>(parsed->tensors[0].values.data()),
+            static_cast<const void*>(views[0].bytes.data()));
+  // A move keeps the copy the values point into.
+  ModelPayload moved = std::move(parsed).value();
+  EXPECT_EQ(moved.tensors[1].values.data(), moved.realigned[0].data());
+  EXPECT_EQ(std::vector<float>(moved.tensors[1].values.begin(),
+                               moved.tensors[1].values.end()),
+            (std::vector<float>{-1, -2, -3}));
+}
+
+TEST(ParseModelPayloadTest, DecodesRowsSlices) {
+  const ModelLayout layout = SmallLayout();
+  Wire wire = ValidCommit();
+  wire.header.clear_slices();
+  // w (2 rows of 3) as its row 1, b whole.
+  std::vector<std::byte> rows(RowsPayloadBytes(1, 3));
+  float* values = AddRowsSlice(layout.tensors()[0], std::vector<uint32_t>{1},
+                               rows, &wire.header);
+  const float row[3] = {7, 8, 9};
+  std::memcpy(values, row, sizeof(row));
+  AddTensorSlice(layout.tensors()[1], &wire.header);
+  wire.payload[0].assign(reinterpret_cast<const char*>(rows.data()),
+                         rows.size());
+  Parsed<ModelPayload> parsed =
+      ParseModelPayload(wire.header, Views(wire), layout);
+  ASSERT_TRUE(parsed.ok()) << parsed.rejection().reason;
+  EXPECT_TRUE(parsed->has_rows());
+  ASSERT_TRUE(parsed->tensors[0].rows.has_value());
+  EXPECT_TRUE(parsed->tensors[0].values.empty());
+  EXPECT_EQ(parsed->tensors[0].rows->rows, std::vector<uint32_t>{1});
+  EXPECT_EQ(parsed->tensors[0].rows->values, (std::vector<float>{7, 8, 9}));
+  EXPECT_EQ(parsed->tensors[1].values.size(), 3u);
+}
+
+TEST(ParseModelPayloadTest, RefusesWithTheFirstFailingCheck) {
+  const ModelLayout layout = SmallLayout();
+  struct Case {
+    void (*mutate)(Wire*);
+    pb::ErrorCode code;
+    const char* says;
+  };
+  const Case cases[] = {
+      // Not the whole model: the layout check comes first, even before the
+      // NaN in the remaining slice.
+      {[](Wire* w) {
+         w->header.mutable_slices()->RemoveLast();
+         w->payload.pop_back();
+         const float nan = std::numeric_limits<float>::quiet_NaN();
+         std::memcpy(w->payload[0].data(), &nan, sizeof(nan));
+       },
+       pb::ERROR_OUT_OF_RANGE, "expected one slice per tensor (2), got 1"},
+      {[](Wire* w) {
+         w->header.mutable_slices(1)->set_codec(pb::CODEC_PIPELINE);
+       },
+       pb::ERROR_MALFORMED,
+       "slice 1 ('b') must be encoded as CODEC_RAW or CODEC_ROWS in COMMIT"},
+      {[](Wire* w) {
+         const float inf = std::numeric_limits<float>::infinity();
+         std::memcpy(w->payload[1].data() + 4, &inf, sizeof(inf));
+       },
+       pb::ERROR_NON_FINITE, "Inf in tensor 'b' at element 1"},
+      {[](Wire* w) { w->payload.pop_back(); }, pb::ERROR_SIZE_MISMATCH,
+       "header announces 2 payload frames, message has 1"},
+  };
+  for (const Case& c : cases) {
+    Wire wire = ValidCommit();
+    c.mutate(&wire);
+    const Verdict verdict =
+        RejectionOf(ParseModelPayload(wire.header, Views(wire), layout));
+    ASSERT_TRUE(verdict) << c.says;
+    EXPECT_EQ(verdict->code, c.code) << verdict->reason;
+    EXPECT_EQ(verdict->reason, c.says);
+  }
+}
+
+TEST(ParseCommitTest, HoldsTheFieldsTheUpdateAndTheReads) {
+  const ModelLayout layout = SmallLayout();
+  Wire wire = ValidCommit();
+  pb::RowRead* read = wire.header.mutable_commit()->add_reads();
+  read->set_tensor("w");
+  read->add_rows(1);
+  const std::vector<FrameView> views = Views(wire);
+  Parsed<WorkerCommit> commit = ParseCommit(wire.header, views, layout);
+  ASSERT_TRUE(commit.ok()) << commit.rejection().reason;
+  EXPECT_EQ(commit->fields, &wire.header.commit());
+  EXPECT_EQ(commit->fields->base_version(), 5u);
+  ASSERT_EQ(commit->update.tensors.size(), 2u);
+  ASSERT_EQ(commit->reads.size(), 2u);
+  EXPECT_EQ(commit->reads[0], std::vector<uint32_t>{1});
+  EXPECT_FALSE(commit->reads[1].has_value());
+}
+
+TEST(ParseCommitTest, RefusesTheUpdateBeforeTheReads) {
+  const ModelLayout layout = SmallLayout();
+  Wire wire = ValidCommit();
+  wire.header.mutable_commit()->add_reads()->set_tensor("nope");
+  Verdict verdict = RejectionOf(ParseCommit(wire.header, Views(wire), layout));
+  ASSERT_TRUE(verdict);
+  EXPECT_EQ(verdict->code, pb::ERROR_OUT_OF_RANGE);
+  EXPECT_EQ(verdict->reason, "reads[0] ('nope'): unknown tensor");
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(wire.payload[0].data(), &nan, sizeof(nan));
+  verdict = RejectionOf(ParseCommit(wire.header, Views(wire), layout));
+  ASSERT_TRUE(verdict);
+  EXPECT_EQ(verdict->code, pb::ERROR_NON_FINITE);
+  EXPECT_EQ(verdict->reason, "NaN in tensor 'w' at element 0");
+}
+
 }  // namespace
 }  // namespace meridian

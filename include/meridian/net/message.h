@@ -1,7 +1,9 @@
 // Wire messages: a Protobuf pb::Header in frame 0 and one raw payload frame
 // per header slice. This file holds the pure (socket-free) parts: building
-// headers, decoding frames and validating them against a model layout, so
-// that the decoder can be unit-tested and fuzzed without a network.
+// headers, decoding frames, validating them against a model layout and
+// parsing what a worker and its site server exchange into typed values
+// (ParseModelPayload, ParseCommit), so that the decoder can be unit-tested
+// and fuzzed without a network.
 #ifndef MERIDIAN_NET_MESSAGE_H_
 #define MERIDIAN_NET_MESSAGE_H_
 
@@ -181,6 +183,81 @@ Parsed<DecodedRows> DecodeRows(const pb::TensorSlice& slice,
 using RowReads = std::vector<std::optional<std::vector<uint32_t>>>;
 Parsed<RowReads> ParseRowReads(const pb::Commit& commit,
                                const ModelLayout& layout);
+
+// ---- Whole-model payloads: a worker's COMMIT, a site's MODEL and WELCOME --
+// The one place where such a payload is checked against the model layout
+// and decoded; the site server (commits) and the worker (the model it is
+// answered with) both read it through ParseModelPayload.
+
+// Byte views of received payload frames (anything with data() and size(),
+// e.g. zmq::message_t), in order, for the parse functions below.
+template <typename Frame>
+std::vector<FrameView> ViewFrames(const std::vector<Frame>& frames) {
+  std::vector<FrameView> views;
+  views.reserve(frames.size());
+  for (const Frame& frame : frames) {
+    views.push_back(FrameView{std::span<const std::byte>(
+        static_cast<const std::byte*>(frame.data()), frame.size())});
+  }
+  return views;
+}
+
+// One tensor of a parsed whole-model payload: its values whole (CODEC_RAW)
+// or the rows its slice carries (CODEC_ROWS).
+struct TensorPayload {
+  const TensorInfo* tensor = nullptr;  // in the layout parsed against
+  // CODEC_RAW: the tensor's tensor->size values, finite. Borrowed from the
+  // frame, or from ModelPayload::realigned when the frame's bytes are not
+  // aligned for floats. Empty for CODEC_ROWS.
+  std::span<const float> values;
+  // CODEC_ROWS: the rows and their values, decoded (DecodeRows).
+  std::optional<DecodedRows> rows;
+};
+
+// A payload that covers the whole model, one entry per tensor in layout
+// order. Borrows the frames it was parsed from: use it while they live.
+// Move-only (values may point into `realigned`, which a move keeps).
+struct ModelPayload {
+  ModelPayload() = default;
+  ModelPayload(ModelPayload&&) = default;
+  ModelPayload& operator=(ModelPayload&&) = default;
+  ModelPayload(const ModelPayload&) = delete;
+  ModelPayload& operator=(const ModelPayload&) = delete;
+
+  // Whether any tensor came as rows (a sparse model's commit or answer).
+  bool has_rows() const;
+
+  std::vector<TensorPayload> tensors;  // tensors[t]: layout.tensors()[t]
+  // Copies of the RAW frames a transport handed over at an address not
+  // aligned for floats (ZeroMQ may; usually none).
+  std::vector<std::vector<float>> realigned;
+};
+
+// Parses the payload of a message that carries the whole model (`header`
+// and `frames` as DecodeMessage accepted them): the slices cover every
+// tensor of `layout` once, entirely and in order
+// (CheckSlicesAgainstLayout), each is CODEC_RAW or CODEC_ROWS (CheckCodec),
+// RAW values are finite (CheckFinite) and ROWS payloads decode
+// (DecodeRows). The first failure, in that order, is the rejection.
+Parsed<ModelPayload> ParseModelPayload(const pb::Header& header,
+                                       std::span<const FrameView> frames,
+                                       const ModelLayout& layout);
+
+// A worker's COMMIT parsed against the site's layout: the commit fields,
+// the update and the rows its answer carries. Borrows `header` and the
+// frames it was parsed from.
+struct WorkerCommit {
+  const pb::Commit* fields = nullptr;  // header.commit()
+  ModelPayload update;                 // ParseModelPayload
+  RowReads reads;                      // ParseRowReads
+};
+
+// Parses a COMMIT (`header` and `frames` as DecodeMessage accepted them):
+// ParseModelPayload, then ParseRowReads; the first failure is the
+// rejection.
+Parsed<WorkerCommit> ParseCommit(const pb::Header& header,
+                                 std::span<const FrameView> frames,
+                                 const ModelLayout& layout);
 
 // "COMMIT from site-a/worker#3 seq 17 (2 slices)".
 std::string DescribeHeader(const pb::Header& header);

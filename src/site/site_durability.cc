@@ -1,0 +1,251 @@
+#include "site/site_durability.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <utility>
+
+#include "durable/checkpoint.h"
+#include "meridian/core/format.h"
+#include "meridian/core/log.h"
+
+namespace meridian {
+
+SiteDurability::SiteDurability(const SiteContext& site,
+                               const SiteServerOptions& options, Parts parts)
+    : site_(site), options_(options), parts_(parts) {}
+
+std::string SiteDurability::Fingerprint() const {
+  const std::string layout = site_.layout.DebugString();
+  const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(layout.data()),
+                          static_cast<uInt>(layout.size()));
+  char digest[16];
+  std::snprintf(digest, sizeof(digest), "%08lx", crc);
+  return CheckpointFingerprint(site_.job.name(), site_.name(), site_.job.seed(),
+                               digest);
+}
+
+std::string SiteDurability::CheckpointDir() const {
+  if (!options_.checkpoint_dir.empty()) return options_.checkpoint_dir;
+  const std::string& site = site_.name();
+  if (site_.job.fault().has_checkpoint_dir()) {
+    return site_.job.fault().checkpoint_dir() + "/" + site;
+  }
+  if (!options_.out_dir.empty()) {
+    return options_.out_dir + "/checkpoints/" + site;
+  }
+  return "";
+}
+
+Status SiteDurability::Open() {
+  const pb::FaultConfig& fault = site_.job.fault();
+  const std::string dir = CheckpointDir();
+  if (fault.checkpoint_period_s() <= 0 || dir.empty()) {
+    if (options_.resume) {
+      MLOG(WARNING) << "--resume, but this site keeps no checkpoints ("
+                    << (dir.empty() ? "no --out or checkpoint_dir"
+                                    : "fault.checkpoint_period_s is 0")
+                    << "): starting from the initial model";
+    }
+    return Status::Ok();
+  }
+  SiteCheckpointOptions options;
+  options.dir = dir;
+  options.fingerprint = Fingerprint();
+  options.period_s = fault.checkpoint_period_s();
+  options.fsync_log = fault.fsync_log();
+  Result<std::unique_ptr<SiteCheckpointer>> opened =
+      SiteCheckpointer::Open(std::move(options), options_.resume);
+  if (!opened.ok()) {
+    return opened.status().WithContext("site '" + site_.name() + "'");
+  }
+  checkpointer_ = std::move(*opened);
+  if (checkpointer_->recovered()) {
+    MERIDIAN_RETURN_IF_ERROR(
+        Recover(*checkpointer_->recovered())
+            .WithContext("resuming site '" + site_.name() + "'"));
+    checkpointer_->ForgetRecovered();
+  } else if (options_.resume) {
+    MLOG(INFO) << "--resume: no checkpoint in " << dir
+               << " yet: starting from the initial model";
+  }
+  if (parts_.sync != nullptr) {
+    parts_.sync->EnableCheckpoints();
+    parts_.sync->SetOutgoingLog([this](const pb::LoggedMessage& message) {
+      return checkpointer_->Log(message);
+    });
+  }
+  MLOG(INFO) << "checkpoints every "
+             << FormatSeconds(fault.checkpoint_period_s(), 1) << " s in " << dir
+             << (fault.fsync_log() ? " (log fsynced per update)" : "");
+  return Status::Ok();
+}
+
+Status SiteDurability::Recover(const SiteCheckpointer::Recovered& recovered) {
+  const pb::SiteCheckpoint& meta = recovered.meta;
+  ParameterStore* store = parts_.store;
+  MERIDIAN_RETURN_IF_ERROR(RestoreStoreArrays(
+      recovered.checkpoint, meta.model_version(), store, parts_.sync));
+  if (meta.server_momentum() > 0) store->SetMomentum(meta.server_momentum());
+  if (meta.aggregate_commits() > 0) {
+    const NamedArray* aggregate = recovered.checkpoint.Find("aggregate");
+    if (aggregate == nullptr) {
+      return DataLossError("the checkpoint has " +
+                           std::to_string(meta.aggregate_commits()) +
+                           " commits in an open barrier but no aggregate");
+    }
+    MERIDIAN_RETURN_IF_ERROR(parts_.policy->mutable_aggregate()->Restore(
+        aggregate->values, meta.aggregate_commits()));
+  }
+  int64_t clock = meta.clock();
+  uint64_t retracted = 0;
+  if (parts_.sync != nullptr) {
+    MERIDIAN_ASSIGN_OR_RETURN(
+        retracted, parts_.sync->RestoreState(meta.sync(), recovered.logged,
+                                             &recovered.checkpoint));
+    clock = std::max<int64_t>(clock, parts_.sync->Summary().clock());
+  }
+  parts_.clock->Restore(clock);  // the policy starts again at 0
+  RestoreWorkers(meta);
+  parts_.counters->commits = meta.commits();
+  parts_.counters->rejected = meta.rejected();
+  parts_.counters->pulls = meta.pulls();
+  parts_.phase->Resume(meta.training_s());
+  parts_.evaluator->Restore({meta.timeline().begin(), meta.timeline().end()},
+                            meta.time_to_target_s());
+  parts_.events->Restore(meta.events());
+  recovery_ = meta.recovery();
+  recovery_.set_restarts(recovery_.restarts() + 1);
+  recovery_.set_checkpoint_t_s(meta.training_s());
+  recovery_.set_lost_clock_from(meta.clock());
+  recovery_.set_lost_clock_to(clock);
+  recovery_.set_retracted_updates(recovery_.retracted_updates() +
+                                  static_cast<uint32_t>(retracted));
+  if (meta.finished()) {
+    resumed_finished_ = true;
+    parts_.phase->ResumeFinished(meta.stop_reason(), meta.training_s());
+  }
+  std::string detail =
+      "from " + recovered.path + " (" + FormatSeconds(meta.training_s(), 1) +
+      " s of training, clock " + std::to_string(meta.clock()) + "); " +
+      std::to_string(recovered.logged.size()) +
+      " messages sent after it go out again; " + std::to_string(retracted) +
+      " updates of the lost window taken back from the peers; clock now " +
+      std::to_string(clock);
+  for (const std::string& note : recovered.notes) detail += "; " + note;
+  MLOG(WARNING) << "resumed " << detail;
+  parts_.events->Record(pb::SITE_RECOVERED, "site '" + site_.name() + "'",
+                        detail);
+  return Status::Ok();
+}
+
+void SiteDurability::RestoreWorkers(const pb::SiteCheckpoint& meta) {
+  std::vector<CommitRecord> records;
+  for (const pb::WorkerSlotCheckpoint& slot : meta.workers()) {
+    records.push_back({slot.incarnation(), slot.last_commit_id(),
+                       slot.commits_applied(), slot.incarnations(),
+                       slot.stats(), slot.retired_stats()});
+  }
+  WorkerTable& workers = *parts_.workers;
+  workers.RestoreCommitRecords(records);
+  restored_incarnation_.assign(workers.size(), 0);
+  for (uint32_t i = 0; i < workers.size() && i < records.size(); ++i) {
+    restored_incarnation_[i] = records[i].incarnation;
+  }
+}
+
+void SiteDurability::NoteLostCommits(uint32_t worker, uint64_t commit_id) {
+  if (worker >= restored_incarnation_.size() ||
+      restored_incarnation_[worker] == 0) {
+    return;
+  }
+  const uint64_t incarnation = restored_incarnation_[worker];
+  restored_incarnation_[worker] = 0;
+  const WorkerSlot& slot = (*parts_.workers)[worker];
+  if (slot.incarnation != incarnation || commit_id <= slot.last_commit_id + 1) {
+    return;
+  }
+  const uint64_t lost = commit_id - slot.last_commit_id - 1;
+  recovery_.set_lost_commits(recovery_.lost_commits() +
+                             static_cast<uint32_t>(lost));
+  MLOG(WARNING) << "worker " << slot.Name() << ": " << lost
+                << " commits after the checkpoint were lost with the crash "
+                << "(ids " << slot.last_commit_id + 1 << " to " << commit_id - 1
+                << ")";
+}
+
+void SiteDurability::CheckpointBeforeTraining() {
+  if (!checkpointer_ || recovery_.restarts() > 0) return;
+  TakeCheckpoint(/*finished=*/false);
+  if (Status written = checkpointer_->Flush(); !written.ok()) {
+    MLOG(ERROR) << "cannot write the first checkpoint: " << written;
+  }
+}
+
+void SiteDurability::MaybeCheckpoint() {
+  if (!checkpointer_) return;
+  SyncEngine* sync = parts_.sync;
+  if (std::optional<pb::SyncCheckpoint> durable = checkpointer_->TakeDurable();
+      durable && sync != nullptr) {
+    sync->NoteDurable(*durable);
+  }
+  if (!parts_.phase->running()) return;
+  if (!checkpointer_->Due(site_.Now(),
+                          sync != nullptr && sync->CheckpointWanted())) {
+    return;
+  }
+  TakeCheckpoint(/*finished=*/false);
+}
+
+void SiteDurability::FinalCheckpoint() {
+  if (!checkpointer_ || resumed_finished_) return;
+  TakeCheckpoint(/*finished=*/true);
+  if (Status flushed = checkpointer_->Flush(); !flushed.ok()) {
+    MLOG(ERROR) << "cannot write the final checkpoint: " << flushed;
+  }
+}
+
+void SiteDurability::TakeCheckpoint(bool finished) {
+  const ParameterStore& store = *parts_.store;
+  const WorkerTable& workers = *parts_.workers;
+  pb::SiteCheckpoint meta;
+  meta.set_site(site_.name());
+  meta.set_model_version(store.version());
+  meta.set_clock(parts_.clock->value());
+  meta.set_training_s(parts_.phase->CheckpointSeconds());
+  meta.set_commits(parts_.counters->commits.load());
+  meta.set_rejected(parts_.counters->rejected);
+  meta.set_pulls(parts_.counters->pulls);
+  meta.set_duplicate_commits(workers.duplicate_commits());
+  meta.set_server_momentum(store.rule().momentum);
+  meta.set_time_to_target_s(parts_.evaluator->time_to_target_s());
+  for (const pb::EvalPoint& point : parts_.evaluator->Timeline()) {
+    *meta.add_timeline() = point;
+  }
+  parts_.events->CopyTo(meta.mutable_events());
+  *meta.mutable_recovery() = recovery_;
+  for (const CommitRecord& record : workers.CommitRecords()) {
+    pb::WorkerSlotCheckpoint* slot = meta.add_workers();
+    slot->set_incarnation(record.incarnation);
+    slot->set_last_commit_id(record.last_commit_id);
+    slot->set_commits_applied(record.commits_applied);
+    slot->set_incarnations(record.incarnations);
+    *slot->mutable_stats() = record.stats;
+    *slot->mutable_retired_stats() = record.retired_stats;
+  }
+  if (parts_.sync != nullptr) parts_.sync->SaveState(meta.mutable_sync());
+  std::vector<NamedArray> arrays = StoreArrays(store, parts_.sync);
+  const UpdateAccumulator& aggregate = parts_.policy->aggregate();
+  if (aggregate.count() > 0) {
+    meta.set_aggregate_commits(aggregate.count());
+    arrays.push_back(
+        {"aggregate", {aggregate.sum().begin(), aggregate.sum().end()}});
+  }
+  meta.set_finished(finished);
+  if (finished) meta.set_stop_reason(parts_.phase->stop_reason());
+  checkpointer_->Submit(std::move(meta), std::move(arrays), site_.Now());
+}
+
+}  // namespace meridian
