@@ -5,6 +5,22 @@
 
 namespace meridian {
 
+std::string_view ElementTypeName(ElementType type) {
+  switch (type) {
+    case ElementType::kF32: return "F32";
+    case ElementType::kF16: return "F16";
+    case ElementType::kBF16: return "BF16";
+    case ElementType::kF64: return "F64";
+    case ElementType::kI64: return "I64";
+    case ElementType::kI32: return "I32";
+    case ElementType::kI16: return "I16";
+    case ElementType::kI8: return "I8";
+    case ElementType::kU8: return "U8";
+    case ElementType::kBool: return "BOOL";
+  }
+  return "?";
+}
+
 size_t ElementSize(ElementType type) {
   switch (type) {
     case ElementType::kF64:
@@ -110,6 +126,59 @@ bool operator==(const ModelLayout& a, const ModelLayout& b) {
     }
   }
   return true;
+}
+
+}  // namespace meridian
+
+namespace meridian {
+namespace {
+
+// "[128,784] F32"
+std::string ShapeAndType(const TensorInfo& tensor) {
+  std::string out = "[";
+  for (size_t i = 0; i < tensor.shape.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(tensor.shape[i]);
+  }
+  out += "] ";
+  out += ElementTypeName(tensor.type);
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> ModelLayout::FirstDifference(
+    const ModelLayout& other, std::string_view this_name,
+    std::string_view other_name) const {
+  const std::string ours(this_name), theirs(other_name);
+  const size_t common = std::min(tensors_.size(), other.tensors_.size());
+  for (size_t i = 0; i < common; ++i) {
+    const TensorInfo& a = tensors_[i];
+    const TensorInfo& b = other.tensors_[i];
+    const std::string where = "tensor " + std::to_string(i) + " ";
+    if (a.name != b.name) {
+      const TensorInfo* elsewhere = other.Find(a.name);
+      return where + "is '" + b.name + "' in " + theirs + ", '" + a.name +
+             "' in " + ours +
+             (elsewhere == nullptr ? " (" + theirs + " has no '" + a.name + "')"
+                                   : " (the order differs)");
+    }
+    if (a.shape != b.shape || a.type != b.type) {
+      return where + "'" + a.name + "': " + ShapeAndType(b) + " in " + theirs +
+             ", " + ShapeAndType(a) + " in " + ours;
+    }
+  }
+  if (tensors_.size() > common) {
+    return theirs + " has no tensor '" + tensors_[common].name +
+           "' (tensor " + std::to_string(common) + " of " +
+           std::to_string(tensors_.size()) + " in " + ours + ")";
+  }
+  if (other.tensors_.size() > common) {
+    return ours + " has no tensor '" + other.tensors_[common].name +
+           "' (tensor " + std::to_string(common) + " of " +
+           std::to_string(other.tensors_.size()) + " in " + theirs + ")";
+  }
+  return std::nullopt;
 }
 
 }  // namespace meridian

@@ -17,6 +17,9 @@ void LayoutToSpecs(const ModelLayout& layout,
     pb::TensorSpec* spec = specs->Add();
     spec->set_name(info.name);
     for (uint64_t dim : info.shape) spec->add_shape(dim);
+    // F32, the type of every built-in model, stays implicit: older peers
+    // send no type.
+    if (info.type != ElementType::kF32) spec->set_type(TensorTypeOf(info.type));
   }
 }
 
@@ -24,11 +27,36 @@ Result<ModelLayout> LayoutFromSpecs(
     const google::protobuf::RepeatedPtrField<pb::TensorSpec>& specs) {
   ModelLayout layout;
   for (const pb::TensorSpec& spec : specs) {
+    MERIDIAN_ASSIGN_OR_RETURN(const ElementType type,
+                              ElementTypeOf(spec.type(), spec.name()));
     MERIDIAN_RETURN_IF_ERROR(layout.Add(
         spec.name(),
-        std::vector<uint64_t>(spec.shape().begin(), spec.shape().end())));
+        std::vector<uint64_t>(spec.shape().begin(), spec.shape().end()),
+        type));
   }
   return layout;
+}
+
+pb::TensorType TensorTypeOf(ElementType type) {
+  switch (type) {
+    case ElementType::kF16: return pb::TENSOR_TYPE_F16;
+    case ElementType::kBF16: return pb::TENSOR_TYPE_BF16;
+    case ElementType::kF64: return pb::TENSOR_TYPE_F64;
+    default: return pb::TENSOR_TYPE_F32;
+  }
+}
+
+Result<ElementType> ElementTypeOf(pb::TensorType type,
+                                  std::string_view tensor) {
+  switch (type) {
+    case pb::TENSOR_TYPE_UNSPECIFIED:
+    case pb::TENSOR_TYPE_F32: return ElementType::kF32;
+    case pb::TENSOR_TYPE_F16: return ElementType::kF16;
+    case pb::TENSOR_TYPE_BF16: return ElementType::kBF16;
+    case pb::TENSOR_TYPE_F64: return ElementType::kF64;
+  }
+  return InvalidArgumentError("tensor '" + std::string(tensor) +
+                              "' has an unknown type " + std::to_string(type));
 }
 
 namespace {

@@ -59,14 +59,16 @@ void Membership::HandleHello(const Envelope& message) {
                       "' serves " + workers_->Describe()});
   }
   Result<ModelLayout> layout = LayoutFromSpecs(hello.layout());
-  if (!layout.ok() || !(*layout == site_.layout)) {
+  const std::optional<std::string> difference =
+      layout.ok() ? site_.layout.FirstDifference(*layout, "the site's model",
+                                                 "the worker's model")
+                  : layout.status().message();
+  if (difference) {
     return endpoint_->Refuse(
         message,
         {pb::ERROR_LAYOUT_MISMATCH,
-         "worker's model [" +
-             (layout.ok() ? layout->DebugString() : layout.status().message()) +
-             "] differs from the site's [" + site_.layout.DebugString() +
-             "]: are both started from the same job file?"});
+         "the worker's model differs from the site's: " + *difference +
+             " (are both built from the same job file and weights?)"});
   }
   const uint32_t worker = *found;
   const bool same_process =

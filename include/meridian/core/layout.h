@@ -4,6 +4,7 @@
 #define MERIDIAN_CORE_LAYOUT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,8 @@ namespace meridian {
 enum class ElementType { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8,
                          kBool };
 
+// "F32", "BF16", "I64" ... (the safetensors names).
+std::string_view ElementTypeName(ElementType type);
 // Bytes of one element of `type`.
 size_t ElementSize(ElementType type);
 // Whether `type` is a floating-point type (the types a layout may hold:
@@ -57,6 +60,14 @@ class ModelLayout {
   std::string DebugString() const;
 
   friend bool operator==(const ModelLayout& a, const ModelLayout& b);
+
+  // nullopt when `other` equals this layout; otherwise the first
+  // difference in words, naming the tensor, e.g. "tensor 2 'fc1.weight':
+  // shape [128,784] F32 in <other_name>, [256,784] F32 in <this_name>", or
+  // "<other_name> has no tensor 'bn.running_var' (tensor 4 in <this_name>)".
+  std::optional<std::string> FirstDifference(const ModelLayout& other,
+                                             std::string_view this_name,
+                                             std::string_view other_name) const;
 
  private:
   std::vector<TensorInfo> tensors_;

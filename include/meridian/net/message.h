@@ -27,6 +27,10 @@ void LayoutToSpecs(const ModelLayout& layout,
                    google::protobuf::RepeatedPtrField<pb::TensorSpec>* specs);
 Result<ModelLayout> LayoutFromSpecs(
     const google::protobuf::RepeatedPtrField<pb::TensorSpec>& specs);
+// A tensor's element type on the wire and back (UNSPECIFIED reads as F32;
+// `tensor` names it in the error for an unknown number).
+pb::TensorType TensorTypeOf(ElementType type);
+Result<ElementType> ElementTypeOf(pb::TensorType type, std::string_view tensor);
 
 inline constexpr uint32_t kProtocolVersion = pb::PROTOCOL_VERSION_CURRENT;
 
