@@ -163,6 +163,52 @@ struct RunFlags {
   int max_restarts = -1;  // -1: the job file's fault.max_restarts
 };
 
+// What `meridian run` prints once the job ended well: the target, the final
+// metric, the WAN and edge bytes, the faults, and where the report is.
+void PrintRunSummary(const pb::RunReport& report, const std::string& out_dir) {
+  const char* metric = report.metric().c_str();
+  if (report.reached_target()) {
+    std::printf("reached target %s %.4f at %.1f s of training\n", metric,
+                report.target_metric(), report.time_to_target_s());
+  } else if (report.target_metric() > 0) {
+    std::printf("did not reach target %s %.4f (%s)\n", metric,
+                report.target_metric(), report.outcome().c_str());
+  }
+  if (report.metric() == "accuracy") {
+    std::printf("final accuracy %.4f, loss %.4f, wall time %.1f s\n",
+                report.final_accuracy(), report.final_loss(),
+                report.wall_s());
+  } else {
+    std::printf("final %s %.4f (accuracy %.4f), loss %.4f, wall time %.1f s\n",
+                metric, report.final_metric(), report.final_accuracy(),
+                report.final_loss(), report.wall_s());
+  }
+  if (report.wan_bytes_total() > 0) {
+    std::printf(
+        "WAN: %.2f MB over %d link directions; BSP over the WAN would have "
+        "sent %.2f MB for the same work (%.0fx less)\n",
+        report.wan_bytes_total() / 1e6, report.links_size(),
+        report.dense_equivalent_bytes() / 1e6, report.wan_reduction());
+  }
+  if (report.edge_links_size() > 0) {
+    std::printf(
+        "edge: %.2f MB over %d access-link directions (workers.link; not "
+        "WAN)\n",
+        report.edge_bytes_total() / 1e6, report.edge_links_size());
+  }
+  if (!report.events().empty()) {
+    std::printf("faults: %d events (report.json \"events\")",
+                report.events_size());
+    if (report.wan_uncounted_s() > 0) {
+      std::printf("; up to %.1f s of WAN traffic uncounted (wanem restarts)",
+                  report.wan_uncounted_s());
+    }
+    std::printf("\n");
+  }
+  std::printf("report: %s/report.json\ntimeline: %s/timeline.csv\n",
+              out_dir.c_str(), out_dir.c_str());
+}
+
 int Run(const RunFlags& flags) {
   std::string path = flags.config;
   std::string out_dir = flags.out_dir;
@@ -220,47 +266,7 @@ int Run(const RunFlags& flags) {
     }
     return stop->load() ? kExitInterrupted : kExitFailure;
   }
-  const char* metric = report->metric().c_str();
-  if (report->reached_target()) {
-    std::printf("reached target %s %.4f at %.1f s of training\n", metric,
-                report->target_metric(), report->time_to_target_s());
-  } else if (report->target_metric() > 0) {
-    std::printf("did not reach target %s %.4f (%s)\n", metric,
-                report->target_metric(), report->outcome().c_str());
-  }
-  if (report->metric() == "accuracy") {
-    std::printf("final accuracy %.4f, loss %.4f, wall time %.1f s\n",
-                report->final_accuracy(), report->final_loss(),
-                report->wall_s());
-  } else {
-    std::printf("final %s %.4f (accuracy %.4f), loss %.4f, wall time %.1f s\n",
-                metric, report->final_metric(), report->final_accuracy(),
-                report->final_loss(), report->wall_s());
-  }
-  if (report->wan_bytes_total() > 0) {
-    std::printf(
-        "WAN: %.2f MB over %d link directions; BSP over the WAN would have "
-        "sent %.2f MB for the same work (%.0fx less)\n",
-        report->wan_bytes_total() / 1e6, report->links_size(),
-        report->dense_equivalent_bytes() / 1e6, report->wan_reduction());
-  }
-  if (report->edge_links_size() > 0) {
-    std::printf(
-        "edge: %.2f MB over %d access-link directions (workers.link; not "
-        "WAN)\n",
-        report->edge_bytes_total() / 1e6, report->edge_links_size());
-  }
-  if (!report->events().empty()) {
-    std::printf("faults: %d events (report.json \"events\")",
-                report->events_size());
-    if (report->wan_uncounted_s() > 0) {
-      std::printf("; up to %.1f s of WAN traffic uncounted (wanem restarts)",
-                  report->wan_uncounted_s());
-    }
-    std::printf("\n");
-  }
-  std::printf("report: %s/report.json\ntimeline: %s/timeline.csv\n",
-              out_dir.c_str(), out_dir.c_str());
+  PrintRunSummary(*report, out_dir);
   return stop->load() ? kExitInterrupted : 0;
 }
 
