@@ -444,8 +444,8 @@ struct UpdateEncoder::State {
     header[1] = compression::kMagic1;
     header[compression::kVersionOffset] =
         static_cast<std::byte>(kCompressionFormatVersion);
-    header[compression::kCodingsOffset] = static_cast<std::byte>(
-        CodingsByte(value_coding, layout.coding, zstd));
+    header[compression::kCodingsOffset] =
+        static_cast<std::byte>(CodingsByte(value_coding, layout.coding, zstd));
     std::memset(header + compression::kChecksumOffset, 0, 4);
     std::byte* p = header + kFixedHeaderBytes;
     p = compression::WriteVarint(n, p);

@@ -176,8 +176,7 @@ void PrintRunSummary(const pb::RunReport& report, const std::string& out_dir) {
   }
   if (report.metric() == "accuracy") {
     std::printf("final accuracy %.4f, loss %.4f, wall time %.1f s\n",
-                report.final_accuracy(), report.final_loss(),
-                report.wall_s());
+                report.final_accuracy(), report.final_loss(), report.wall_s());
   } else {
     std::printf("final %s %.4f (accuracy %.4f), loss %.4f, wall time %.1f s\n",
                 metric, report.final_metric(), report.final_accuracy(),
@@ -272,10 +271,10 @@ int Run(const RunFlags& flags) {
 
 // `meridian top`.
 struct TopFlags {
-  std::string config;      // CONFIG
-  std::string run_dir;     // --run
+  std::string config;       // CONFIG
+  std::string run_dir;      // --run
   double interval_s = 2.0;  // --interval
-  bool once = false;       // --once
+  bool once = false;        // --once
 };
 
 // `meridian top`: a live table of the job's sites from their metrics
@@ -440,10 +439,10 @@ int Presets(bool json) {
 
 // `meridian worker`.
 struct WorkerFlags {
-  std::string config;  // --config
-  std::string site;    // --site
-  uint32_t index = 0;  // --index
-  uint32_t threads = 0;  // --threads
+  std::string config;      // --config
+  std::string site;        // --site
+  uint32_t index = 0;      // --index
+  uint32_t threads = 0;    // --threads
   std::string connect;     // --connect
   std::string metrics;     // --metrics
   std::string secret_key;  // --secret-key
@@ -865,7 +864,9 @@ void AddKeygenAndWorkerCommands(CLI::App* app, Flags* flags,
       "Write a site's CURVE key pair (DIR/NAME.key, mode 0600, and "
       "DIR/NAME.pub) and print the job-file line with its public key");
   keygen->add_option("--site", flags->keygen.site, "site name")->required();
-  keygen->add_option("--out", flags->keygen.out_dir, "directory for the key files")
+  keygen
+      ->add_option("--out", flags->keygen.out_dir,
+                   "directory for the key files")
       ->required();
 
   CLI::App* worker = commands->worker =
@@ -873,8 +874,9 @@ void AddKeygenAndWorkerCommands(CLI::App* app, Flags* flags,
   worker->add_option("--config", flags->worker.config, "job file")->required();
   worker->add_option("--site", flags->worker.site, "site name in the job file")
       ->required();
-  worker->add_option("--index", flags->worker.index,
-                     "worker index inside the site")
+  worker
+      ->add_option("--index", flags->worker.index,
+                   "worker index inside the site")
       ->required();
   worker
       ->add_option("--threads", flags->worker.threads,

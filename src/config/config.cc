@@ -203,8 +203,10 @@ std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config) {
   const IssueReporter root(&issues);
   config_internal::ValidateSites(config, root);
   config_internal::ValidateModel(config.model(), root.Nested("model"));
-  config_internal::ValidateData(config.data(), config.site_size(), root.Nested("data"));
-  config_internal::ValidateOptimizer(config.optimizer(), root.Nested("optimizer"));
+  config_internal::ValidateData(config.data(), config.site_size(),
+                                root.Nested("data"));
+  config_internal::ValidateOptimizer(config.optimizer(),
+                                     root.Nested("optimizer"));
   config_internal::ValidateServer(config.server(), root.Nested("server"));
   config_internal::ValidatePolicy(config.policy(), root.Nested("policy"));
   config_internal::ValidateWan(config, root.Nested("wan"), root);

@@ -24,10 +24,10 @@
 #include <string>
 #include <vector>
 
-#include "meridian/job.pb.h"
-#include "meridian/report.pb.h"
 #include "meridian/core/status.h"
+#include "meridian/job.pb.h"
 #include "meridian/launch/run_manifest.h"
+#include "meridian/report.pb.h"
 #include "report/fault_events.h"
 
 namespace meridian {
