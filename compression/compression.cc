@@ -319,17 +319,20 @@ struct UpdateEncoder::State {
     return compression::CompactTopK(x, n, threshold, pos, val);
   }
 
-  // Lays out the message of the selected entries of a slice of n
-  // elements with the `requested` index coding (AUTO: the smallest) and
-  // writes the residual. `dense_input` is the whole slice
-  // when it can serve as the value array of INDEX_DENSE (a dense input of
-  // which every non-zero entry is selected), else null. `input` and
-  // `residual` are the caller's values and residual span (residual may be
-  // empty, or alias input exactly).
-  EncodedUpdate Assemble(uint64_t n, pb::IndexCoding requested,
-                         const Selected& sel, const float* dense_input,
-                         std::span<const float> input,
-                         std::span<float> residual) {
+  // The sections of a message: its index coding and their sizes.
+  struct BodyLayout {
+    pb::IndexCoding coding = pb::INDEX_DENSE;
+    uint64_t sent = 0;  // values sent: n (INDEX_DENSE) or the selection's m
+    uint64_t index_bytes = 0;
+    uint64_t value_bytes = 0;
+    uint64_t body_bytes() const { return index_bytes + value_bytes; }
+  };
+
+  // The layout of the message of the selected entries of a slice of n
+  // elements with the `requested` index coding: forced, or (AUTO) the
+  // smallest body (delta-varint's size is computed only when it can win).
+  BodyLayout PlanBody(uint64_t n, pb::IndexCoding requested,
+                      const Selected& sel) const {
     const pb::ValueCoding value_coding = config.value_coding();
     const uint32_t block = config.block_size();
     const uint64_t bitmap_bytes = compression::BitmapBytes(n);
@@ -338,8 +341,6 @@ struct UpdateEncoder::State {
     const uint64_t sparse_value_bytes =
         compression::ValueSectionBytes(value_coding, sel.m, block);
 
-    // Index coding: forced, or the smallest body (delta-varint's size is
-    // computed only when it can win).
     pb::IndexCoding coding = requested;
     uint64_t delta_bytes = 0;
     if (coding == pb::INDEX_AUTO) {
@@ -359,33 +360,26 @@ struct UpdateEncoder::State {
       delta_bytes = compression::DeltaVarintBytes(sel.indices, sel.m);
     }
 
-    const uint64_t sent = coding == pb::INDEX_DENSE ? n : sel.m;
-    const uint64_t index_bytes = coding == pb::INDEX_DENSE    ? 0
-                                 : coding == pb::INDEX_BITMAP ? bitmap_bytes
-                                                              : delta_bytes;
-    const uint64_t value_bytes =
+    BodyLayout layout;
+    layout.coding = coding;
+    layout.sent = coding == pb::INDEX_DENSE ? n : sel.m;
+    layout.index_bytes = coding == pb::INDEX_DENSE    ? 0
+                         : coding == pb::INDEX_BITMAP ? bitmap_bytes
+                                                      : delta_bytes;
+    layout.value_bytes =
         coding == pb::INDEX_DENSE ? dense_value_bytes : sparse_value_bytes;
-    const uint64_t body_bytes = index_bytes + value_bytes;
+    return layout;
+  }
 
-    const bool want_zstd = cctx != nullptr;
-    // (Never a null pointer, even for an empty body: the stages memset
-    // and memcpy through it.)
-    std::byte* body_at =
-        want_zstd ? Grow(body, std::max<uint64_t>(body_bytes, 1))
-                  : Grow(out, kMaxCompressionHeaderBytes + body_bytes) +
-                        kMaxCompressionHeaderBytes;
-
-    // Index section.
-    if (coding == pb::INDEX_BITMAP) {
-      compression::WriteBitmap(sel.indices, sel.m, n, body_at);
-    } else if (coding == pb::INDEX_DELTA_VARINT) {
-      compression::WriteDeltaVarint(sel.indices, sel.m, body_at);
-    }
-
-    // Value section and residuals.
+  // Writes the value section of the selection (n elements in the slice)
+  // at `values_at` and the residual, as Assemble describes them.
+  void WriteValues(uint64_t n, pb::IndexCoding coding, const Selected& sel,
+                   const float* dense_input, std::span<const float> input,
+                   std::span<float> residual, std::byte* values_at) {
+    const pb::ValueCoding value_coding = config.value_coding();
+    const uint32_t block = config.block_size();
     const compression::RoundingMode rounding{
         config.rounding() == pb::ROUND_STOCHASTIC, Key(kRoundingStream)};
-    std::byte* values_at = body_at + index_bytes;
     const bool want_residual = !residual.empty();
     if (coding == pb::INDEX_DENSE && dense_input != nullptr) {
       // The input itself is the value array; its residual is the caller's
@@ -417,57 +411,102 @@ struct UpdateEncoder::State {
                                 sel.m, values_at, r);
       if (want_residual) ScatterResiduals(sel, r, input, residual);
     }
+  }
 
-    // zstd, kept only when it shrinks the body.
-    bool zstd = false;
-    uint64_t payload_bytes = body_bytes;
-    if (want_zstd) {
-      const size_t bound = ZSTD_compressBound(body_bytes);
-      std::byte* dst = Grow(out, kMaxCompressionHeaderBytes +
-                                     std::max<size_t>(bound, body_bytes)) +
-                       kMaxCompressionHeaderBytes;
-      const size_t written =
-          body_bytes == 0
-              ? 0
-              : ZSTD_compress2(cctx.get(), dst, bound, body.data(), body_bytes);
-      if (body_bytes > 0 && !ZSTD_isError(written) && written < body_bytes) {
-        zstd = true;
-        payload_bytes = written;
-      } else if (body_bytes > 0) {
-        std::memcpy(dst, body.data(), body_bytes);
-      }
+  // Moves the body (in `body`) behind the room for the header in `out`,
+  // through zstd when that shrinks it; returns the payload's bytes and
+  // sets *zstd when it is compressed. Only with a zstd stage (cctx).
+  uint64_t CompressBody(uint64_t body_bytes, bool* zstd) {
+    *zstd = false;
+    const size_t bound = ZSTD_compressBound(body_bytes);
+    std::byte* dst = Grow(out, kMaxCompressionHeaderBytes +
+                                   std::max<size_t>(bound, body_bytes)) +
+                     kMaxCompressionHeaderBytes;
+    const size_t written =
+        body_bytes == 0
+            ? 0
+            : ZSTD_compress2(cctx.get(), dst, bound, body.data(), body_bytes);
+    if (body_bytes > 0 && !ZSTD_isError(written) && written < body_bytes) {
+      *zstd = true;
+      return written;
     }
+    if (body_bytes > 0) std::memcpy(dst, body.data(), body_bytes);
+    return body_bytes;
+  }
 
-    // Header, right before the body.
+  // Writes the header right before the payload in `out` and seals the
+  // checksum; returns the whole message.
+  std::span<std::byte> SealMessage(uint64_t n, const BodyLayout& layout,
+                                   bool zstd, uint64_t payload_bytes) {
+    const pb::ValueCoding value_coding = config.value_coding();
     std::byte header[kMaxCompressionHeaderBytes];
     header[0] = compression::kMagic0;
     header[1] = compression::kMagic1;
     header[compression::kVersionOffset] =
         static_cast<std::byte>(kCompressionFormatVersion);
     header[compression::kCodingsOffset] =
-        static_cast<std::byte>(CodingsByte(value_coding, coding, zstd));
+        static_cast<std::byte>(CodingsByte(value_coding, layout.coding, zstd));
     std::memset(header + compression::kChecksumOffset, 0, 4);
     std::byte* p = header + kFixedHeaderBytes;
     p = compression::WriteVarint(n, p);
-    p = compression::WriteVarint(sent, p);
+    p = compression::WriteVarint(layout.sent, p);
     if (compression::HasScales(value_coding)) {
-      p = compression::WriteVarint(block, p);
+      p = compression::WriteVarint(config.block_size(), p);
     }
-    if (coding == pb::INDEX_DELTA_VARINT) {
-      p = compression::WriteVarint(index_bytes, p);
+    if (layout.coding == pb::INDEX_DELTA_VARINT) {
+      p = compression::WriteVarint(layout.index_bytes, p);
     }
     const size_t header_bytes = static_cast<size_t>(p - header);
     std::byte* start = out.data() + kMaxCompressionHeaderBytes - header_bytes;
     std::memcpy(start, header, header_bytes);
     const std::span<std::byte> encoded(start, header_bytes + payload_bytes);
     compression::SealChecksum(encoded);
+    return encoded;
+  }
+
+  // Lays out the message of the selected entries of a slice of n
+  // elements with the `requested` index coding (AUTO: the smallest) and
+  // writes the residual. `dense_input` is the whole slice
+  // when it can serve as the value array of INDEX_DENSE (a dense input of
+  // which every non-zero entry is selected), else null. `input` and
+  // `residual` are the caller's values and residual span (residual may be
+  // empty, or alias input exactly).
+  EncodedUpdate Assemble(uint64_t n, pb::IndexCoding requested,
+                         const Selected& sel, const float* dense_input,
+                         std::span<const float> input,
+                         std::span<float> residual) {
+    const BodyLayout layout = PlanBody(n, requested, sel);
+    const uint64_t body_bytes = layout.body_bytes();
+    const bool want_zstd = cctx != nullptr;
+    // (Never a null pointer, even for an empty body: the stages memset
+    // and memcpy through it.)
+    std::byte* body_at =
+        want_zstd ? Grow(body, std::max<uint64_t>(body_bytes, 1))
+                  : Grow(out, kMaxCompressionHeaderBytes + body_bytes) +
+                        kMaxCompressionHeaderBytes;
+
+    // Index section.
+    if (layout.coding == pb::INDEX_BITMAP) {
+      compression::WriteBitmap(sel.indices, sel.m, n, body_at);
+    } else if (layout.coding == pb::INDEX_DELTA_VARINT) {
+      compression::WriteDeltaVarint(sel.indices, sel.m, body_at);
+    }
+    // Value section and residuals.
+    WriteValues(n, layout.coding, sel, dense_input, input, residual,
+                body_at + layout.index_bytes);
+    // zstd, kept only when it shrinks the body.
+    bool zstd = false;
+    const uint64_t payload_bytes =
+        want_zstd ? CompressBody(body_bytes, &zstd) : body_bytes;
+    const std::span<std::byte> encoded =
+        SealMessage(n, layout, zstd, payload_bytes);
 
     EncodedUpdate result;
     result.bytes = encoded;
     result.summary.size = n;
     result.summary.selected = sel.m;
-    result.summary.sent = sent;
-    result.summary.index_coding = coding;
+    result.summary.sent = layout.sent;
+    result.summary.index_coding = layout.coding;
     result.summary.zstd = zstd;
     result.summary.body_bytes = body_bytes;
     result.summary.encoded_bytes = encoded.size();
@@ -686,11 +725,10 @@ Result<EncodedUpdate> UpdateEncoder::EncodeSparse(
 
 namespace {
 
-// InspectEncoded, refusing slices of more than max_elements elements as
-// soon as the size field is read (OutOfRange).
-Result<EncodedInfo> ParseEncoded(std::span<const std::byte> encoded,
-                                 const DecodeOptions& options,
-                                 uint64_t max_elements) {
+// The fixed header of `encoded`: magic, version, checksum (when
+// options.verify_checksum) and the codings byte.
+Result<EncodedInfo> ParseFixedHeader(std::span<const std::byte> encoded,
+                                     const DecodeOptions& options) {
   if (encoded.size() < kFixedHeaderBytes) {
     return DataLossError(
         "encoded update truncated: " + std::to_string(encoded.size()) +
@@ -731,7 +769,16 @@ Result<EncodedInfo> ParseEncoded(std::span<const std::byte> encoded,
   info.value_coding = static_cast<pb::ValueCoding>(value);
   info.index_coding = static_cast<pb::IndexCoding>(index);
   info.zstd = (codings & compression::kZstdBit) != 0;
+  return info;
+}
 
+// The varint fields after the fixed header (size, count, block size, index
+// section size): sets their fields of *info, its body_bytes and
+// header_bytes. Refuses slices of more than max_elements elements as soon
+// as the size field is read (OutOfRange).
+Status ParseHeaderFields(std::span<const std::byte> encoded,
+                         uint64_t max_elements, EncodedInfo* info_out) {
+  EncodedInfo& info = *info_out;
   const std::byte* p = encoded.data() + kFixedHeaderBytes;
   const std::byte* const end = encoded.data() + encoded.size();
   uint64_t field;
@@ -790,14 +837,20 @@ Result<EncodedInfo> ParseEncoded(std::span<const std::byte> encoded,
       compression::ValueSectionBytes(info.value_coding, info.count,
                                      std::max<uint32_t>(info.block_size, 1));
   info.header_bytes = static_cast<size_t>(p - encoded.data());
-  const std::span<const std::byte> payload = encoded.subspan(info.header_bytes);
+  return Status::Ok();
+}
+
+// The payload after the header: exactly the body, or one zstd frame that
+// declares the body's size.
+Status CheckPayload(std::span<const std::byte> payload,
+                    const EncodedInfo& info) {
   if (!info.zstd) {
     if (payload.size() != info.body_bytes) {
       return DataLossError(
           "encoded update body has " + std::to_string(payload.size()) +
           " bytes, its header says " + std::to_string(info.body_bytes));
     }
-    return info;
+    return Status::Ok();
   }
   // One zstd frame, exactly, declaring the body's size.
   if (info.body_bytes == 0) {
@@ -817,6 +870,19 @@ Result<EncodedInfo> ParseEncoded(std::span<const std::byte> encoded,
         "encoded update: the zstd frame is truncated or "
         "followed by other bytes");
   }
+  return Status::Ok();
+}
+
+// InspectEncoded, refusing slices of more than max_elements elements as
+// soon as the size field is read (OutOfRange).
+Result<EncodedInfo> ParseEncoded(std::span<const std::byte> encoded,
+                                 const DecodeOptions& options,
+                                 uint64_t max_elements) {
+  MERIDIAN_ASSIGN_OR_RETURN(EncodedInfo info,
+                            ParseFixedHeader(encoded, options));
+  MERIDIAN_RETURN_IF_ERROR(ParseHeaderFields(encoded, max_elements, &info));
+  MERIDIAN_RETURN_IF_ERROR(
+      CheckPayload(encoded.subspan(info.header_bytes), info));
   return info;
 }
 

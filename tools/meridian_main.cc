@@ -16,6 +16,9 @@
 #include "meridian/config/config.h"
 #include "meridian/train/dataset.h"
 #include "meridian/launch/launcher.h"
+#include "meridian/launch/run_manifest.h"
+#include "meridian/launch/site_workers.h"
+#include "meridian/launch/stop_signals.h"
 #include "meridian/train/local_training.h"
 #include "meridian/core/log.h"
 #include "meridian/train/model.h"
@@ -118,10 +121,20 @@ int Validate(const std::string& path) {
   return 0;
 }
 
-int Local(const std::string& path, uint64_t samples, int threads) {
+// `meridian local`.
+struct LocalFlags {
+  std::string config;
+  uint64_t samples = 0;  // --samples
+  int threads = 1;       // --threads
+};
+
+int Local(const LocalFlags& flags) {
   pb::JobConfig job;
-  if (!LoadJob(path, &job) || !CheckModelFitsData(job)) return kExitBadInput;
-  Result<LocalTrainingResult> result = TrainLocally(job, samples, threads);
+  if (!LoadJob(flags.config, &job) || !CheckModelFitsData(job)) {
+    return kExitBadInput;
+  }
+  Result<LocalTrainingResult> result =
+      TrainLocally(job, flags.samples, flags.threads);
   if (!result.ok()) {
     std::fprintf(stderr, "meridian local: %s\n",
                  result.status().message().c_str());
@@ -141,14 +154,63 @@ int Local(const std::string& path, uint64_t samples, int threads) {
   return 0;
 }
 
-// `meridian run` flags beyond the job file and --out.
+// `meridian run`.
 struct RunFlags {
-  std::string resume;  // --resume DIR
+  std::string config;   // FILE
+  std::string out_dir;  // --out
+  std::string resume;   // --resume DIR
   bool fail_fast = false;
   int max_restarts = -1;  // -1: the job file's fault.max_restarts
 };
 
-int Run(std::string path, std::string out_dir, const RunFlags& flags) {
+// What `meridian run` prints once the job ended well: the target, the final
+// metric, the WAN and edge bytes, the faults, and where the report is.
+void PrintRunSummary(const pb::RunReport& report, const std::string& out_dir) {
+  const char* metric = report.metric().c_str();
+  if (report.reached_target()) {
+    std::printf("reached target %s %.4f at %.1f s of training\n", metric,
+                report.target_metric(), report.time_to_target_s());
+  } else if (report.target_metric() > 0) {
+    std::printf("did not reach target %s %.4f (%s)\n", metric,
+                report.target_metric(), report.outcome().c_str());
+  }
+  if (report.metric() == "accuracy") {
+    std::printf("final accuracy %.4f, loss %.4f, wall time %.1f s\n",
+                report.final_accuracy(), report.final_loss(), report.wall_s());
+  } else {
+    std::printf("final %s %.4f (accuracy %.4f), loss %.4f, wall time %.1f s\n",
+                metric, report.final_metric(), report.final_accuracy(),
+                report.final_loss(), report.wall_s());
+  }
+  if (report.wan_bytes_total() > 0) {
+    std::printf(
+        "WAN: %.2f MB over %d link directions; BSP over the WAN would have "
+        "sent %.2f MB for the same work (%.0fx less)\n",
+        report.wan_bytes_total() / 1e6, report.links_size(),
+        report.dense_equivalent_bytes() / 1e6, report.wan_reduction());
+  }
+  if (report.edge_links_size() > 0) {
+    std::printf(
+        "edge: %.2f MB over %d access-link directions (workers.link; not "
+        "WAN)\n",
+        report.edge_bytes_total() / 1e6, report.edge_links_size());
+  }
+  if (!report.events().empty()) {
+    std::printf("faults: %d events (report.json \"events\")",
+                report.events_size());
+    if (report.wan_uncounted_s() > 0) {
+      std::printf("; up to %.1f s of WAN traffic uncounted (wanem restarts)",
+                  report.wan_uncounted_s());
+    }
+    std::printf("\n");
+  }
+  std::printf("report: %s/report.json\ntimeline: %s/timeline.csv\n",
+              out_dir.c_str(), out_dir.c_str());
+}
+
+int Run(const RunFlags& flags) {
+  std::string path = flags.config;
+  std::string out_dir = flags.out_dir;
   if (!flags.resume.empty()) {
     if (!path.empty() || (!out_dir.empty() && out_dir != flags.resume)) {
       std::fprintf(stderr,
@@ -203,54 +265,24 @@ int Run(std::string path, std::string out_dir, const RunFlags& flags) {
     }
     return stop->load() ? kExitInterrupted : kExitFailure;
   }
-  const char* metric = report->metric().c_str();
-  if (report->reached_target()) {
-    std::printf("reached target %s %.4f at %.1f s of training\n", metric,
-                report->target_metric(), report->time_to_target_s());
-  } else if (report->target_metric() > 0) {
-    std::printf("did not reach target %s %.4f (%s)\n", metric,
-                report->target_metric(), report->outcome().c_str());
-  }
-  if (report->metric() == "accuracy") {
-    std::printf("final accuracy %.4f, loss %.4f, wall time %.1f s\n",
-                report->final_accuracy(), report->final_loss(),
-                report->wall_s());
-  } else {
-    std::printf("final %s %.4f (accuracy %.4f), loss %.4f, wall time %.1f s\n",
-                metric, report->final_metric(), report->final_accuracy(),
-                report->final_loss(), report->wall_s());
-  }
-  if (report->wan_bytes_total() > 0) {
-    std::printf(
-        "WAN: %.2f MB over %d link directions; BSP over the WAN would have "
-        "sent %.2f MB for the same work (%.0fx less)\n",
-        report->wan_bytes_total() / 1e6, report->links_size(),
-        report->dense_equivalent_bytes() / 1e6, report->wan_reduction());
-  }
-  if (report->edge_links_size() > 0) {
-    std::printf(
-        "edge: %.2f MB over %d access-link directions (workers.link; not "
-        "WAN)\n",
-        report->edge_bytes_total() / 1e6, report->edge_links_size());
-  }
-  if (!report->events().empty()) {
-    std::printf("faults: %d events (report.json \"events\")",
-                report->events_size());
-    if (report->wan_uncounted_s() > 0) {
-      std::printf("; up to %.1f s of WAN traffic uncounted (wanem restarts)",
-                  report->wan_uncounted_s());
-    }
-    std::printf("\n");
-  }
-  std::printf("report: %s/report.json\ntimeline: %s/timeline.csv\n",
-              out_dir.c_str(), out_dir.c_str());
+  PrintRunSummary(*report, out_dir);
   return stop->load() ? kExitInterrupted : 0;
 }
 
+// `meridian top`.
+struct TopFlags {
+  std::string config;       // CONFIG
+  std::string run_dir;      // --run
+  double interval_s = 2.0;  // --interval
+  bool once = false;        // --once
+};
+
 // `meridian top`: a live table of the job's sites from their metrics
 // endpoints (the job file's addresses, or a run's endpoints.json).
-int Top(const std::string& config, const std::string& run_dir,
-        double interval_s, bool once) {
+int Top(const TopFlags& flags) {
+  const std::string& config = flags.config;
+  const std::string& run_dir = flags.run_dir;
+  const double interval_s = flags.interval_s;
   TopOptions options;
   if (!run_dir.empty()) {
     Result<std::vector<TopTarget>> targets = TopTargetsFromRun(run_dir);
@@ -276,17 +308,23 @@ int Top(const std::string& config, const std::string& run_dir,
     return kExitBadInput;
   }
   options.interval_s = interval_s;
-  options.once = once;
+  options.once = flags.once;
   options.stop = InstallStopSignalHandlers();
   RunTop(options);
   return 0;
 }
 
+// `meridian report`.
+struct ReportFlags {
+  std::vector<std::string> dirs;  // DIR...
+  std::string out_dir;            // --out
+};
+
 // `meridian report`: plots and summary.md of run directories.
-int Report(const std::vector<std::string>& dirs, const std::string& out_dir) {
+int Report(const ReportFlags& flags) {
   PlotOptions options;
-  options.run_dirs = dirs;
-  options.out_dir = out_dir;
+  options.run_dirs = flags.dirs;
+  options.out_dir = flags.out_dir;
   Result<PlotResult> result = RenderReport(options);
   if (!result.ok()) {
     std::fprintf(stderr, "meridian report: %s\n",
@@ -316,9 +354,17 @@ int Compare(const std::vector<std::string>& dirs) {
   return 0;
 }
 
-// Writes a site's CURVE key pair into `out_dir` and prints the job-file
-// line with its public key.
-int Keygen(const std::string& site, const std::string& out_dir) {
+// `meridian keygen`.
+struct KeygenFlags {
+  std::string site;     // --site
+  std::string out_dir;  // --out
+};
+
+// Writes a site's CURVE key pair into --out and prints the job-file line
+// with its public key.
+int Keygen(const KeygenFlags& flags) {
+  const std::string& site = flags.site;
+  const std::string& out_dir = flags.out_dir;
   Result<CurveKeyPair> pair = GenerateCurveKeyPair();
   if (!pair.ok()) {
     std::fprintf(stderr, "meridian keygen: %s\n",
@@ -391,17 +437,26 @@ int Presets(bool json) {
   return 0;
 }
 
-int WorkerRole(const std::string& path, const std::string& site, uint32_t index,
-               uint32_t threads, const std::string& connect,
-               const std::string& metrics, const std::string& secret_key) {
+// `meridian worker`.
+struct WorkerFlags {
+  std::string config;      // --config
+  std::string site;        // --site
+  uint32_t index = 0;      // --index
+  uint32_t threads = 0;    // --threads
+  std::string connect;     // --connect
+  std::string metrics;     // --metrics
+  std::string secret_key;  // --secret-key
+};
+
+int WorkerRole(const WorkerFlags& flags) {
   WorkerOptions options;
-  if (!LoadJob(path, &options.job)) return kExitBadInput;
-  options.site = site;
-  options.index = index;
-  options.threads = threads;
-  options.connect = FlagOrEnvironment(connect, "MERIDIAN_CONNECT");
-  options.metrics_address = metrics;
-  options.secret_key_file = secret_key;
+  if (!LoadJob(flags.config, &options.job)) return kExitBadInput;
+  options.site = flags.site;
+  options.index = flags.index;
+  options.threads = flags.threads;
+  options.connect = FlagOrEnvironment(flags.connect, "MERIDIAN_CONNECT");
+  options.metrics_address = flags.metrics;
+  options.secret_key_file = flags.secret_key;
   options.stop_requested = InstallStopSignalHandlers();
   Result<std::unique_ptr<Worker>> worker = Worker::Create(std::move(options));
   if (!worker.ok()) {
@@ -553,39 +608,41 @@ int WanemCtl(const std::string& command, const WanemCtlFlags& flags) {
   return code;
 }
 
-// Every flag of every subcommand. Subcommands that take the same flag
-// (--config, --out, --site, ...) share its variable; CLI11 fills only those
-// of the subcommand given.
+// `meridian site`.
+struct SiteFlags {
+  std::string config;              // --config
+  std::string site;                // --site
+  std::string bind;                // --bind
+  std::string mirror_bind;         // --mirror-bind
+  std::string out_dir;             // --out
+  int ready_fd = -1;               // --ready-fd
+  std::string metrics;             // --metrics
+  std::string secret_key;          // --secret-key
+  std::string control_token_file;  // --control-token-file
+  bool resume = false;             // --resume
+  std::string checkpoint_dir;      // --checkpoint-dir
+  bool await_peers = false;        // --await-peers
+  bool with_workers = false;       // --with-workers
+};
+
+// Every flag of every subcommand, one struct per subcommand (CLI11 fills
+// only those of the subcommand given).
 struct Flags {
-  std::string config;
-  std::string out_dir;
-  std::string site;
-  std::string endpoint;  // site --bind, worker --connect
-  std::string mirror_bind;
-  std::string metrics;
-  uint32_t index = 0;
-  uint32_t threads = 0;  // worker --threads
-  int ready_fd = -1;
-  std::string secret_key;
-  bool with_workers = false;
-  bool resume = false;             // site --resume
-  std::string checkpoint_dir;      // site --checkpoint-dir
-  bool await_peers = false;        // site --await-peers
-  std::string control_token_file;  // site --control-token-file
+  std::string validate_config;  // validate FILE
   RunFlags run;
-  std::vector<std::string> compare_dirs;
-  std::vector<std::string> report_dirs;
-  std::string top_run;
-  double top_interval = 2.0;
-  bool top_once = false;
-  uint64_t local_samples = 0;  // local --samples
-  int local_threads = 1;       // local --threads
-  bool presets_json = false;   // presets --json
+  LocalFlags local;
+  std::vector<std::string> compare_dirs;  // compare DIR...
+  TopFlags top;
+  ReportFlags report;
+  bool presets_json = false;  // presets --json
+  SiteFlags site;
+  KeygenFlags keygen;
+  WorkerFlags worker;
   WanemFlags wanem;
   WanemCtlFlags ctl;
 };
 
-int Site(const Flags& flags) {
+int Site(const SiteFlags& flags) {
   const std::string& site = flags.site;
   const std::string& out_dir = flags.out_dir;
   const int ready_fd = flags.ready_fd;
@@ -604,7 +661,7 @@ int Site(const Flags& flags) {
   options.checkpoint_dir = flags.checkpoint_dir;
   options.secret_key_file = flags.secret_key;
   options.metrics_address = flags.metrics;
-  options.bind = FlagOrEnvironment(flags.endpoint, "MERIDIAN_BIND");
+  options.bind = FlagOrEnvironment(flags.bind, "MERIDIAN_BIND");
   options.mirror_bind =
       FlagOrEnvironment(flags.mirror_bind, "MERIDIAN_MIRROR_BIND");
   options.out_dir = out_dir;
@@ -667,14 +724,15 @@ void AddJobCommands(CLI::App* app, Flags* flags, Commands* commands) {
   commands->validate = app->add_subcommand(
       "validate", "Check a job file; print every problem with line:column");
   commands->validate
-      ->add_option("FILE", flags->config, "job file (text-format JobConfig)")
+      ->add_option("FILE", flags->validate_config,
+                   "job file (text-format JobConfig)")
       ->required();
 
   commands->run = app->add_subcommand(
       "run", "Run a whole job on this machine: every role as a child process");
-  commands->run->add_option("FILE", flags->config,
+  commands->run->add_option("FILE", flags->run.config,
                             "job file (not with --resume)");
-  commands->run->add_option("--out", flags->out_dir,
+  commands->run->add_option("--out", flags->run.out_dir,
                             "output directory (default runs/<job>-<time>)");
   commands->run->add_option(
       "--resume", flags->run.resume,
@@ -695,14 +753,15 @@ void AddJobCommands(CLI::App* app, Flags* flags, Commands* commands) {
       "its optimizer and seed; no servers, network or sync): the "
       "single-process reference of the job");
   commands->local
-      ->add_option("FILE", flags->config, "job file (text-format JobConfig)")
+      ->add_option("FILE", flags->local.config,
+                   "job file (text-format JobConfig)")
       ->required();
   commands->local->add_option(
-      "--samples", flags->local_samples,
+      "--samples", flags->local.samples,
       "training samples to process (default: train for the job's "
       "time_budget_s)");
   commands->local
-      ->add_option("--threads", flags->local_threads,
+      ->add_option("--threads", flags->local.threads,
                    "compute threads per step (default 1; as a worker's "
                    "workers.threads)")
       ->check(CLI::Range(1, kMaxWorkerThreads));
@@ -724,25 +783,25 @@ void AddObserveCommands(CLI::App* app, Flags* flags, Commands* commands) {
       "Live table of every site (state, training time, accuracy, clock, "
       "theta, commits/s, WAN MB, staleness, queue) from their metrics "
       "endpoints");
-  top->add_option("CONFIG", flags->config,
+  top->add_option("CONFIG", flags->top.config,
                   "job file: scrape each site's metrics_address (and "
                   "wan.metrics_address)");
-  top->add_option("--run", flags->top_run,
+  top->add_option("--run", flags->top.run_dir,
                   "a directory of `meridian run`: scrape the processes in its "
                   "endpoints.json");
-  top->add_option("--interval", flags->top_interval,
+  top->add_option("--interval", flags->top.interval_s,
                   "seconds between refreshes (default 2)");
-  top->add_flag("--once", flags->top_once, "print the table once and exit");
+  top->add_flag("--once", flags->top.once, "print the table once and exit");
 
   CLI::App* report = commands->report = app->add_subcommand(
       "report",
       "Plots (PNG, gnuplot) and summary.md of run directories: accuracy vs "
       "time, WAN bytes vs time, accuracy vs WAN bytes, commit rate");
   report
-      ->add_option("DIR", flags->report_dirs,
+      ->add_option("DIR", flags->report.dirs,
                    "run directories, each holding a report.json")
       ->required();
-  report->add_option("--out", flags->out_dir,
+  report->add_option("--out", flags->report.out_dir,
                      "directory for the plots (default: DIR/plots of the "
                      "first DIR)");
 
@@ -753,12 +812,12 @@ void AddObserveCommands(CLI::App* app, Flags* flags, Commands* commands) {
   presets->add_flag("--json", flags->presets_json, "print them as JSON");
 }
 
-CLI::App* AddSiteCommand(CLI::App* app, Flags* flags) {
+CLI::App* AddSiteCommand(CLI::App* app, SiteFlags* flags) {
   CLI::App* site = app->add_subcommand("site", "Run one site server of a job");
   site->add_option("--config", flags->config, "job file")->required();
   site->add_option("--site", flags->site, "site name in the job file")
       ->required();
-  site->add_option("--bind", flags->endpoint,
+  site->add_option("--bind", flags->bind,
                    "ZeroMQ endpoint to listen on (default: the site's "
                    "address)");
   site->add_option("--mirror-bind", flags->mirror_bind,
@@ -804,30 +863,34 @@ void AddKeygenAndWorkerCommands(CLI::App* app, Flags* flags,
       "keygen",
       "Write a site's CURVE key pair (DIR/NAME.key, mode 0600, and "
       "DIR/NAME.pub) and print the job-file line with its public key");
-  keygen->add_option("--site", flags->site, "site name")->required();
-  keygen->add_option("--out", flags->out_dir, "directory for the key files")
+  keygen->add_option("--site", flags->keygen.site, "site name")->required();
+  keygen
+      ->add_option("--out", flags->keygen.out_dir,
+                   "directory for the key files")
       ->required();
 
   CLI::App* worker = commands->worker =
       app->add_subcommand("worker", "Run one worker");
-  worker->add_option("--config", flags->config, "job file")->required();
-  worker->add_option("--site", flags->site, "site name in the job file")
-      ->required();
-  worker->add_option("--index", flags->index, "worker index inside the site")
+  worker->add_option("--config", flags->worker.config, "job file")->required();
+  worker->add_option("--site", flags->worker.site, "site name in the job file")
       ->required();
   worker
-      ->add_option("--threads", flags->threads,
+      ->add_option("--index", flags->worker.index,
+                   "worker index inside the site")
+      ->required();
+  worker
+      ->add_option("--threads", flags->worker.threads,
                    "compute threads (default: the worker group's "
                    "workers.threads, 1 unless set)")
       ->check(CLI::Range(1, kMaxWorkerThreads));
-  worker->add_option("--connect", flags->endpoint,
+  worker->add_option("--connect", flags->worker.connect,
                      "site server endpoint (default: the site's "
                      "address)");
-  worker->add_option("--metrics", flags->metrics,
+  worker->add_option("--metrics", flags->worker.metrics,
                      "serve this worker's metrics on HOST:PORT (default: "
                      "none; the site server exports every worker's "
                      "counts)");
-  worker->add_option("--secret-key", flags->secret_key,
+  worker->add_option("--secret-key", flags->worker.secret_key,
                      "the workers' CURVE secret key file, mode 0600, when "
                      "the serving site lists worker_curve_public_key "
                      "(default: $MERIDIAN_SECRET_KEY, else "
@@ -935,7 +998,7 @@ Commands AddCommands(CLI::App* app, Flags* flags) {
   Commands commands;
   AddJobCommands(app, flags, &commands);
   AddObserveCommands(app, flags, &commands);
-  commands.site = AddSiteCommand(app, flags);
+  commands.site = AddSiteCommand(app, &flags->site);
   AddKeygenAndWorkerCommands(app, flags, &commands);
   commands.wanem = AddWanemCommand(app, &flags->wanem);
   commands.wanem_ctl = AddWanemCtlCommand(commands.wanem, &flags->ctl);
@@ -944,22 +1007,15 @@ Commands AddCommands(CLI::App* app, Flags* flags) {
 
 // Runs the subcommand that was given; returns the exit code.
 int Dispatch(const Commands& commands, const Flags& flags) {
-  if (*commands.validate) return Validate(flags.config);
-  if (*commands.run) return Run(flags.config, flags.out_dir, flags.run);
+  if (*commands.validate) return Validate(flags.validate_config);
+  if (*commands.run) return Run(flags.run);
   if (*commands.compare) return Compare(flags.compare_dirs);
-  if (*commands.local) return Local(flags.config, flags.local_samples, flags.local_threads);
-  if (*commands.site) {
-    return Site(flags);
-  }
-  if (*commands.keygen) return Keygen(flags.site, flags.out_dir);
-  if (*commands.worker) {
-    return WorkerRole(flags.config, flags.site, flags.index, flags.threads,
-                      flags.endpoint, flags.metrics, flags.secret_key);
-  }
-  if (*commands.top) {
-    return Top(flags.config, flags.top_run, flags.top_interval, flags.top_once);
-  }
-  if (*commands.report) return Report(flags.report_dirs, flags.out_dir);
+  if (*commands.local) return Local(flags.local);
+  if (*commands.site) return Site(flags.site);
+  if (*commands.keygen) return Keygen(flags.keygen);
+  if (*commands.worker) return WorkerRole(flags.worker);
+  if (*commands.top) return Top(flags.top);
+  if (*commands.report) return Report(flags.report);
   if (*commands.presets) return Presets(flags.presets_json);
   if (*commands.wanem) {
     if (*commands.wanem_ctl) {

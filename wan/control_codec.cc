@@ -3,7 +3,8 @@
 #include <string>
 
 #include "meridian/wan/control.h"
-#include "wan/model.h"
+#include "meridian/wan/link_model.h"
+#include "wan/host_port.h"
 
 namespace meridian::wan {
 namespace {

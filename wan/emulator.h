@@ -37,21 +37,9 @@
 #include "meridian/job.pb.h"
 #include "meridian/wan_control.pb.h"
 #include "meridian/core/status.h"
-#include "wan/model.h"
+#include "meridian/wan/link_model.h"
 
 namespace meridian::wan {
-
-struct RouteSpec {
-  std::string link;       // "a-b"
-  std::string from_site;  // a or b: the side whose processes connect
-  std::string listen;     // host:port to listen on; port 0 picks a free one
-  std::string forward;    // host:port on the other side
-  // false: a forward host that does not resolve is an error. true (the
-  // routes of a standalone wanem, whose peers may not exist yet, e.g. a
-  // Kubernetes Service created later): a warning, and the host is looked up
-  // again for every connection.
-  bool allow_unresolved = false;
-};
 
 struct EmulatorOptions {
   std::vector<LinkModel> links;  // fixed for the emulator's life

@@ -177,9 +177,21 @@ std::optional<RegionPreset> FindRegionPreset(std::string_view region_a,
   return std::nullopt;
 }
 
-Result<std::vector<LinkModel>> ResolveJobLinks(const pb::JobConfig& job) {
+namespace {
+
+// A wan.link[] entry, keyed by the pair of site indices it joins.
+struct LinkOverride {
+  int index;      // in wan.link
+  bool reversed;  // link.a is the site listed later
+};
+using LinkOverrides = std::map<std::pair<int, int>, LinkOverride>;
+// Site index by name.
+using SiteIndex = std::map<std::string, int>;
+
+// Refuses empty or repeated site names and unknown regions.
+Result<SiteIndex> IndexSites(const pb::JobConfig& job) {
   const auto& sites = job.site();
-  std::map<std::string, int> index_of;
+  SiteIndex index_of;
   for (int i = 0; i < sites.size(); ++i) {
     const std::string field = "site[" + std::to_string(i) + "]";
     if (sites[i].name().empty()) {
@@ -198,19 +210,13 @@ Result<std::vector<LinkModel>> ResolveJobLinks(const pb::JobConfig& job) {
                                   sites[i].region() + "'; known: " + known);
     }
   }
+  return index_of;
+}
 
-  DirectionModel base = DefaultDirectionModel();
-  if (job.wan().has_default_link()) {
-    MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(job.wan().default_link(),
-                                                  "wan.default_link", &base));
-  }
-
-  // Every link override, checked and keyed by the pair of site indices.
-  struct Override {
-    int index;      // in wan.link
-    bool reversed;  // link.a is the site listed later
-  };
-  std::map<std::pair<int, int>, Override> overrides;
+// Every link override, checked and keyed by the pair of site indices.
+Result<LinkOverrides> IndexLinkOverrides(const pb::JobConfig& job,
+                                         const SiteIndex& index_of) {
+  LinkOverrides overrides;
   for (int k = 0; k < job.wan().link_size(); ++k) {
     const pb::LinkConfig& link = job.wan().link(k);
     const std::string field = "wan.link[" + std::to_string(k) + "]";
@@ -230,13 +236,55 @@ Result<std::vector<LinkModel>> ResolveJobLinks(const pb::JobConfig& job) {
     const std::pair<int, int> key(std::min(a->second, b->second),
                                   std::max(a->second, b->second));
     const bool reversed = a->second > b->second;
-    auto [it, inserted] = overrides.emplace(key, Override{k, reversed});
+    auto [it, inserted] = overrides.emplace(key, LinkOverride{k, reversed});
     if (!inserted) {
       return InvalidArgumentError(field + ": duplicate of wan.link[" +
                                   std::to_string(it->second.index) +
                                   "] (same pair of sites)");
     }
   }
+  return overrides;
+}
+
+// Applies wan.link[override.index] to `link`: both, then a_to_b / b_to_a.
+Status ApplyLinkOverride(const pb::JobConfig& job,
+                         const LinkOverride& override, LinkModel* link) {
+  const pb::LinkConfig& config = job.wan().link(override.index);
+  const std::string field = "wan.link[" + std::to_string(override.index) + "]";
+  if (config.has_both()) {
+    MERIDIAN_RETURN_IF_ERROR(
+        ApplyDirectionConfig(config.both(), field + ".both", &link->a_to_b));
+    MERIDIAN_RETURN_IF_ERROR(
+        ApplyDirectionConfig(config.both(), field + ".both", &link->b_to_a));
+  }
+  // The config's a_to_b is from ITS a, which may be our b.
+  DirectionModel* config_a_to_b =
+      override.reversed ? &link->b_to_a : &link->a_to_b;
+  DirectionModel* config_b_to_a =
+      override.reversed ? &link->a_to_b : &link->b_to_a;
+  if (config.has_a_to_b()) {
+    MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(
+        config.a_to_b(), field + ".a_to_b", config_a_to_b));
+  }
+  if (config.has_b_to_a()) {
+    MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(
+        config.b_to_a(), field + ".b_to_a", config_b_to_a));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<LinkModel>> ResolveJobLinks(const pb::JobConfig& job) {
+  const auto& sites = job.site();
+  MERIDIAN_ASSIGN_OR_RETURN(const SiteIndex index_of, IndexSites(job));
+  DirectionModel base = DefaultDirectionModel();
+  if (job.wan().has_default_link()) {
+    MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(job.wan().default_link(),
+                                                  "wan.default_link", &base));
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(const LinkOverrides overrides,
+                            IndexLinkOverrides(job, index_of));
 
   std::vector<LinkModel> links;
   for (int i = 0; i < sites.size(); ++i) {
@@ -254,30 +302,8 @@ Result<std::vector<LinkModel>> ResolveJobLinks(const pb::JobConfig& job) {
       }
       link.a_to_b = model;
       link.b_to_a = model;
-      auto it = overrides.find({i, j});
-      if (it != overrides.end()) {
-        const pb::LinkConfig& config = job.wan().link(it->second.index);
-        const std::string field =
-            "wan.link[" + std::to_string(it->second.index) + "]";
-        if (config.has_both()) {
-          MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(
-              config.both(), field + ".both", &link.a_to_b));
-          MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(
-              config.both(), field + ".both", &link.b_to_a));
-        }
-        // The config's a_to_b is from ITS a, which may be our b.
-        DirectionModel* config_a_to_b =
-            it->second.reversed ? &link.b_to_a : &link.a_to_b;
-        DirectionModel* config_b_to_a =
-            it->second.reversed ? &link.a_to_b : &link.b_to_a;
-        if (config.has_a_to_b()) {
-          MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(
-              config.a_to_b(), field + ".a_to_b", config_a_to_b));
-        }
-        if (config.has_b_to_a()) {
-          MERIDIAN_RETURN_IF_ERROR(ApplyDirectionConfig(
-              config.b_to_a(), field + ".b_to_a", config_b_to_a));
-        }
+      if (auto it = overrides.find({i, j}); it != overrides.end()) {
+        MERIDIAN_RETURN_IF_ERROR(ApplyLinkOverride(job, it->second, &link));
       }
       link.a_to_b.seed = Hash(link.name() + ">", job.seed());
       link.b_to_a.seed = Hash(link.name() + "<", job.seed());

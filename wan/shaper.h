@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "meridian/core/clock.h"
-#include "wan/model.h"
+#include "meridian/wan/link_model.h"
 
 namespace meridian::wan {
 

@@ -7,7 +7,7 @@
 
 #include "meridian/core/clock.h"
 #include "meridian/core/status.h"
-#include "wan/model.h"
+#include "wan/host_port.h"
 
 namespace meridian::wan {
 

@@ -13,6 +13,8 @@
 #include "meridian/wan/control.h"
 #include "meridian/wan/presets.h"
 #include "meridian/wan/units.h"
+#include "wan/emulator.h"
+#include "wan/host_port.h"
 
 namespace meridian::wan {
 namespace {

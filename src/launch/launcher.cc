@@ -1,94 +1,43 @@
 #include "meridian/launch/launcher.h"
 
-#include <google/protobuf/text_format.h>
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <utility>
 #include <vector>
 #include <zmq.hpp>
 
-#include "meridian/core/clock.h"
-#include "meridian/config/config.h"
-#include "meridian/core/log.h"
-#include "meridian/train/model.h"
-#include "meridian/report/report.h"
-#include "meridian/net/security.h"
-#include "meridian/sync/sync.h"
-#include "meridian/net/transport.h"
 #include "launch/endpoints_file.h"
-#include "meridian/core/format.h"
-#include "meridian/core/process.h"
+#include "launch/progress.h"
 #include "launch/run_manifest.h"
+#include "launch/run_security.h"
 #include "launch/supervisor.h"
 #include "launch/wanem_control.h"
+#include "meridian/config/config.h"
+#include "meridian/core/clock.h"
+#include "meridian/core/format.h"
+#include "meridian/core/log.h"
+#include "meridian/core/process.h"
+#include "meridian/net/security.h"
+#include "meridian/net/transport.h"
+#include "meridian/report/report.h"
+#include "meridian/sync/sync.h"
+#include "meridian/train/model.h"
 
 namespace meridian {
 namespace {
 
 constexpr double kProgressPeriodS = 1.0;
-constexpr double kPlainProgressPeriodS = 5.0;
 // A site whose status requests have gone unanswered this long is shown as
 // down on the progress line.
 constexpr double kDownAfterS = 2.0;
 constexpr auto kStatusTimeout = std::chrono::milliseconds(300);
 constexpr auto kSetPeersTimeout = std::chrono::seconds(10);
-
-std::atomic<bool> g_stop_signal{false};
-std::atomic<int> g_stop_signals{0};
-
-void OnStopSignal(int) {
-  g_stop_signal.store(true);
-  g_stop_signals.fetch_add(1);
-}
-
-std::string SelfExecutable() {
-  std::error_code error;
-  const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
-  return error ? std::string("meridian") : path.string();
-}
-
-// Every site on one line (logs, pipes): "[ t s] a: ...  | b: ...".
-std::string FormatProgress(
-    const std::vector<std::pair<std::string, std::string>>& sites,
-    double wall_s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "[%6.1f s]", wall_s);
-  std::string line = buf;
-  for (size_t i = 0; i < sites.size(); ++i) {
-    line += (i == 0 ? " " : "  | ") + sites[i].first + ": " + sites[i].second;
-  }
-  return line;
-}
-
-// One line per site (a terminal), names aligned, the time on the first.
-std::vector<std::string> FormatProgressLines(
-    const std::vector<std::pair<std::string, std::string>>& sites,
-    double wall_s) {
-  size_t width = 0;
-  for (const auto& site : sites) width = std::max(width, site.first.size());
-  char stamp[32];
-  std::snprintf(stamp, sizeof(stamp), "[%6.1f s]", wall_s);
-  std::vector<std::string> lines;
-  for (size_t i = 0; i < sites.size(); ++i) {
-    std::string name = sites[i].first;
-    name.resize(width, ' ');
-    lines.push_back(
-        (i == 0 ? std::string(stamp) : std::string(std::strlen(stamp), ' ')) +
-        " " + name + "  " + sites[i].second);
-  }
-  return lines;
-}
 
 // Removes the "metrics=HOST:PORT" field from the fields of a ready line
 // and returns its value ("" without one).
@@ -139,7 +88,8 @@ class JobRun final : private SupervisorHooks {
         endpoints_(options.out_dir + "/endpoints.json", job.name()),
         wanem_control_(job, &manifest_, &wall_),
         supervisor_(SupervisionOf(job, options), &wall_, &manifest_,
-                    &endpoints_, this) {}
+                    &endpoints_, this),
+        display_(options.progress) {}
 
   Result<pb::RunReport> Run() {
     MERIDIAN_RETURN_IF_ERROR(PrepareOutDir());
@@ -196,123 +146,14 @@ class JobRun final : private SupervisorHooks {
     return Status::Ok();
   }
 
-  // CURVE between site servers (security.h). A job that lists the sites'
-  // public keys runs as is: each site reads <security.key_dir>/<site>.key.
-  // A job without keys gets ephemeral key pairs in OUT/keys/, and every
-  // role runs the derived job file OUT/job.pbtxt that lists them. A site
-  // with worker_curve_public_key needs security.key_dir: its workers read
-  // <key_dir>/workers/<site>.key (no ephemeral worker keys are made).
+  // CURVE (run_security.h): may point config_path at a derived job file
+  // with ephemeral keys.
   Status PrepareSecurity() {
-    std::vector<int> syncing;
-    for (int s = 0; s < job_.site_size(); ++s) {
-      if (HasServer(job_.site(s)) && job_.sync().kind() != pb::SYNC_NONE &&
-          !RoleOf(job_, s).Peers().empty()) {
-        syncing.push_back(s);
-      }
-    }
-    std::vector<int> remote_workers;  // sites whose workers cross the WAN
-    for (int s = 0; s < job_.site_size(); ++s) {
-      if (ServingSite(job_, s) != s) remote_workers.push_back(s);
-    }
-    std::vector<int> worker_curve;  // sites whose worker endpoint is CURVE
-    for (int s = 0; s < job_.site_size(); ++s) {
-      if (HasServer(job_.site(s)) && WorkerCurveEnabled(job_, s)) {
-        worker_curve.push_back(s);
-      }
-    }
-    if (syncing.empty() && remote_workers.empty() && worker_curve.empty()) {
-      return Status::Ok();
-    }
-    if (!job_.security().curve()) {
-      MLOG(WARNING) << "cross-site links are plaintext: security { curve: "
-                       "false }";
-      return Status::Ok();
-    }
-    for (int s : remote_workers) {
-      if (WorkerCurveEnabled(job_, ServingSite(job_, s))) continue;
-      MLOG(WARNING) << "workers of site '" << job_.site(s).name()
-                    << "' reach site '" << job_.site(s).server_site()
-                    << "''s server in plaintext (server_site, the "
-                       "BSP-over-WAN baseline, is not encrypted; the "
-                       "serving site may list worker_curve_public_key)";
-    }
-    if (!worker_curve.empty()) {
-      const std::string& name = job_.site(worker_curve.front()).name();
-      if (job_.security().key_dir().empty()) {
-        return FailedPreconditionError(
-            "site '" + name +
-            "' lists worker_curve_public_key but the job has no security { "
-            "key_dir }: `meridian run` reads each site's secret key from "
-            "<key_dir>/<site>.key and its workers' from <key_dir>/" +
-            kWorkerKeySubdir + "/<site>.key (`meridian keygen --site " + name +
-            " --out <key_dir>/" + kWorkerKeySubdir +
-            "` writes one); it makes no ephemeral worker keys");
-      }
-      MLOG(INFO) << "CURVE on the worker endpoints of " << worker_curve.size()
-                 << " site(s); workers read their keys "
-                 << "from " << job_.security().key_dir() << "/"
-                 << kWorkerKeySubdir;
-    }
-    if (syncing.empty() && worker_curve.empty()) return Status::Ok();
-    // One machine, one key file per site: a key file meant for a single
-    // role must not reach every site (nor a site's workers).
-    if (std::getenv(kSecretKeyEnv) != nullptr) {
-      MLOG(WARNING) << "ignoring $" << kSecretKeyEnv
-                    << ": each site reads its own key file";
-      ::unsetenv(kSecretKeyEnv);
-    }
-    if (syncing.empty()) return Status::Ok();
-    const bool listed = std::any_of(syncing.begin(), syncing.end(), [&](int s) {
-      return job_.site(s).has_curve_public_key();
-    });
-    if (listed) {
-      if (job_.security().key_dir().empty()) {
-        return FailedPreconditionError(
-            "the job lists the sites' curve_public_key but no security { "
-            "key_dir }: `meridian run` reads each site's secret key from "
-            "<key_dir>/<site>.key");
-      }
-      MLOG(INFO) << "CURVE on: links between site servers are encrypted; "
-                    "sites read their secret keys from "
-                 << job_.security().key_dir();
-      return Status::Ok();
-    }
-    std::error_code error;
-    const std::string key_dir =
-        std::filesystem::absolute(options_.out_dir + "/keys", error).string();
-    pb::JobConfig derived = job_;
-    for (int s : syncing) {
-      const std::string& name = job_.site(s).name();
-      // Ephemeral: the keys of an earlier run into this directory go.
-      std::filesystem::remove(key_dir + "/" + name + ".key", error);
-      std::filesystem::remove(key_dir + "/" + name + ".pub", error);
-      MERIDIAN_ASSIGN_OR_RETURN(CurveKeyPair pair, GenerateCurveKeyPair());
-      MERIDIAN_RETURN_IF_ERROR(WriteCurveKeyFiles(key_dir, name, pair));
-      ephemeral_keys_.push_back(key_dir + "/" + name + ".key");
-      derived.mutable_site(s)->set_curve_public_key(pair.public_key);
-    }
-    derived.mutable_security()->set_key_dir(key_dir);
-    std::string text;
-    if (!google::protobuf::TextFormat::PrintToString(derived, &text)) {
-      return InternalError("cannot print the derived job file");
-    }
-    std::string path = options_.out_dir + "/job.pbtxt";
-    if (std::filesystem::equivalent(options_.config_path, path, error)) {
-      path = options_.out_dir + "/job-curve.pbtxt";  // never the input
-    }
-    {
-      std::ofstream out(path, std::ios::trunc);
-      out << "# Written by `meridian run` from " << options_.config_path
-          << ": the job with ephemeral CURVE keys (secret halves in " << key_dir
-          << ").\n"
-          << text;
-      if (!out) return InvalidArgumentError("cannot write '" + path + "'");
-    }
-    options_.config_path = path;
-    MLOG(INFO) << "CURVE on: generated ephemeral key pairs for "
-               << syncing.size() << " sites in " << key_dir
-               << "; every role runs " << path << " (the job plus their "
-               << "public keys)";
+    MERIDIAN_ASSIGN_OR_RETURN(
+        RunSecurity security,
+        PrepareRunSecurity(job_, options_.out_dir, options_.config_path));
+    options_.config_path = std::move(security.config_path);
+    ephemeral_keys_ = std::move(security.ephemeral_keys);
     return Status::Ok();
   }
 
@@ -668,7 +509,7 @@ class JobRun final : private SupervisorHooks {
       supervisor_.CheckSignals();
       // A change was logged: the live block is drawn again below the log
       // lines instead of over them.
-      if (supervisor_.StepChildren()) progress_lines_ = 0;
+      if (supervisor_.StepChildren()) display_.Detach();
       supervisor_.AdvanceStop();
       const Stage stage = supervisor_.stage();
       if (stage == Stage::kRunning || stage == Stage::kStopWorkers ||
@@ -695,30 +536,12 @@ class JobRun final : private SupervisorHooks {
     if (now < next_progress_s_) return;
     next_progress_s_ = now + kProgressPeriodS;
     PollProgress();
-    const bool tty =
-        options_.progress != nullptr && ::isatty(::fileno(options_.progress));
-    if (!tty && (options_.progress == nullptr || now < next_plain_s_)) return;
-    std::vector<std::pair<std::string, std::string>> sites;
+    if (!display_.Due(now)) return;
+    SiteLines sites;
     for (const SiteProgress& site : progress_) {
       sites.emplace_back(site.name, FormatSiteProgress(View(site)));
     }
-    if (tty) {
-      // Redraw the block of site lines in place: up to its first line,
-      // then each line cleared and rewritten.
-      const std::vector<std::string> lines = FormatProgressLines(sites, now);
-      std::string block;
-      if (progress_lines_ > 0) {
-        block += "\033[" + std::to_string(progress_lines_) + "A";
-      }
-      for (const std::string& line : lines) block += "\r\033[K" + line + "\n";
-      std::fputs(block.c_str(), options_.progress);
-      progress_lines_ = static_cast<int>(lines.size());
-    } else {
-      next_plain_s_ = now + kPlainProgressPeriodS;
-      std::fprintf(options_.progress, "%s\n",
-                   FormatProgress(sites, now).c_str());
-    }
-    std::fflush(options_.progress);
+    display_.Draw(sites, now);
   }
 
   SiteProgressView View(const SiteProgress& site) const {
@@ -832,55 +655,10 @@ class JobRun final : private SupervisorHooks {
   std::map<int, pb::Header> peers_requests_;   // SET_PEERS by site index
   std::vector<SiteProgress> progress_;         // one per site server
   double next_progress_s_ = 0;
-  double next_plain_s_ = kPlainProgressPeriodS;
-  int progress_lines_ = 0;  // lines of the live block drawn on a terminal
+  ProgressDisplay display_;  // where the progress goes (options_.progress)
 };
 
 }  // namespace
-
-std::string FormatSiteProgress(const SiteProgressView& site) {
-  char buf[256];
-  if (site.restarting) {
-    return "restarting (attempt " + std::to_string(site.attempt) + ")";
-  }
-  if (site.silent_s >= 0) {
-    std::snprintf(buf, sizeof(buf), "down (no answer for %.0f s)",
-                  site.silent_s);
-    return buf;
-  }
-  if (site.status == nullptr) return "starting";
-  const pb::SiteStatus& status = *site.status;
-  std::string line;
-  if (status.workers_joined() < status.workers_expected() &&
-      status.elapsed_s() <= 0) {
-    std::snprintf(buf, sizeof(buf), "%u/%u workers joined",
-                  status.workers_joined(), status.workers_expected());
-    line = buf;
-  } else {
-    const pb::EvalPoint& eval = status.last_eval();
-    const bool accuracy = site.metric == "accuracy";
-    std::snprintf(buf, sizeof(buf),
-                  "train %.1f s  %s %.4f  loss %.4f  %.0f commits/s",
-                  status.elapsed_s(), accuracy ? "acc" : site.metric.c_str(),
-                  accuracy ? eval.accuracy() : eval.metric(), eval.loss(),
-                  status.commits_per_s());
-    line = buf;
-    if (status.has_theta()) {
-      std::snprintf(buf, sizeof(buf), "  clock %lld  theta %.3g  WAN %.1f MB",
-                    static_cast<long long>(site.clock), status.theta(),
-                    status.wan_bytes_sent() / 1e6);
-      line += buf;
-    }
-  }
-  if (status.workers_dead() > 0) {
-    line += "  workers dead " + std::to_string(status.workers_dead());
-  }
-  if (status.peers_unreachable() > 0) {
-    line += "  peers unreachable " + std::to_string(status.peers_unreachable());
-  }
-  if (site.finished) line += "  finished";
-  return line;
-}
 
 Result<pb::RunReport> RunJob(const pb::JobConfig& job,
                              const RunOptions& options) {
@@ -888,73 +666,5 @@ Result<pb::RunReport> RunJob(const pb::JobConfig& job,
   JobRun run(job, options);
   return run.Run();
 }
-
-Status RunWithSiteWorkers(const std::string& config_path,
-                          const pb::JobConfig& job, const std::string& site,
-                          const std::string& log_dir, const std::string& binary,
-                          const std::function<Status()>& serve) {
-  MERIDIAN_ASSIGN_OR_RETURN(const int s, FindSite(job, site));
-  std::error_code error;
-  std::filesystem::create_directories(log_dir, error);
-  if (error) {
-    return InvalidArgumentError("cannot create log directory '" + log_dir +
-                                "': " + error.message());
-  }
-  const std::string self = binary.empty() ? SelfExecutable() : binary;
-  std::vector<ChildProcess> workers;
-  auto stop_workers = [&](double grace_s) {
-    Stopwatch waited;
-    int signal = 0;
-    while (true) {
-      bool all_done = true;
-      for (ChildProcess& worker : workers) all_done &= worker.Poll();
-      if (all_done) return;
-      if (waited.ElapsedSeconds() > grace_s && signal != SIGKILL) {
-        signal = signal == 0 ? SIGTERM : SIGKILL;
-        for (ChildProcess& worker : workers) worker.Signal(signal);
-        waited.Reset();
-        grace_s = kKillGraceS;
-      }
-      std::this_thread::sleep_for(kMonitorInterval);
-    }
-  };
-  for (uint32_t w = 0; w < SiteWorkerCount(job.site(s)); ++w) {
-    Result<ChildProcess> child = ChildProcess::Spawn(
-        "worker " + std::to_string(w) + " of site '" + site + "'",
-        {self, "worker", "--config", config_path, "--site", site, "--index",
-         std::to_string(w)},
-        log_dir + "/worker-" + site + "-" + std::to_string(w) + ".log");
-    if (!child.ok()) {
-      stop_workers(0);
-      return child.status();
-    }
-    workers.push_back(std::move(*child));
-  }
-  MLOG(INFO) << "started " << workers.size() << " workers of site '" << site
-             << "'; their logs are in " << log_dir;
-  Status served = serve();
-  stop_workers(kWorkerGraceS);
-  if (!served.ok()) return served;
-  for (ChildProcess& worker : workers) {
-    if (!worker.succeeded()) {
-      return UnavailableError(worker.name() + " " + worker.DescribeExit() +
-                              "; its log " + worker.log_path() +
-                              " ends with:\n" + worker.LogTail(kLogTailLines));
-    }
-  }
-  return Status::Ok();
-}
-
-const std::atomic<bool>* InstallStopSignalHandlers() {
-  struct sigaction action {};
-  action.sa_handler = OnStopSignal;
-  sigemptyset(&action.sa_mask);
-  ::sigaction(SIGINT, &action, nullptr);
-  ::sigaction(SIGTERM, &action, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
-  return &g_stop_signal;
-}
-
-const std::atomic<int>* StopSignalCount() { return &g_stop_signals; }
 
 }  // namespace meridian

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "meridian/core/clock.h"
-#include "meridian/launch/launcher.h"
 #include "meridian/core/log.h"
 #include "meridian/report/report.h"
 

@@ -4,8 +4,8 @@
 // it and the file its traffic samples went to. Saved atomically after every
 // change, so that `meridian run --resume` continues it after every process
 // was killed and the report counts wanem's traffic across its processes.
-// (ResumeConfigPath of meridian/launcher.h, which reads it, is defined in
-// run_manifest.cc.)
+// Its public face is meridian/launch/run_manifest.h (ResumeConfigPath);
+// both are implemented by run_manifest.cc.
 //
 // Ownership and threads: owned by the launcher's JobRun and used by the
 // thread that called RunJob alone; not thread-safe.
@@ -16,15 +16,18 @@
 // 2 * (max_restarts + 1) * (1 + T / 60) events, and never more than
 // kMaxFaultEvents (fault_events.h; later ones are logged only). One wanem
 // entry per wanem process.
-#ifndef MERIDIAN_LAUNCH_RUN_MANIFEST_H_
-#define MERIDIAN_LAUNCH_RUN_MANIFEST_H_
+// (The guard names src/: include/meridian/launch/run_manifest.h has the
+// plain one.)
+#ifndef MERIDIAN_SRC_LAUNCH_RUN_MANIFEST_H_
+#define MERIDIAN_SRC_LAUNCH_RUN_MANIFEST_H_
 
 #include <string>
 #include <vector>
 
-#include "meridian/job.pb.h"
-#include "meridian/report.pb.h"
 #include "meridian/core/status.h"
+#include "meridian/job.pb.h"
+#include "meridian/launch/run_manifest.h"
+#include "meridian/report.pb.h"
 #include "report/fault_events.h"
 
 namespace meridian {
@@ -94,4 +97,4 @@ class RunManifestFile {
 
 }  // namespace meridian
 
-#endif  // MERIDIAN_LAUNCH_RUN_MANIFEST_H_
+#endif  // MERIDIAN_SRC_LAUNCH_RUN_MANIFEST_H_

@@ -6,12 +6,12 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 #include <utility>
 
-#include "meridian/launch/launcher.h"
 #include "meridian/core/log.h"
 
 namespace meridian {
@@ -55,6 +55,12 @@ double RestartBackoffSeconds(double first_s, uint32_t restart) {
   const double doubled =
       first_s * std::pow(2.0, static_cast<double>(std::max(restart, 1u) - 1));
   return std::min(doubled, kMaxBackoffS);
+}
+
+std::string SelfExecutable() {
+  std::error_code error;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::string("meridian") : path.string();
 }
 
 // ---- RestartPolicy ----------------------------------------------------------

@@ -5,8 +5,7 @@
 // with their final flush, then wanem; a second interrupt kills everything).
 // What a restart means for a role beyond its command (a site server's
 // peers, wanem's routes and counters, the progress line) is left to
-// SupervisorHooks. (RestartBackoffSeconds of meridian/launcher.h is
-// defined in supervisor.cc.)
+// SupervisorHooks.
 //
 // Ownership and threads: owned by the launcher's JobRun and used by the
 // thread that called RunJob alone (the monitor loop); not thread-safe.
@@ -53,6 +52,15 @@ inline constexpr auto kMonitorInterval = std::chrono::milliseconds(100);
 inline constexpr int kLogTailLines = 8;
 // Restart backoff ceiling (fault.restart_backoff_s doubles up to it).
 inline constexpr double kMaxBackoffS = 30.0;
+
+// The pause before restart number `restart` (1 for the first) of one child:
+// first_s doubled per restart, at most kMaxBackoffS; 0 for a first_s that
+// is not positive and finite.
+double RestartBackoffSeconds(double first_s, uint32_t restart);
+
+// The meridian executable children run by default: this process's own
+// (/proc/self/exe), or "meridian" when that cannot be read.
+std::string SelfExecutable();
 // A process of a child that was up (ready, its start steps done) at least
 // this long before it failed ran healthy: the child's count of restarts and
 // its backoff start again, so that only a child that keeps failing reaches

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -110,8 +111,20 @@ void CommitOverheadEstimate::Add(double sample_s) {
 // ---------------------------------------------------------------------------
 // Loss curve.
 
-Result<LossCurve> FitLossCurve(std::span<const LossSample> samples) {
+namespace {
+
+// The samples a loss curve is fitted to: finite, at t >= 0, sorted by
+// time, at 3 or more distinct times, and falling.
+struct FallingSamples {
   std::vector<LossSample> points;
+  double lo = 0;     // the lowest loss
+  double range = 0;  // highest - lowest loss, > 0
+};
+
+Result<FallingSamples> ParseFallingSamples(
+    std::span<const LossSample> samples) {
+  FallingSamples parsed;
+  std::vector<LossSample>& points = parsed.points;
   points.reserve(samples.size());
   for (const LossSample& s : samples) {
     if (std::isfinite(s.t_s) && std::isfinite(s.loss) && s.t_s >= 0) {
@@ -154,13 +167,20 @@ Result<LossCurve> FitLossCurve(std::span<const LossSample> samples) {
     return FailedPreconditionError("loss does not fall (slope " +
                                    Num(var > 0 ? cov / var : 0) + ")");
   }
+  parsed.lo = lo;
+  parsed.range = range;
+  return parsed;
+}
 
-  // Scan the plateau's distance below the lowest loss on a log grid, then
-  // refine the best cell by golden-section search.
+// The plateau c of the best fit, as log((lo - c) / range): scans the
+// plateau's distance below the lowest loss on a log grid, then refines the
+// best cell by golden-section search. nullopt when no gap on the grid
+// fits.
+std::optional<double> BestLogGap(const FallingSamples& samples) {
   const double log_lo = std::log(kMinGap), log_hi = std::log(kMaxGap);
-  auto plateau = [&](double log_gap) { return lo - std::exp(log_gap) * range; };
   auto sse_at = [&](double log_gap) {
-    return FitForPlateau(points, plateau(log_gap)).sse;
+    const double plateau = samples.lo - std::exp(log_gap) * samples.range;
+    return FitForPlateau(samples.points, plateau).sse;
   };
   int best = -1;
   double best_sse = kInf;
@@ -172,9 +192,7 @@ Result<LossCurve> FitLossCurve(std::span<const LossSample> samples) {
       best = i;
     }
   }
-  if (best < 0) {
-    return FailedPreconditionError("no falling curve 1/(a^2 t + b) + c fits");
-  }
+  if (best < 0) return std::nullopt;
   const double step = (log_hi - log_lo) / (kGapSteps - 1);
   double left = log_lo + step * std::max(best - 1, 0);
   double right = log_lo + step * std::min(best + 1, kGapSteps - 1);
@@ -201,8 +219,20 @@ Result<LossCurve> FitLossCurve(std::span<const LossSample> samples) {
   if (std::min(f1, f2) < best_sse) {
     best_log = f1 <= f2 ? x1 : x2;
   }
-  const double c = plateau(best_log);
-  const LineFit fit = FitForPlateau(points, c);
+  return best_log;
+}
+
+}  // namespace
+
+Result<LossCurve> FitLossCurve(std::span<const LossSample> samples) {
+  MERIDIAN_ASSIGN_OR_RETURN(const FallingSamples falling,
+                            ParseFallingSamples(samples));
+  const std::optional<double> log_gap = BestLogGap(falling);
+  if (!log_gap.has_value()) {
+    return FailedPreconditionError("no falling curve 1/(a^2 t + b) + c fits");
+  }
+  const double c = falling.lo - std::exp(*log_gap) * falling.range;
+  const LineFit fit = FitForPlateau(falling.points, c);
   if (!std::isfinite(fit.sse)) {
     return FailedPreconditionError("no falling curve 1/(a^2 t + b) + c fits");
   }
@@ -210,11 +240,12 @@ Result<LossCurve> FitLossCurve(std::span<const LossSample> samples) {
   curve.a2 = fit.a2;
   curve.b = fit.b;
   curve.c = c;
-  curve.rms_residual = std::sqrt(fit.sse / n);
-  if (curve.rms_residual > kMaxRelativeResidual * range) {
+  curve.rms_residual =
+      std::sqrt(fit.sse / static_cast<double>(falling.points.size()));
+  if (curve.rms_residual > kMaxRelativeResidual * falling.range) {
     return FailedPreconditionError("loss is too noisy to fit (RMS residual " +
                                    Num(curve.rms_residual) + ", range " +
-                                   Num(range) + ")");
+                                   Num(falling.range) + ")");
   }
   return curve;
 }

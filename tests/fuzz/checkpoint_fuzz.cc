@@ -1,5 +1,6 @@
-// libFuzzer target for the decoders of a site server's durable state
-// (src/runtime/checkpoint.h): DecodeCheckpoint and DecodeLogSegment read
+// libFuzzer target for the decoders of a site server's durable state:
+// DecodeCheckpoint (src/durable/checkpoint_codec.h) and DecodeLogSegment
+// (src/durable/log_reader.h) read
 // files a crash may have truncated and a disk may have corrupted. Besides
 // "no crash, no leak, no out-of-bounds access, no unbounded allocation",
 // it checks what an accepted input promises, so that a decoder that lets a
@@ -17,7 +18,7 @@
 //          decoding, so that mutations reach the parser behind them
 //   other bits are ignored.
 // The seed corpus is tests/fuzz/corpus/checkpoint/ (written by
-// tests/runtime/checkpoint_test.cc).
+// tests/durable/checkpoint_codec_test.cc).
 
 #include <zlib.h>
 
@@ -29,8 +30,9 @@
 #include <span>
 #include <vector>
 
+#include "durable/checkpoint_codec.h"
+#include "durable/log_reader.h"
 #include "meridian/core/status.h"
-#include "durable/checkpoint.h"
 
 namespace {
 

@@ -22,7 +22,8 @@
 
 #include "meridian/wan_control.pb.h"
 #include "meridian/wan/control.h"
-#include "wan/model.h"
+#include "meridian/wan/link_model.h"
+#include "wan/host_port.h"
 #include "meridian/wan/units.h"
 
 namespace {

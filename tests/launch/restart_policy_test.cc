@@ -6,7 +6,6 @@
 
 #include <cstdint>
 
-#include "meridian/launch/launcher.h"
 #include "launch/supervisor.h"
 
 namespace meridian {

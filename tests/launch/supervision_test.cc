@@ -25,8 +25,9 @@
 #include <thread>
 #include <vector>
 
+#include "launch/progress.h"
+#include "launch/supervisor.h"
 #include "meridian/job.pb.h"
-#include "meridian/launch/launcher.h"
 #include "meridian/metrics/metrics.h"
 #include "meridian/report/report.h"
 #include "meridian/report.pb.h"

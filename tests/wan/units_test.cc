@@ -1,7 +1,8 @@
 // Units as tc writes them, and clear errors for anything else.
 #include <gtest/gtest.h>
 
-#include "wan/model.h"
+#include "meridian/wan/link_model.h"
+#include "wan/host_port.h"
 #include "meridian/wan/units.h"
 #include "testing/status_matchers.h"
 

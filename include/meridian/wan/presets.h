@@ -10,9 +10,9 @@
 #include <string_view>
 #include <vector>
 
-#include "meridian/job.pb.h"
 #include "meridian/core/status.h"
-#include "wan/model.h"
+#include "meridian/job.pb.h"
+#include "meridian/wan/link_model.h"
 
 namespace meridian::wan {
 

@@ -26,11 +26,10 @@
 #include <vector>
 
 #include "meridian/core/clock.h"
-#include "meridian/job.pb.h"
-#include "meridian/wan_control.pb.h"
 #include "meridian/core/status.h"
-#include "wan/emulator.h"
-#include "wan/model.h"
+#include "meridian/job.pb.h"
+#include "meridian/wan/link_model.h"
+#include "meridian/wan_control.pb.h"
 
 namespace meridian::wan {
 

@@ -1,18 +1,21 @@
-// The model of an emulated WAN link: per direction, a bandwidth (the
-// serialization rate), a one-way propagation latency, jitter and a queue
-// limit. A link joins two sites {a, b}, is named "a-b" (a = the site listed
-// first in the job) and has two independent directions, so asymmetric links
-// are just two different DirectionModels.
-#ifndef MERIDIAN_WAN_MODEL_H_
-#define MERIDIAN_WAN_MODEL_H_
+// The model of the emulated WAN: links and routes. Per direction, a link
+// has a bandwidth (the serialization rate), a one-way propagation latency,
+// jitter and a queue limit. A link joins two sites {a, b}, is named "a-b"
+// (a = the site listed first in the job) and has two independent
+// directions, so asymmetric links are just two different DirectionModels.
+// A route is a TCP listener attached to a link for connections from one
+// side to an address on the other (wan/emulator.h runs them).
+#ifndef MERIDIAN_WAN_LINK_MODEL_H_
+#define MERIDIAN_WAN_LINK_MODEL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "meridian/core/clock.h"
-#include "meridian/job.pb.h"
 #include "meridian/core/status.h"
+#include "meridian/job.pb.h"
 
 namespace meridian::wan {
 
@@ -78,15 +81,18 @@ struct LinkModel {
   std::string name() const { return a + "-" + b; }
 };
 
-// Splits "host:port", "[v6addr]:port" or "tcp://host:port" into host and
-// port. `allow_port_zero`: listen addresses may ask for a free port.
-struct HostPort {
-  std::string host;
-  uint16_t port = 0;
-  std::string ToString() const;  // "host:port" ("[v6]:port" for IPv6)
+struct RouteSpec {
+  std::string link;       // "a-b"
+  std::string from_site;  // a or b: the side whose processes connect
+  std::string listen;     // host:port to listen on; port 0 picks a free one
+  std::string forward;    // host:port on the other side
+  // false: a forward host that does not resolve is an error. true (the
+  // routes of a standalone wanem, whose peers may not exist yet, e.g. a
+  // Kubernetes Service created later): a warning, and the host is looked up
+  // again for every connection.
+  bool allow_unresolved = false;
 };
-Result<HostPort> ParseHostPort(std::string_view text, bool allow_port_zero);
 
 }  // namespace meridian::wan
 
-#endif  // MERIDIAN_WAN_MODEL_H_
+#endif  // MERIDIAN_WAN_LINK_MODEL_H_
