@@ -73,11 +73,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-import repeats  # noqa: E402
-import workloads  # noqa: E402
+from scenariolib import ROOT, repeats, workloads
 
 # Set from --workload in main().
 WORKLOAD = workloads.get("mlp")

@@ -36,7 +36,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scenariolib import ROOT
 
 
 def main():

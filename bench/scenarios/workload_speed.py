@@ -57,12 +57,8 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-
-import torch_models  # noqa: E402  (needs no torch until measuring)
+import torch_models  # (needs no torch until measuring)
+from scenariolib import ROOT
 
 GOAL = 1.0
 # Set in the environment, these change what is measured; the header shows
@@ -314,7 +310,7 @@ def main():
             "(cmake --build build --target meridian_bench), pass --binary "
             "PATH, or measure PyTorch alone with --torch-only")
 
-    torch = torch_models.require_torch(os.path.abspath(__file__),
+    torch = torch_models.require_torch(os.path.abspath(sys.argv[0]),
                                        sys.argv[1:])
     torch_models.set_threads(args.threads)
     info = torch_models.torch_info()

@@ -98,11 +98,8 @@ import threading
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-import repeats  # noqa: E402
+from scenariolib import ROOT, repeats
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_BINARY = os.path.join(ROOT, "build", "bin", "meridian")
 SHIPPED_JOB = os.path.join(ROOT, "deploy", "configs", "three-regions.pbtxt")
 SITES = ("us", "eu", "ap")

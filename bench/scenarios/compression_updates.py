@@ -41,11 +41,7 @@ import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-import workloads  # noqa: E402
+from scenariolib import ROOT, workloads
 
 DEFAULT_WORKLOADS = ("mlp", "cnn", "cnn-gn", "mf")
 KINDS = ("commit", "significant", "significant-random")

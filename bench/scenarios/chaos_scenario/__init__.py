@@ -1,0 +1,1 @@
+"""The chaos scenario (bench/scenarios/chaos): see main.py."""
