@@ -27,9 +27,8 @@ NoniidTest         ALGORITHM@SECONDS: a valid job that sends between
 """
 
 import argparse
-import importlib.machinery
+import importlib
 import json
-import importlib.util
 import os
 import subprocess
 import sys
@@ -41,14 +40,12 @@ SOURCE = None    # repository root (--source)
 
 
 def scenario(name):
-    """bench/scenarios/NAME as a module (the scripts have no .py)."""
-    path = os.path.join(SOURCE, "bench", "scenarios", name)
-    loader = importlib.machinery.SourceFileLoader(
-        name.replace("-", "_"), path)
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    """The module bench/scenarios/NAME.py (NAME "repeats":
+    scenariolib/repeats.py)."""
+    name = name.replace(".py", "")
+    if name in ("repeats", "workloads"):
+        name = "scenariolib." + name
+    return importlib.import_module(name)
 
 
 def run_script(name, *args):
