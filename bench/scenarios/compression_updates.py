@@ -5,11 +5,12 @@
                                         [--updates N] [--warmup-steps N]
                                         [--theta X] [--min-time S]
                                         [--binary PATH] [--dry-run]
+                                        [--publish | --no-publish]
 
-For each workload of bench/scenarios/workloads.py (default: mlp, cnn,
-cnn-gn, mf), writes a one-site job with the workload's model, data and
-optimizer, the scenarios' local steps per commit (the workload's own, else
-4) and Gaia's default filter (threshold 0.05, RELATIVE), and runs
+For each workload of bench/scenarios/scenariolib/workloads.py (default: mlp,
+cnn, cnn-gn, mf), writes a one-site job with the workload's model, data and
+optimizer, the scenarios' local steps per commit (the workload's own, else 4)
+and Gaia's default filter (threshold 0.05, RELATIVE), and runs
 `compression_bench --job=FILE` on it: the model trained in that process,
 `--updates` changes of it recorded after `--warmup-steps` steps, every
 pipeline run on three kinds of update, tensor by tensor as the servers
@@ -32,7 +33,11 @@ the dense fp32 model, encode and decode throughput) and OUTDIR/results.md
 (a side-by-side table of the encoded size per update for the pipelines
 Meridian's sync uses, and the ratio of real to random positions).
 --dry-run writes the jobs and checks them with `meridian validate` only.
-Exits non-zero when a run fails.
+Exits non-zero when a run fails. A run of every default workload publishes
+results.md into docs/results/compression_updates.md (--quick:
+compression_updates-quick.md), with the command line, commit, date and
+machine; a run of fewer workloads publishes only with --publish,
+--no-publish never (bench/scenarios/scenariolib/publish.py).
 """
 
 import argparse
@@ -41,30 +46,35 @@ import os
 import subprocess
 import sys
 
-from scenariolib import ROOT, workloads
+from scenariolib import ROOT, cli, jobs, results, runner, tables, workloads
 
+SCENARIO = results.Scenario("compression_updates",
+                            "Compression pipelines on real updates")
+TAG = SCENARIO.name
 DEFAULT_WORKLOADS = ("mlp", "cnn", "cnn-gn", "mf")
 KINDS = ("commit", "significant", "significant-random")
 # The pipelines of the side-by-side table: what Meridian's sync sends by
 # default (int8 blocks + zstd), int4 (Streaming DiLoCo's), fp32 (no coding).
 SUMMARY_PIPELINES = ("fp32", "int8+zstd1", "int4+zstd1")
 THETA = 0.05
+DEFAULT_BENCH = os.path.join(ROOT, "build", "bin", "compression_bench")
 
 
-def job_text(w, theta):
-    lines = [f'name: "compression-{w.name}"', "seed: 1", w.model]
-    if w.data:
-        lines.append(w.data)
-    lines.append(workloads.optimizer_block(w, 1))
-    lines.append('site { name: "one" workers { count: 1 } }')
-    lines.append("policy { kind: ASYNC local_steps: "
-                 f"{w.local_steps or 4} }}")
-    lines.append(f"sync {{ kind: GAIA threshold: {theta:g} "
-                 "threshold_mode: RELATIVE }")
+def job_text(w: workloads.Workload, theta: float) -> str:
+    """A one-site job of the workload, one worker, the scenarios' local
+    steps per commit and Gaia's default filter."""
+    lines = [f'name: "compression-{w.name}"', "seed: 1",
+             workloads.training_blocks(w, 1),
+             'site { name: "one" workers { count: 1 } }',
+             f"policy {{ kind: ASYNC local_steps: {w.local_steps or 4} }}",
+             jobs.gaia_sync(theta)]
     return "\n".join(lines) + "\n"
 
 
-def run_one(args, w, job_path):
+def run_one(args: argparse.Namespace, w: workloads.Workload,
+            job_path: str) -> tuple[dict, object]:
+    """compression_bench on the job: its table in OUTDIR/<workload>.md, its
+    measurements parsed."""
     cmd = [args.binary, f"--job={job_path}", f"--updates={args.updates}",
            f"--warmup_steps={args.warmup_steps}",
            f"--benchmark_min_time={args.min_time}",
@@ -81,7 +91,7 @@ def run_one(args, w, job_path):
     return parse(json.loads(done.stdout))
 
 
-def parse(report):
+def parse(report: dict) -> tuple[dict, object]:
     """{(pipeline, kind): row} from compression_bench's JSON output."""
     rows = {}
     memcpy = None
@@ -108,28 +118,22 @@ def parse(report):
     return rows, memcpy
 
 
-def human(n):
-    if n is None:
-        return "n/a"
-    if n >= 1e6:
-        return f"{n / 1e6:.2f} MB"
-    if n >= 1e3:
-        return f"{n / 1e3:.1f} kB"
-    return f"{n:.0f} B"
+def human(n: float) -> str:
+    """A size as compression_bench's table prints it: "1.23 MB",
+    "4.5 kB"."""
+    return tables.data_size(n, missing="n/a", kilo_digits=1)
 
 
-def fraction(ratio):
+def fraction(ratio: float) -> str:
     """A size ratio as the C++ table prints it: 1/250, 1/42.3."""
     return f"{ratio:.0f}" if ratio >= 100 else f"{ratio:.1f}"
 
 
-def summary(results):
-    out = ["| workload | parameters | update | density | " +
-           " | ".join(f"{p} per update (vs dense fp32)"
-                      for p in SUMMARY_PIPELINES) +
-           " | int8+zstd1 bytes per entry | real / random positions "
-           "(int8+zstd1) |",
-           "|---|---|---|---|" + "---|" * len(SUMMARY_PIPELINES) + "---|---|"]
+def summary(results: dict) -> str:
+    """The side-by-side table: per workload and kind of update, the encoded
+    size of each SUMMARY_PIPELINES pipeline against the dense fp32 model,
+    int8+zstd1's bytes per entry and real / random positions."""
+    rows = []
     for name, r in results.items():
         dense = r["parameters"] * 4
         for kind in ("commit", "significant"):
@@ -149,15 +153,39 @@ def summary(results):
                     ratio = f"{real / rnd['encoded_bytes']:.2f}"
             density = (f"{100 * goal['entries'] / r['parameters']:.2f}%"
                        if goal.get("entries") is not None else "n/a")
-            out.append(f"| {name} | {r['parameters']:,} | {kind} | "
-                       f"{density} | " + " | ".join(cells) +
-                       f" | {per_entry} | {ratio} |")
-    return "\n".join(out) + "\n"
+            rows.append([name, f"{r['parameters']:,}", kind, density, *cells,
+                         per_entry, ratio])
+    return "\n".join(tables.table(
+        ["workload", "parameters", "update", "density",
+         *(f"{p} per update (vs dense fp32)" for p in SUMMARY_PIPELINES),
+         "int8+zstd1 bytes per entry",
+         "real / random positions (int8+zstd1)"], rows)) + "\n"
 
 
-def main():
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def workload_results(w: workloads.Workload, rows: dict,
+                     memcpy: object) -> dict:
+    """results.json's entry of one workload: its rows by PIPELINE/KIND with
+    bytes per entry, density and the ratio to the dense fp32 model."""
+    parameters = next((int(v["model_elements"]) for v in rows.values()
+                       if v.get("model_elements")), None)
+    entry = {
+        "description": w.description, "parameters": parameters,
+        "memcpy_bytes_per_second": memcpy,
+        "rows": {f"{p}/{k}": v for (p, k), v in rows.items()},
+    }
+    for v in entry["rows"].values():
+        if v.get("entries"):
+            v["bytes_per_entry"] = v["encoded_bytes"] / v["entries"]
+        if parameters and v.get("entries") is not None:
+            v["density"] = v["entries"] / parameters
+        if parameters and v.get("encoded_bytes"):
+            v["dense_fp32_over_encoded"] = (parameters * 4 /
+                                            v["encoded_bytes"])
+    return entry
+
+
+def parse_args() -> argparse.Namespace:
+    parser = cli.parser(__doc__, whole_doc=True)
     parser.add_argument("outdir")
     parser.add_argument("--workload", default=",".join(DEFAULT_WORKLOADS),
                         help="comma-separated, of: " +
@@ -167,14 +195,13 @@ def main():
     parser.add_argument("--warmup-steps", type=int)
     parser.add_argument("--theta", type=float, default=THETA)
     parser.add_argument("--min-time", type=float)
-    parser.add_argument(
-        "--binary", default=os.path.join(ROOT, "build/bin/compression_bench"))
-    parser.add_argument("--meridian",
-                        default=os.path.join(ROOT, "build/bin/meridian"))
-    parser.add_argument("--dry-run", action="store_true")
-    args = parser.parse_args()
-    names = [n for n in args.workload.split(",") if n]
-    for n in names:
+    cli.add_binary(parser, DEFAULT_BENCH, "the compression_bench binary")
+    parser.add_argument("--meridian", default=runner.DEFAULT_MERIDIAN)
+    cli.add_dry_run(parser, "write the jobs and validate them, run nothing")
+    cli.add_publishing(parser, "--workload (fewer than the defaults)")
+    args = cli.parse(parser)
+    args.names = [n for n in args.workload.split(",") if n]
+    for n in args.names:
         if n not in workloads.WORKLOADS:
             parser.error(f"--workload {n}: not one of "
                          f"{', '.join(workloads.WORKLOADS)}")
@@ -188,52 +215,46 @@ def main():
         parser.error("--updates >= 1, --warmup-steps >= 0, --min-time > 0")
     if not args.theta >= 0:
         parser.error("--theta must be >= 0")
-    os.makedirs(args.outdir, exist_ok=True)
+    return args
 
-    results = {}
-    for n in names:
+
+def main() -> int:
+    args = parse_args()
+    os.makedirs(args.outdir, exist_ok=True)
+    if args.dry_run:
+        meridian = runner.require_binary(args.meridian, TAG, build=False)
+    else:
+        args.binary = runner.require_binary(args.binary, TAG,
+                                            default=DEFAULT_BENCH,
+                                            target="compression_bench")
+    measured = {}
+    for n in args.names:
         w = workloads.get(n)
         job_path = os.path.join(args.outdir, n + ".pbtxt")
         with open(job_path, "w") as f:
             f.write(job_text(w, args.theta))
         if args.dry_run:
-            done = subprocess.run([args.meridian, "validate", job_path],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                sys.exit(f"{n}: {job_path} is not valid:\n{done.stdout}"
-                         f"{done.stderr}")
+            ok, output = runner.validate(meridian, job_path)
+            if not ok:
+                sys.exit(f"{n}: {job_path} is not valid:\n{output}")
             print(f"{n}: {job_path} valid")
             continue
-        rows, memcpy = run_one(args, w, job_path)
-        parameters = next((int(v["model_elements"]) for v in rows.values()
-                           if v.get("model_elements")), None)
-        results[n] = {
-            "description": w.description, "parameters": parameters,
-            "memcpy_bytes_per_second": memcpy,
-            "rows": {f"{p}/{k}": v for (p, k), v in rows.items()},
-        }
-        for v in results[n]["rows"].values():
-            if v.get("entries"):
-                v["bytes_per_entry"] = v["encoded_bytes"] / v["entries"]
-            if parameters and v.get("entries") is not None:
-                v["density"] = v["entries"] / parameters
-            if parameters and v.get("encoded_bytes"):
-                v["dense_fp32_over_encoded"] = (parameters * 4 /
-                                                v["encoded_bytes"])
+        measured[n] = workload_results(w, *run_one(args, w, job_path))
     if args.dry_run:
-        return
+        return 0
     settings = {"updates": args.updates, "warmup_steps": args.warmup_steps,
                 "theta": args.theta, "min_time_s": args.min_time}
-    with open(os.path.join(args.outdir, "results.json"), "w") as f:
-        json.dump({"settings": settings, "workloads": results}, f, indent=1)
     text = (f"Real updates: {args.updates} per workload after "
             f"{args.warmup_steps} steps, significance filter θ "
             f"{args.theta:g} RELATIVE; sizes are means per update.\n\n" +
-            summary(results))
-    with open(os.path.join(args.outdir, "results.md"), "w") as f:
-        f.write(text)
+            summary(measured))
+    results.write(args.outdir, text,
+                  {"settings": settings, "workloads": measured}, echo=False)
     print("\n" + text)
+    return results.publish_if_wanted(
+        SCENARIO, args, text,
+        restricted=not set(DEFAULT_WORKLOADS) <= set(args.names))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,6 +5,7 @@
                                    [--presets a,b,...] [--batches 16,64]
                                    [--threads T] [--min-time S]
                                    [--binary PATH] [--torch-only]
+                                   [--publish | --no-publish]
 
 For each model preset and batch size, N repetitions of one measurement on
 each side, interleaved (Meridian, PyTorch, Meridian, PyTorch, ...) so that
@@ -44,8 +45,14 @@ The table: samples/s median [min–max] per side, the ratio Meridian/PyTorch
 Writes OUTDIR/results.md and OUTDIR/results.json (every raw number). Exits 0
 whether or not goals are met; non-zero on a broken setup: no torch (Debian's
 python3-torch; without torch here the script re-executes itself under
-/usr/bin/python3), no binary without --torch-only, or a Meridian benchmark
-that ran and failed. Only the standard library and torch are used.
+/usr/bin/python3), a --binary that is not an executable (a missing
+build/bin/meridian_bench is built with tools/build first), or a Meridian
+benchmark that ran and failed. A run of every preset at the default batches
+publishes results.md into docs/results/workload_speed.md (--quick:
+workload_speed-quick.md), with the command line, commit, date and machine;
+--presets, --batches and --torch-only runs publish only with --publish,
+--no-publish never (bench/scenarios/scenariolib/publish.py). Only the
+standard library and torch are used.
 """
 
 import argparse
@@ -56,9 +63,16 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import torch_models  # (needs no torch until measuring)
-from scenariolib import ROOT
+from scenariolib import ROOT, cli, provenance, results, runner, tables
+from scenariolib.repeats import median_range
+
+SCENARIO = results.Scenario(
+    "workload_speed", "Training step throughput: Meridian against PyTorch")
+TAG = SCENARIO.name
+DEFAULT_BENCH = os.path.join(ROOT, "build", "bin", "meridian_bench")
 
 GOAL = 1.0
 # Set in the environment, these change what is measured; the header shows
@@ -72,11 +86,13 @@ ENV_OF_NOTE = ("LD_PRELOAD", "LD_LIBRARY_PATH", "GLIBC_TUNABLES",
 QUICK_PRESETS = ("lenet5", "lenet5-bn", "lenet5-gn", "vgg-small")
 
 
-def benchmark_name(preset, batch):
+def benchmark_name(preset: str, batch: int) -> str:
+    """The name of meridian_bench's step benchmark of a preset and batch."""
     return f"ModelStep/{preset}/batch:{batch}"
 
 
-def parse_benchmark_json(text, preset, batch):
+def parse_benchmark_json(text: str, preset: str,
+                         batch: int) -> Optional[dict]:
     """The measurement of ModelStep/<preset>/batch:<B> in Google Benchmark's
     JSON output `text`: a dict with samples_per_s (items_per_second) and the
     raw fields, None when the output holds no such benchmark. Raises
@@ -124,7 +140,7 @@ def parse_benchmark_json(text, preset, batch):
     return None
 
 
-def list_benchmarks(binary):
+def list_benchmarks(binary: str) -> Optional[list[str]]:
     """Names meridian_bench offers (--benchmark_list_tests), or None."""
     try:
         proc = subprocess.run([binary, "--benchmark_list_tests"],
@@ -137,7 +153,8 @@ def list_benchmarks(binary):
     return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
 
 
-def run_meridian(binary, preset, batch, min_time):
+def run_meridian(binary: str, preset: str, batch: int, min_time: float
+                 ) -> tuple[Optional[dict], Optional[str]]:
     """One Meridian measurement: (result dict or None, error text or None).
     None and None: the binary has no such benchmark."""
     # Preset names are [a-z0-9-]: nothing to escape in the regex.
@@ -165,18 +182,7 @@ def run_meridian(binary, preset, batch, min_time):
     return result, None
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def loaded_blas():
+def loaded_blas() -> Optional[str]:
     """The BLAS library this process loaded (torch's Linear layers use it):
     the real path of libblas/libopenblas/libmkl from /proc/self/maps."""
     found = set()
@@ -192,7 +198,7 @@ def loaded_blas():
     return ", ".join(sorted(found)) or None
 
 
-def torch_build_info(torch):
+def torch_build_info(torch) -> dict:
     config = torch.__config__.show()
     blas = re.search(r"BLAS_INFO=([^,\s]+)", config)
     return {
@@ -203,7 +209,7 @@ def torch_build_info(torch):
     }
 
 
-def meridian_build_type(binary):
+def meridian_build_type(binary: str) -> Optional[str]:
     """CMAKE_BUILD_TYPE of the build tree holding `binary` (bin/..)."""
     cache = os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(binary))), "CMakeCache.txt")
@@ -217,15 +223,9 @@ def meridian_build_type(binary):
     return None
 
 
-def median_range(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values),
-            "max": max(values), "runs": len(values)}
-
-
-def fmt_rate(cell):
+def fmt_rate(cell: Optional[dict]) -> str:
+    """Samples/s of a cell: "12,345 [11,000–13,000]" (one repetition: the
+    value alone)."""
     if cell is None:
         return "—"
     text = f"{cell['median']:,.0f}"
@@ -234,7 +234,7 @@ def fmt_rate(cell):
     return text
 
 
-def pick_torch_variant(reps):
+def pick_torch_variant(reps: list[dict]) -> Optional[str]:
     """For PyTorch presets measured in several variants (mf: dense and
     sparse embeddings): the variant with the highest median samples/s
     becomes each repetition's "torch" entry. Returns the variant (None for
@@ -249,8 +249,8 @@ def pick_torch_variant(reps):
     return None if best == "default" else best
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args() -> argparse.Namespace:
+    parser = cli.parser(__doc__)
     parser.add_argument("outdir")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeat", type=int, default=None,
@@ -264,160 +264,117 @@ def main():
     parser.add_argument("--min-time", type=float, default=None,
                         help="seconds per measurement (default 2.0; "
                              "quick 0.3)")
-    parser.add_argument("--binary", default=os.path.join(
-        ROOT, "build", "bin", "meridian_bench"))
+    cli.add_binary(parser, DEFAULT_BENCH)
     parser.add_argument("--torch-only", action="store_true",
                         help="measure PyTorch alone")
-    args = parser.parse_args()
+    cli.add_publishing(parser, "--presets, --batches or --torch-only")
+    args = cli.parse(parser)
 
-    presets = list(QUICK_PRESETS if args.quick else torch_models.PRESETS)
+    args.preset_list = list(QUICK_PRESETS if args.quick
+                            else torch_models.PRESETS)
     if args.presets:
-        presets = [p for p in args.presets.split(",") if p]
-    unknown = [p for p in presets if p not in torch_models.PRESETS]
+        args.preset_list = [p for p in args.presets.split(",") if p]
+    unknown = [p for p in args.preset_list if p not in torch_models.PRESETS]
     if unknown:
         parser.error(f"unknown preset(s) {', '.join(unknown)} (one of "
                      f"{', '.join(torch_models.PRESETS)})")
     try:
-        given = ([int(b) for b in args.batches.split(",") if b]
-                 if args.batches else None)
+        args.given_batches = ([int(b) for b in args.batches.split(",") if b]
+                              if args.batches else None)
     except ValueError:
         parser.error(f"--batches {args.batches!r}: comma-separated integers")
-    if given is not None and (not given or min(given) < 1):
+    if args.given_batches is not None and (not args.given_batches or
+                                           min(args.given_batches) < 1):
         parser.error("--batches must be positive")
-
-    def batches_of(preset):
-        if given is not None:
-            return given
-        if args.quick:
-            return [64]
-        return torch_models.default_batches(preset)
-    repeat = args.repeat if args.repeat is not None else (
-        1 if args.quick else 3)
-    min_time = args.min_time if args.min_time is not None else (
-        0.3 if args.quick else 2.0)
-    if repeat < 1:
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    if args.min_time is None:
+        args.min_time = 0.3 if args.quick else 2.0
+    if args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    if min_time <= 0:
+    if args.min_time <= 0:
         parser.error("--min-time must be positive")
     if args.threads < 1:
         parser.error("--threads must be at least 1")
+    return args
 
-    binary = os.path.abspath(args.binary)
-    if not args.torch_only and not (os.path.isfile(binary) and
-                                    os.access(binary, os.X_OK)):
-        raise SystemExit(
-            f"[workload_speed] no benchmark binary at {binary}: build it "
-            "(cmake --build build --target meridian_bench), pass --binary "
-            "PATH, or measure PyTorch alone with --torch-only")
 
-    torch = torch_models.require_torch(os.path.abspath(sys.argv[0]),
-                                       sys.argv[1:])
-    torch_models.set_threads(args.threads)
-    info = torch_models.torch_info()
-    info.update(torch_build_info(torch))
+def batches_of(args: argparse.Namespace, preset: str) -> list[int]:
+    """The batch sizes a preset is measured at."""
+    if args.given_batches is not None:
+        return args.given_batches
+    if args.quick:
+        return [64]
+    return torch_models.default_batches(preset)
 
-    offered = None
-    if not args.torch_only:
-        offered = list_benchmarks(binary)
-        if offered is None:
-            raise SystemExit(f"[workload_speed] {binary} "
-                             "--benchmark_list_tests failed: not a working "
-                             "meridian_bench")
-        if not any(n.startswith("ModelStep/") for n in offered):
-            print(f"[workload_speed] {binary} has no ModelStep benchmarks: "
-                  "Meridian cells will be missing", flush=True)
 
-    os.makedirs(args.outdir, exist_ok=True)
-    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    load_start = os.getloadavg()
-    cells = []
+def measure_cell(args: argparse.Namespace, binary: str, preset: str,
+                 batch: int) -> tuple[dict, int]:
+    """One cell: `repeat` repetitions of each side, interleaved; returns
+    the cell and how many Meridian measurements failed."""
+    reps = []
     failures = 0
-    for preset in presets:
-        for batch in batches_of(preset):
-            reps = []
-            for r in range(repeat):
-                rep = {"repetition": r + 1}
-                label = f"{preset} batch {batch} rep {r + 1}/{repeat}"
-                if not args.torch_only:
-                    result, error = run_meridian(binary, preset, batch,
-                                                 min_time)
-                    rep["meridian"] = result
-                    if error:
-                        rep["meridian_error"] = error
-                        failures += 1
-                        print(f"[workload_speed] {label}: Meridian failed: "
-                              f"{error}", flush=True)
-                rep["torch_variants"] = {
-                    variant or "default": torch_models.measure(
-                        preset, batch, min_time, seed=r, variant=variant)
-                    for variant in torch_models.variants(preset)}
-                reps.append(rep)
-                m = rep.get("meridian")
-                mer = ("—" if args.torch_only else
-                       f"{m['samples_per_s']:,.0f}" if m else
-                       "failed" if rep.get("meridian_error") else "missing")
-                tor = ", ".join(
-                    f"{result['samples_per_s']:,.0f}" +
-                    ("" if variant == "default" else f" ({variant})")
-                    for variant, result in rep["torch_variants"].items())
-                unit = "ratings/s" if preset == "mf" else "samples/s"
-                print(f"[workload_speed] {label}: Meridian {mer}, PyTorch "
-                      f"{tor} {unit}", flush=True)
-            torch_variant = pick_torch_variant(reps)
-            for rep in reps:
-                m = rep.get("meridian")
-                t = rep["torch"]["samples_per_s"]
-                rep["ratio"] = m["samples_per_s"] / t if m and t else None
-            meridian = median_range(
-                [r["meridian"]["samples_per_s"] for r in reps
-                 if r.get("meridian")])
-            ratio = median_range([r["ratio"] for r in reps])
-            cells.append({
-                "preset": preset,
-                "batch": batch,
-                "parameters": torch_models.parameter_count(preset),
-                "meridian": meridian,
-                "meridian_wall": median_range(
-                    [r["meridian"]["wall_samples_per_s"] for r in reps
-                     if r.get("meridian")]),
-                "torch": median_range([r["torch"]["samples_per_s"]
-                                       for r in reps]),
-                "torch_variant": torch_variant,
-                "torch_variants": {
-                    variant: median_range(
-                        [r["torch_variants"][variant]["samples_per_s"]
-                         for r in reps])
-                    for variant in reps[0]["torch_variants"]},
-                "ratio": ratio,
-                "goal_met": None if ratio is None else
-                ratio["median"] >= GOAL,
-                "repetitions": reps,
-            })
-    load_end = os.getloadavg()
+    for r in range(args.repeat):
+        rep = {"repetition": r + 1}
+        label = f"{preset} batch {batch} rep {r + 1}/{args.repeat}"
+        if not args.torch_only:
+            result, error = run_meridian(binary, preset, batch,
+                                         args.min_time)
+            rep["meridian"] = result
+            if error:
+                rep["meridian_error"] = error
+                failures += 1
+                runner.log(TAG, f"{label}: Meridian failed: {error}")
+        rep["torch_variants"] = {
+            variant or "default": torch_models.measure(
+                preset, batch, args.min_time, seed=r, variant=variant)
+            for variant in torch_models.variants(preset)}
+        reps.append(rep)
+        m = rep.get("meridian")
+        mer = ("—" if args.torch_only else
+               f"{m['samples_per_s']:,.0f}" if m else
+               "failed" if rep.get("meridian_error") else "missing")
+        tor = ", ".join(
+            f"{result['samples_per_s']:,.0f}" +
+            ("" if variant == "default" else f" ({variant})")
+            for variant, result in rep["torch_variants"].items())
+        unit = "ratings/s" if preset == "mf" else "samples/s"
+        runner.log(TAG, f"{label}: Meridian {mer}, PyTorch {tor} {unit}")
+    torch_variant = pick_torch_variant(reps)
+    for rep in reps:
+        m = rep.get("meridian")
+        t = rep["torch"]["samples_per_s"]
+        rep["ratio"] = m["samples_per_s"] / t if m and t else None
+    ratio = median_range([r["ratio"] for r in reps])
+    measured = [r["meridian"] for r in reps if r.get("meridian")]
+    return {
+        "preset": preset,
+        "batch": batch,
+        "parameters": torch_models.parameter_count(preset),
+        "meridian": median_range([m["samples_per_s"] for m in measured]),
+        "meridian_wall": median_range(
+            [m["wall_samples_per_s"] for m in measured]),
+        "torch": median_range([r["torch"]["samples_per_s"] for r in reps]),
+        "torch_variant": torch_variant,
+        "torch_variants": {
+            variant: median_range(
+                [r["torch_variants"][variant]["samples_per_s"]
+                 for r in reps])
+            for variant in reps[0]["torch_variants"]},
+        "ratio": ratio,
+        "goal_met": None if ratio is None else ratio["median"] >= GOAL,
+        "repetitions": reps,
+    }, failures
 
-    build_type = None if args.torch_only else meridian_build_type(binary)
-    kernels = sorted({r["meridian"].get("kernels") or "unknown"
-                      for c in cells for r in c["repetitions"]
-                      if r.get("meridian")})
-    if args.torch_only:
-        meridian_line = "Meridian: not measured (--torch-only)"
-    else:
-        shown = (os.path.relpath(binary, ROOT)
-                 if binary.startswith(ROOT + os.sep) else binary)
-        meridian_line = (f"Meridian: `{shown}` "
-                         f"(build type {build_type or 'unknown'}), "
-                         f"{'/'.join(kernels) or 'unknown'} kernels, one "
-                         "thread, Google Benchmark items_per_second")
-    environment = {k: os.environ[k] for k in ENV_OF_NOTE if k in os.environ}
-    environment_text = (", ".join(f"`{k}={v}`" for k, v in environment.items())
-                        or "no allocator, BLAS or threading variables set")
-    mkldnn = ("yes" if info["mkldnn_available"] and info["mkldnn_enabled"]
-              else "available, disabled" if info["mkldnn_available"]
-              else "no")
-    lines = [
-        "# Training step throughput: Meridian against PyTorch "
-        "(bench/scenarios/workload_speed)", "",
-    ]
+
+def setup_lines(args: argparse.Namespace, binary: str, cells: list[dict],
+                info: dict, environment: dict, started: str,
+                load: tuple[list[float], list[float]],
+                build_type: Optional[str], kernels: list[str]) -> list[str]:
+    """What was measured and how: the step of each kind of model, the
+    Meridian binary, PyTorch's build and threads, the environment, the
+    repetitions, the CPU and its load."""
+    lines = []
     if any(c["preset"] != "mf" for c in cells):
         lines += [
             "One SGD step (momentum 0.9, lr 0.01) on a random in-memory "
@@ -434,7 +391,21 @@ def main():
             "nn.Embedding dense (sparse=False) and sparse (sparse=True), "
             "named in the cell.", "",
         ]
-    lines += [
+    if args.torch_only:
+        meridian_line = "Meridian: not measured (--torch-only)"
+    else:
+        shown = (os.path.relpath(binary, ROOT)
+                 if binary.startswith(ROOT + os.sep) else binary)
+        meridian_line = (f"Meridian: `{shown}` "
+                         f"(build type {build_type or 'unknown'}), "
+                         f"{'/'.join(kernels) or 'unknown'} kernels, one "
+                         "thread, Google Benchmark items_per_second")
+    environment_text = (", ".join(f"`{k}={v}`" for k, v in environment.items())
+                        or "no allocator, BLAS or threading variables set")
+    mkldnn = ("yes" if info["mkldnn_available"] and info["mkldnn_enabled"]
+              else "available, disabled" if info["mkldnn_available"]
+              else "no")
+    return lines + [
         f"- {meridian_line}",
         f"- PyTorch {info['torch_version']} ({info['python']}), MKL-DNN "
         f"(oneDNN) {mkldnn}, {info['intra_op_threads']} intra-op / "
@@ -442,16 +413,20 @@ def main():
         f"{info['blas_info']} ({info['blas_library'] or 'not loaded'}), "
         f"CPU capability {info['cpu_capability']}",
         f"- Environment: {environment_text}",
-        f"- {repeat} repetition(s) per cell of at least {min_time:g} s, "
-        "sides interleaved; cells are median [min–max]; ratio = median of "
-        "the per-repetition Meridian/PyTorch ratios",
-        f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs); load "
-        f"average {load_start[0]:.2f} at start, {load_end[0]:.2f} at end",
+        f"- {args.repeat} repetition(s) per cell of at least "
+        f"{args.min_time:g} s, sides interleaved; cells are median "
+        "[min–max]; ratio = median of the per-repetition Meridian/PyTorch "
+        "ratios",
+        f"- CPU: {provenance.cpu_model()} ({os.cpu_count()} logical CPUs); "
+        f"load average {load[0][0]:.2f} at start, {load[1][0]:.2f} at end",
         f"- Date: {started}", "",
-        "| preset | parameters | batch | Meridian samples/s | PyTorch "
-        f"samples/s | ratio (Meridian/PyTorch) | goal ≥ {GOAL:.1f} met? |",
-        "|---|---|---|---|---|---|---|",
     ]
+
+
+def cells_table(args: argparse.Namespace, cells: list[dict]) -> list[str]:
+    """Per preset and batch: each side's samples/s, their ratio, the
+    goal."""
+    rows = []
     for cell in cells:
         ratio = cell["ratio"]
         if ratio is None:
@@ -472,14 +447,23 @@ def main():
         torch_text = fmt_rate(cell["torch"])
         if cell["torch_variant"]:
             torch_text += f" ({cell['torch_variant']})"
-        lines.append(f"| {cell['preset']} | {cell['parameters']:,} | "
-                     f"{cell['batch']} | {meridian_text} | "
-                     f"{torch_text} | {ratio_text} | {met} |")
+        rows.append([cell["preset"], f"{cell['parameters']:,}",
+                     cell["batch"], meridian_text, torch_text, ratio_text,
+                     met])
+    return tables.table(
+        ["preset", "parameters", "batch", "Meridian samples/s",
+         "PyTorch samples/s", "ratio (Meridian/PyTorch)",
+         f"goal ≥ {GOAL:.1f} met?"], rows)
+
+
+def notes(cells: list[dict]) -> list[str]:
+    """The goal's count, and notes on CPU-time rates, slower PyTorch
+    variants and failed benchmarks (none: [])."""
     measured = [c for c in cells if c["goal_met"] is not None]
-    notes = [""]
+    lines = [""]
     if measured:
         met = sum(1 for c in measured if c["goal_met"])
-        notes.append(f"Goal (Meridian ≥ {GOAL:.1f}× PyTorch) met in {met} of "
+        lines.append(f"Goal (Meridian ≥ {GOAL:.1f}× PyTorch) met in {met} of "
                      f"{len(measured)} measured cells.")
     cpu_based = [r["meridian"] for c in cells for r in c["repetitions"]
                  if r.get("meridian")
@@ -488,7 +472,7 @@ def main():
                  and abs(r["meridian"]["cpu_time"] /
                          r["meridian"]["real_time"] - 1) > 0.05]
     if cpu_based:
-        notes.append(f"Note: {len(cpu_based)} Meridian measurement(s) report "
+        lines.append(f"Note: {len(cpu_based)} Meridian measurement(s) report "
                      "items_per_second from CPU time that differs by more "
                      "than 5% from wall time (results.json: "
                      "wall_samples_per_s); PyTorch's rate is wall time.")
@@ -496,7 +480,7 @@ def main():
         others = [(v, r) for v, r in cell["torch_variants"].items()
                   if v != "default" and v != cell["torch_variant"]]
         if others:
-            notes.append(
+            lines.append(
                 f"- {cell['preset']} batch {cell['batch']}: PyTorch " +
                 ", ".join(f"{v} {fmt_rate(r)}" for v, r in others) +
                 f" (slower than {cell['torch_variant']}; results.json: "
@@ -504,34 +488,79 @@ def main():
     errors = [(c["preset"], c["batch"], r["meridian_error"]) for c in cells
               for r in c["repetitions"] if r.get("meridian_error")]
     for preset, batch, error in errors[:5]:
-        notes.append(f"- Meridian {preset} batch {batch} failed: {error}")
-    if len(notes) > 1:
-        lines += notes
+        lines.append(f"- Meridian {preset} batch {batch} failed: {error}")
+    return lines if len(lines) > 1 else []
+
+
+def main() -> int:
+    args = parse_args()
+    binary = os.path.abspath(args.binary)
+    if not args.torch_only:
+        binary = runner.require_binary(binary, TAG, default=DEFAULT_BENCH,
+                                       target="meridian_bench")
+
+    torch = torch_models.require_torch(os.path.abspath(sys.argv[0]),
+                                       sys.argv[1:])
+    torch_models.set_threads(args.threads)
+    info = torch_models.torch_info()
+    info.update(torch_build_info(torch))
+
+    offered = None
+    if not args.torch_only:
+        offered = list_benchmarks(binary)
+        if offered is None:
+            raise SystemExit(f"[{TAG}] {binary} --benchmark_list_tests "
+                             "failed: not a working meridian_bench")
+        if not any(n.startswith("ModelStep/") for n in offered):
+            runner.log(TAG, f"{binary} has no ModelStep benchmarks: "
+                       "Meridian cells will be missing")
+
+    os.makedirs(args.outdir, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    load_start = os.getloadavg()
+    cells = []
+    failures = 0
+    for preset in args.preset_list:
+        for batch in batches_of(args, preset):
+            cell, failed = measure_cell(args, binary, preset, batch)
+            cells.append(cell)
+            failures += failed
+    load_end = os.getloadavg()
+
+    build_type = None if args.torch_only else meridian_build_type(binary)
+    kernels = sorted({r["meridian"].get("kernels") or "unknown"
+                      for c in cells for r in c["repetitions"]
+                      if r.get("meridian")})
+    environment = {k: os.environ[k] for k in ENV_OF_NOTE if k in os.environ}
+    lines = ["# Training step throughput: Meridian against PyTorch "
+             "(bench/scenarios/workload_speed)", ""]
+    lines += setup_lines(args, binary, cells, info, environment, started,
+                         (load_start, load_end), build_type, kernels)
+    lines += cells_table(args, cells) + notes(cells)
     text = "\n".join(lines) + "\n"
-    with open(os.path.join(args.outdir, "results.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.outdir, "results.json"), "w") as f:
-        json.dump({
-            "date": started,
-            "cpu_model": cpu_model(),
-            "logical_cpus": os.cpu_count(),
-            "load_average_start": load_start,
-            "load_average_end": load_end,
-            "torch": info,
-            "environment": environment,
-            "threads": args.threads,
-            "repeat": repeat,
-            "min_time_s": min_time,
-            "torch_only": args.torch_only,
-            "binary": None if args.torch_only else binary,
-            "meridian_build_type": build_type,
-            "meridian_kernels": kernels,
-            "meridian_benchmarks_offered": offered,
-            "goal_ratio": GOAL,
-            "cells": cells,
-        }, f, indent=2)
-    print(text)
-    return 1 if failures else 0
+    results.write(args.outdir, text, {
+        "date": started,
+        "cpu_model": provenance.cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "load_average_start": load_start,
+        "load_average_end": load_end,
+        "torch": info,
+        "environment": environment,
+        "threads": args.threads,
+        "repeat": args.repeat,
+        "min_time_s": args.min_time,
+        "torch_only": args.torch_only,
+        "binary": None if args.torch_only else binary,
+        "meridian_build_type": build_type,
+        "meridian_kernels": kernels,
+        "meridian_benchmarks_offered": offered,
+        "goal_ratio": GOAL,
+        "cells": cells,
+    }, indent=2)
+    published = results.publish_if_wanted(
+        SCENARIO, args, text,
+        restricted=bool(args.presets or args.batches) or args.torch_only)
+    return 1 if failures else published
 
 
 if __name__ == "__main__":
