@@ -40,6 +40,8 @@ NoniidTest         ALGORITHM@SECONDS: a valid job that sends between
                    --summarize-only rebuilds the medians from the runs in
                    OUTDIR, names a missing one, publishes only with
                    --publish; --dry-run validates every cell's job
+ChaosTest          --dry-run validates the job (the shipped one with the
+                   scenario's changes) and prints the schedule
 """
 import argparse
 import importlib
@@ -363,8 +365,7 @@ class EntryPointTest(unittest.TestCase):
                                       stderr=subprocess.STDOUT, text=True)
                 self.assertEqual(proc.returncode, 0, proc.stdout)
                 self.assertIn(f"usage: {name}", proc.stdout)
-                if name != "chaos":  # split in the next commit
-                    self.assertIn("--publish", proc.stdout)
+                self.assertIn("--publish", proc.stdout)
 
 
 class HeterogeneityTest(unittest.TestCase):
@@ -686,6 +687,26 @@ class NoniidTest(unittest.TestCase):
             noise["estimate_error"],
             (0.2 ** 0.5 / 10 + (0.2 - 0.01) ** 0.5 / 10) / 2)
         self.assertIsNone(noniid.estimate_noise([], 60)["estimate_spread"])
+
+
+class ChaosTest(unittest.TestCase):
+    def test_dry_run_validates_the_job_and_prints_the_schedule(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("chaos", out, "--quick", "--dry-run",
+                              "--repeat", "2")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            self.assertIn("[chaos] schedule: 5 s worker_kill", proc.stdout)
+            self.assertIn("38 s partition ap 40 s", proc.stdout)
+            self.assertIn("runs, in this order: r1/fault-free, r1/chaos, "
+                          "r2/fault-free, r2/chaos", proc.stdout)
+            self.assertIn("OK (3 sites, 12 workers, ASYNC)", proc.stdout)
+            with open(os.path.join(out, "job.pbtxt")) as f:
+                job = f.read()
+            for line in ('name: "three-regions-chaos"', "time_budget_s: 155",
+                         "stop_at_target: false", "adaptive_threshold: true",
+                         "security { curve: false }", "fault { }"):
+                self.assertIn(line, job)
+            self.assertEqual(os.listdir(out), ["job.pbtxt"])
 
 
 class WorkloadSpeedTest(unittest.TestCase):
