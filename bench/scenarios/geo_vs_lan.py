@@ -627,8 +627,7 @@ def main() -> int:
               bsp_budget=args.bsp_budget, theta=args.theta, skew=args.skew,
               schedule=args.schedule)
 
-    os.makedirs(os.path.join(args.outdir, "configs"), exist_ok=True)
-    os.makedirs(os.path.join(args.outdir, "runs"), exist_ok=True)
+    runner.prepare_outdir(args.outdir)
     configs = variant_configs(s)
     order = list(VARIANTS)
     if s.eleven:
@@ -640,12 +639,9 @@ def main() -> int:
 
     if args.dry_run:
         binary = runner.require_binary(args.binary, TAG, build=False)
-        labels = ([repeats.label(name, r, args.repeat)
-                   for r, name in repeats.order(order, args.repeat)]
-                  if args.repeat > 1 else None)
         return runner.dry_run(binary, TAG, args.outdir,
                               {name: configs[name] for name in order},
-                              labels)
+                              args.repeat)
     if not args.summarize_only:
         args.binary = runner.require_binary(args.binary, TAG)
 

@@ -914,16 +914,12 @@ def main() -> int:
     args = parse_args()
     s = setup_of(args)
     plan = plan_of(s, args)
-    os.makedirs(os.path.join(args.outdir, "configs"), exist_ok=True)
-    os.makedirs(os.path.join(args.outdir, "runs"), exist_ok=True)
+    runner.prepare_outdir(args.outdir)
     if args.dry_run:
-        labels = ([repeats.label(cell_name(*cell), r, args.repeat)
-                   for r, cell in repeats.order(plan, args.repeat)]
-                  if args.repeat > 1 else None)
         return runner.dry_run(
             args.binary, TAG, args.outdir,
             {cell_name(*cell): job_text(s, cell_name(*cell), cell)
-             for cell in plan}, labels)
+             for cell in plan}, args.repeat)
     rows = run_all(s, args, plan)
     bound_unconverged_bsp(rows)
     # Per cell: the median and range of each quantity over its runs.

@@ -460,20 +460,16 @@ def main() -> int:
                 algos[name] = variant
                 names.append(name)
         names = [n for n in names if n in wanted]
-    os.makedirs(os.path.join(args.outdir, "configs"), exist_ok=True)
-    os.makedirs(os.path.join(args.outdir, "runs"), exist_ok=True)
+    runner.prepare_outdir(args.outdir)
 
     cells = [(skew, name) for skew in skews for name in names]
     if args.dry_run:
         binary = runner.require_binary(args.binary, TAG, build=False)
-        labels = ([repeats.label(f"{skew}-{name}", r, args.repeat)
-                   for r, (skew, name) in repeats.order(cells, args.repeat)]
-                  if args.repeat > 1 else None)
         return runner.dry_run(
             binary, TAG, args.outdir,
             {f"{skew}-{name}": job_text(s, f"{skew}-{name}", skew,
                                         algos[name])
-             for skew, name in cells}, labels)
+             for skew, name in cells}, args.repeat)
     if not args.summarize_only:
         args.binary = runner.require_binary(args.binary, TAG)
     runs: dict[tuple[str, str], list[dict]] = {cell: [] for cell in cells}

@@ -48,6 +48,18 @@ def outage_of(faults: list[dict]) -> tuple[float, list[str]]:
     return outage, parts
 
 
+def accuracy_goal(fault_free: Optional[float], chaos: Optional[float],
+                  of: str = "") -> Optional[Goal]:
+    """The chaos run's final accuracy within 0.5 points of the fault-free
+    run's (or better); `of`: "; medians" for --repeat. None without both."""
+    if fault_free is None or chaos is None:
+        return None
+    d = (chaos - fault_free) * 100
+    return Goal("final accuracy vs fault-free", "within 0.5 points (or "
+                "better)", f"{chaos:.4f} vs {fault_free:.4f} ({d:+.2f} "
+                f"points{of})", d >= -0.5)
+
+
 def partition_goal(part: Optional[dict], quiet: Optional[float],
                    of: str = "") -> Optional[Goal]:
     """The commit rate of us and eu during the partition, against 80% of
@@ -69,13 +81,8 @@ def goals_of(ff_s: dict, ch_s: dict, faults: list[dict],
              part: Optional[dict], replicas: dict, left: dict,
              report: Optional[dict]) -> tuple[list[Goal], float, list[str]]:
     """The round's goals, its total outage and the outage's parts."""
-    goals = []
-    fa, ca = ff_s.get("final_accuracy"), ch_s.get("final_accuracy")
-    if fa is not None and ca is not None:
-        d = (ca - fa) * 100
-        goals.append(Goal("final accuracy vs fault-free", "within 0.5 "
-                          "points (or better)", f"{ca:.4f} vs {fa:.4f} "
-                          f"({d:+.2f} points)", d >= -0.5))
+    goals = [g for g in [accuracy_goal(ff_s.get("final_accuracy"),
+                                       ch_s.get("final_accuracy"))] if g]
     outage, parts = outage_of(faults)
     ft, ct = ff_s.get("time_to_target_s"), ch_s.get("time_to_target_s")
     if ft is not None and ct is not None:

@@ -18,7 +18,8 @@ from typing import Optional
 from chaos_scenario.checks import REPLICA_ROUNDING_FACTOR
 from chaos_scenario.job import TARGET
 from chaos_scenario.report import (RUN_NAMES, UNRELIABLE, UNRELIABLE_TEXT,
-                                   fmt, kill_stats, partition_goal, preamble)
+                                   accuracy_goal, fmt, kill_stats,
+                                   partition_goal, preamble)
 from chaos_scenario.schedule import FAULT_NAMES
 from scenariolib import goals as goal_rows, repeats, tables
 from scenariolib.goals import Goal
@@ -191,14 +192,9 @@ def summary_goals(s: Summary, rounds: list[dict]) -> list[Goal]:
     round."""
     n = len(rounds)
     runs = s.runs
-    goals = []
-    fa = med(runs["fault-free"]["final_accuracy"])
-    ca = med(runs["chaos"]["final_accuracy"])
-    if fa is not None and ca is not None:
-        d = (ca - fa) * 100
-        goals.append(Goal("final accuracy vs fault-free", "within 0.5 points "
-                          "(or better)", f"{ca:.4f} vs {fa:.4f} ({d:+.2f} "
-                          "points; medians)", d >= -0.5))
+    goals = [g for g in [accuracy_goal(
+        med(runs["fault-free"]["final_accuracy"]),
+        med(runs["chaos"]["final_accuracy"]), "; medians")] if g]
     ft_cell = runs["fault-free"]["time_to_target_s"]
     ct_cell = runs["chaos"]["time_to_target_s"]
     if any(r["summaries"]["chaos"].get("report") and

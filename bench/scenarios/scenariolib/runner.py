@@ -5,6 +5,7 @@
                   scenario is about to run something: a dry run or a
                   --summarize-only run builds nothing), any other missing
                   one is an error naming it
+  prepare_outdir  OUTDIR/configs and OUTDIR/runs
   write_config    OUTDIR/configs/NAME.pbtxt
   run_job         `meridian run CONFIG --out RUN_DIR` to its end: its output
                   in RUN_DIR.out, its report.json read back; exits naming
@@ -22,9 +23,9 @@ import os
 import signal
 import subprocess
 import time
-from typing import Callable, Iterable, Mapping, NoReturn, Optional
+from typing import Callable, Mapping, NoReturn, Optional
 
-from scenariolib import ROOT, reports
+from scenariolib import ROOT, reports, repeats
 
 DEFAULT_MERIDIAN = os.path.join(ROOT, "build", "bin", "meridian")
 BUILD_TOOL = os.path.join(ROOT, "tools", "build")
@@ -61,6 +62,13 @@ def require_binary(path: str, tag: str, *, default: str = DEFAULT_MERIDIAN,
         f"--target {target}")
     subprocess.run([BUILD_TOOL, "--target", target], check=True)
     return path
+
+
+def prepare_outdir(outdir: str) -> None:
+    """OUTDIR/configs (the job files) and OUTDIR/runs (a directory and
+    NAME.out per run)."""
+    for sub in ("configs", "runs"):
+        os.makedirs(os.path.join(outdir, sub), exist_ok=True)
 
 
 def write_config(outdir: str, name: str, text: str) -> str:
@@ -141,13 +149,16 @@ def validate(binary: str, path: str) -> tuple[bool, str]:
 
 
 def dry_run(binary: str, tag: str, outdir: str, jobs: Mapping[str, str],
-            order: Optional[Iterable[str]] = None) -> int:
-    """Writes each job (name -> text) to OUTDIR/configs/NAME.pbtxt and
-    checks it with `meridian validate`, printing "[TAG] NAME: verdict";
-    with `order` (the labels of --repeat's runs) prints that order first.
-    Returns the exit status: 1 when the binary refused a job."""
-    if order is not None:
-        log(tag, "runs, in this order: " + ", ".join(order))
+            repeat: int = 1) -> int:
+    """Writes each job (name -> text, in the order they run) to
+    OUTDIR/configs/NAME.pbtxt and checks it with `meridian validate`,
+    printing "[TAG] NAME: verdict"; with --repeat N > 1 prints the order of
+    the runs first (NAME-r1, ..., round-robin). Returns the exit status: 1
+    when the binary refused a job."""
+    if repeat > 1:
+        log(tag, "runs, in this order: " + ", ".join(
+            repeats.label(name, r, repeat)
+            for r, name in repeats.order(list(jobs), repeat)))
     failed = 0
     for name, text in jobs.items():
         ok, output = validate(binary, write_config(outdir, name, text))
