@@ -66,7 +66,8 @@ import time
 from typing import Optional
 
 import torch_models  # (needs no torch until measuring)
-from scenariolib import ROOT, cli, provenance, results, runner, tables
+from scenariolib import (ROOT, cli, provenance, results, runner, shown,
+                         tables)
 from scenariolib.repeats import median_range
 
 SCENARIO = results.Scenario(
@@ -394,9 +395,7 @@ def setup_lines(args: argparse.Namespace, binary: str, cells: list[dict],
     if args.torch_only:
         meridian_line = "Meridian: not measured (--torch-only)"
     else:
-        shown = (os.path.relpath(binary, ROOT)
-                 if binary.startswith(ROOT + os.sep) else binary)
-        meridian_line = (f"Meridian: `{shown}` "
+        meridian_line = (f"Meridian: `{shown(binary)}` "
                          f"(build type {build_type or 'unknown'}), "
                          f"{'/'.join(kernels) or 'unknown'} kernels, one "
                          "thread, Google Benchmark items_per_second")

@@ -29,3 +29,11 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.dirname(os.path.abspath(__file__)))))
+
+
+def shown(path: str) -> str:
+    """`path` relative to the repository when it is in it (as the commands
+    in the docs name it), else absolute."""
+    path = os.path.abspath(path)
+    return (os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep)
+            else path)

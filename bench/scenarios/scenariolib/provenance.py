@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from scenariolib import ROOT
+from scenariolib import ROOT, shown
 
 # Changes under these paths do not make the tree dirty: they are what the
 # scenarios themselves write (docs/results/<name>.md).
@@ -68,10 +68,7 @@ def git_state() -> tuple[Optional[str], Optional[bool]]:
 def command_line(argv: Sequence[str]) -> str:
     """The command as typed, its program relative to the repository when it
     is in it: "bench/scenarios/geo_vs_lan /tmp/out --quick"."""
-    program = os.path.abspath(argv[0]) if argv else "?"
-    if program.startswith(ROOT + os.sep):
-        program = os.path.relpath(program, ROOT)
-    return shlex.join([program, *argv[1:]])
+    return shlex.join([shown(argv[0]) if argv else "?", *argv[1:]])
 
 
 @dataclasses.dataclass(frozen=True)

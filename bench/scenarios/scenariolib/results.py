@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any, Callable, Optional
 
-from scenariolib import ROOT, publish, runner
+from scenariolib import publish, runner, shown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,5 @@ def publish_if_wanted(scenario: Scenario, args: argparse.Namespace,
     except (publish.PublishError, OSError) as error:
         runner.log(scenario.name, f"not published: {error}")
         return 1
-    shown = (os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep)
-             else path)
-    runner.log(scenario.name, f"published in {shown}")
+    runner.log(scenario.name, f"published in {shown(path)}")
     return 0

@@ -25,7 +25,7 @@ import subprocess
 import time
 from typing import Callable, Mapping, NoReturn, Optional
 
-from scenariolib import ROOT, reports, repeats
+from scenariolib import ROOT, reports, repeats, shown
 
 DEFAULT_MERIDIAN = os.path.join(ROOT, "build", "bin", "meridian")
 BUILD_TOOL = os.path.join(ROOT, "tools", "build")
@@ -58,8 +58,7 @@ def require_binary(path: str, tag: str, *, default: str = DEFAULT_MERIDIAN,
         if error is not None:
             error(message)
         raise SystemExit(f"[{tag}] {message}")
-    log(tag, f"{os.path.relpath(path, ROOT)} is missing: tools/build "
-        f"--target {target}")
+    log(tag, f"{shown(path)} is missing: tools/build --target {target}")
     subprocess.run([BUILD_TOOL, "--target", target], check=True)
     return path
 

@@ -100,7 +100,8 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
     """--workload NAME (default mlp)."""
     parser.add_argument(
         "--workload", default="mlp", choices=list(WORKLOADS),
-        help="the model every run trains (bench/scenarios/workloads.py)")
+        help="the model every run trains "
+             "(bench/scenarios/scenariolib/workloads.py)")
 
 
 def get(name: str) -> Workload:
