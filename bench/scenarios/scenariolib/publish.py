@@ -140,6 +140,9 @@ def publish(name: str, title: str, results: str, provenance: Provenance,
     text = update(existing, name, title + (" (--quick)" if quick else ""),
                   block(name, provenance, results, time.time()))
     os.makedirs(results_dir, exist_ok=True)
-    with open(path, "w") as f:
+    # A new file renamed over the old: an interrupted publish leaves the
+    # old one whole.
+    with open(path + ".tmp", "w") as f:
         f.write(text)
+    os.replace(path + ".tmp", path)
     return path
