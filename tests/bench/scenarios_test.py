@@ -1,11 +1,26 @@
 #!/usr/bin/env python3
-"""Checks of the end-to-end scenario scripts (bench/scenarios) that run no
-training: the arithmetic their tables and goals rest on, and the job files
-they write, validated by the real binary.
+"""Checks of the end-to-end scenarios (bench/scenarios) that run no
+training: their shared library (scenariolib), the arithmetic their tables
+and goals rest on, and the job files they write, validated by the real
+binary.
 
   scenarios_test.py --meridian BIN --source DIR [unittest args]
 
-RepeatsTest        medians of repeated runs with runs that missed a target
+RepeatsTest        medians of repeated runs with runs that missed a target;
+                   the cells and rows of medians
+TablesAndGoalsTest markdown rows, number and size formats; goal rows as a
+                   table and as results.json's "goals"
+PublishTest        docs/results/<name>.md: the generated block replaced
+                   keeping the text outside it, inserted after the first
+                   heading, a new file with its title, a broken block
+                   refused; when a run publishes; the provenance lines
+RunnerTest         a missing binary named; `meridian run` of a job: its
+                   report read back, a failing run and one past its
+                   timeout named (a stand-in binary)
+JobsTest           the shipped three-region job with fields overridden,
+                   validated; the sync blocks
+EntryPointTest     every command without a suffix is a thin entry point
+                   that imports its module's main() (--help works)
 HeterogeneityTest  BSP's extrapolated lower bound and ADSP's lead against
                    it; --dry-run with edge links and a delay sweep, and
                    with the CNN workload;
@@ -23,14 +38,16 @@ NoniidTest         ALGORITHM@SECONDS: a valid job that sends between
                    clocks, refused for FedAvg; SkewScout's estimate spread
                    per (site, peer) against their sampling error;
                    --summarize-only rebuilds the medians from the runs in
-                   OUTDIR and names a missing one
+                   OUTDIR, names a missing one, publishes only with
+                   --publish; --dry-run validates every cell's job
+ChaosTest          --dry-run validates the job (the shipped one with the
+                   scenario's changes) and prints the schedule
 """
-
 import argparse
-import importlib.machinery
+import importlib
 import json
-import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,26 +58,28 @@ SOURCE = None    # repository root (--source)
 
 
 def scenario(name):
-    """bench/scenarios/NAME as a module (the scripts have no .py)."""
-    path = os.path.join(SOURCE, "bench", "scenarios", name)
-    loader = importlib.machinery.SourceFileLoader(
-        name.replace("-", "_"), path)
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    """The module bench/scenarios/NAME.py, or scenariolib.NAME for the
+    shared library's ("scenariolib.repeats")."""
+    return importlib.import_module(name)
+
+
+SCENARIOS = ("chaos", "compression_updates", "geo_vs_lan", "heterogeneity",
+             "noniid", "worker_endpoint", "workload_speed")
+
+
+def script(name):
+    return os.path.join(SOURCE, "bench", "scenarios", name)
 
 
 def run_script(name, *args):
-    return subprocess.run(
-        [os.path.join(SOURCE, "bench", "scenarios", name), *args,
-         "--binary", MERIDIAN],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run([script(name), *args, "--binary", MERIDIAN],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
 
 
 class RepeatsTest(unittest.TestCase):
     def test_a_missed_target_counts_as_later_than_any_reached(self):
-        repeats = scenario("repeats.py")
+        repeats = scenario("scenariolib.repeats")
         cell = repeats.median_range([10.1, None, 14.0], unreached=True)
         self.assertEqual(cell["median"], 14.0)
         self.assertEqual((cell["min"], cell["max"]), (10.1, 14.0))
@@ -70,6 +89,283 @@ class RepeatsTest(unittest.TestCase):
         # Other quantities leave a None out of the median.
         self.assertEqual(repeats.median_range([1.0, None, 3.0])["median"],
                          2.0)
+
+    def test_a_cell_is_the_median_with_its_range(self):
+        repeats = scenario("scenariolib.repeats")
+
+        def one_digit(v):
+            return f"{v:.1f}"
+        self.assertEqual(repeats.fmt_cell(
+            repeats.median_range([3.0, 1.0, 2.0]), one_digit),
+            "2.0 (1.0–3.0)")
+        # One run: the value alone.
+        self.assertEqual(repeats.fmt_cell(repeats.median_range([7.0]),
+                                          one_digit), "7.0")
+        self.assertEqual(repeats.fmt_cell(repeats.median_range(
+            [10.1, None, 14.0], True), one_digit, "reached"),
+            "14.0 (10.1–14.0; 2 of 3 reached)")
+        self.assertEqual(repeats.fmt_cell(repeats.median_range(
+            [10.1, None, None], True), one_digit, "reached"),
+            "— (10.1; 1 of 3 reached)")
+        self.assertEqual(repeats.fmt_cell(None), "—")
+
+    def test_summarize_and_the_row_of_medians(self):
+        repeats = scenario("scenariolib.repeats")
+        rows = [{"name": "a", "t": 1.0, "ok": True, "reach": None},
+                {"name": "a", "t": 3.0, "ok": False, "reach": 5.0},
+                {"name": "a", "t": 2.0, "ok": True, "reach": 4.0}]
+        summary = repeats.summarize(rows, ["reach"])
+        self.assertNotIn("name", summary)
+        self.assertEqual(summary["ok"], {"true": 2, "of": 3})
+        self.assertEqual(summary["reach"]["median"], 5.0)  # None is later
+        row = repeats.median_row(summary)
+        self.assertEqual((row["t"], row["ok"], row["reach"]),
+                         (2.0, True, 5.0))
+        # Round-robin: run 1 of every variant first.
+        self.assertEqual(repeats.order(["x", "y"], 2),
+                         [(1, "x"), (1, "y"), (2, "x"), (2, "y")])
+        self.assertEqual(repeats.label("x", 2, 3), "x-r2")
+        self.assertEqual(repeats.label("x", 1, 1), "x")
+
+
+class TablesAndGoalsTest(unittest.TestCase):
+    def test_rows_and_formats(self):
+        tables = scenario("scenariolib.tables")
+        self.assertEqual(tables.table(["a", "b"], [[1, ""]]),
+                         ["| a | b |", "|---|---|", "| 1 |  |"])
+        self.assertEqual(tables.number(None), "—")
+        self.assertEqual(tables.number(float("inf")), "∞")
+        self.assertEqual(tables.number(12.345, 2, "%"), "12.35%")
+        self.assertEqual(tables.data_size(1.5e9), "1.50 GB")
+        self.assertEqual(tables.data_size(2048), "2.05 kB")
+        self.assertEqual(tables.data_size(2048, "n/a", kilo_digits=1),
+                         "2.0 kB")
+        self.assertEqual(tables.data_size(17), "17 B")
+        self.assertEqual(tables.data_size(None, "n/a"), "n/a")
+
+    def test_goal_rows(self):
+        goals = scenario("scenariolib.goals")
+        rows = [goals.Goal("speed", "≥ 2×", "3.0×", True),
+                goals.Goal("bytes", "fewer", "1.2×", False)]
+        self.assertEqual(goals.table(rows), [
+            "| goal | wanted | measured | met |", "|---|---|---|---|",
+            "| speed | ≥ 2× | 3.0× | yes |", "| bytes | fewer | 1.2× | no |"])
+        self.assertEqual(goals.to_json(rows)[1], {
+            "goal": "bytes", "wanted": "fewer", "measured": "1.2×",
+            "met": False})
+        self.assertIs(goals.met(rows, "speed"), True)
+        self.assertIsNone(goals.met(rows, "absent"))
+        # A goal unpacks like the tuples it replaced.
+        goal, wanted, measured, met = rows[0]
+        self.assertEqual((goal, wanted, measured, met),
+                         ("speed", "≥ 2×", "3.0×", True))
+
+
+class PublishTest(unittest.TestCase):
+    BEGIN = ("<!-- BEGIN GENERATED by bench/scenarios/toy: do not edit by "
+             "hand -->")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.publish = scenario("scenariolib.publish")
+        cls.provenance = scenario("scenariolib.provenance").Provenance(
+            command="bench/scenarios/toy /tmp/out --quick", commit="abc123",
+            dirty=False, started=0.0, cpu="Toy CPU", logical_cpus=2,
+            memory_bytes=8 * 2 ** 30)
+
+    def block(self, results):
+        return self.publish.block("toy", self.provenance, results, 600.0)
+
+    def test_the_block_names_its_provenance_and_nests_the_tables(self):
+        block = self.block("# Toy (bench/scenarios/toy)\n\n| a |\n")
+        lines = block.splitlines()
+        self.assertEqual(lines[0], self.BEGIN)
+        self.assertEqual(lines[-1], "<!-- END GENERATED -->")
+        self.assertIn("- Command: `bench/scenarios/toy /tmp/out --quick`",
+                      lines)
+        self.assertIn("- Commit: `abc123` (clean tree)", lines)
+        self.assertIn("- Date: 1970-01-01 00:00 UTC (took 10 min)", lines)
+        self.assertIn("- Machine: Toy CPU, 2 logical CPUs, 8.0 GiB memory",
+                      lines)
+        # The tables' heading sits below the block's own.
+        self.assertIn("### Toy (bench/scenarios/toy)", lines)
+        self.assertIn("| a |", lines)
+
+    def test_the_block_is_replaced_and_the_text_outside_kept(self):
+        old = self.block("old tables\n")
+        existing = ("# Toy\n\nIntro by hand.\n\n" + old +
+                    "\n## Older measurements\n\n| kept |\n")
+        new = self.block("new tables\n")
+        updated = self.publish.update(existing, "toy", "Toy", new)
+        self.assertEqual(updated, "# Toy\n\nIntro by hand.\n\n" + new +
+                         "\n## Older measurements\n\n| kept |\n")
+        # Publishing again changes nothing else.
+        self.assertEqual(self.publish.update(updated, "toy", "Toy", new),
+                         updated)
+        # Another scenario's block is not this one's.
+        self.assertEqual(self.publish.update(
+            updated.replace("/toy:", "/other:"), "toy", "Toy", new).count(
+                "<!-- BEGIN GENERATED"), 2)
+
+    def test_without_a_block_it_goes_after_the_first_heading(self):
+        new = self.block("tables\n")
+        existing = "# Toy\n\n## Older measurements\n\nby hand\n"
+        self.assertEqual(
+            self.publish.update(existing, "toy", "Toy", new),
+            "# Toy\n\n" + new + "\n## Older measurements\n\nby hand\n")
+        # No file: created with its title.
+        self.assertEqual(self.publish.update(None, "toy", "Toy", new),
+                         "# Toy\n\n" + new)
+
+    def test_a_broken_block_is_refused_and_the_file_kept(self):
+        broken = "# Toy\n\n" + self.BEGIN + "\nhalf a block\n"
+        with self.assertRaises(self.publish.PublishError):
+            self.publish.update(broken, "toy", "Toy", self.block("t\n"))
+        twice = "# Toy\n\n" + self.block("a\n") + self.block("b\n")
+        with self.assertRaises(self.publish.PublishError):
+            self.publish.update(twice, "toy", "Toy", self.block("t\n"))
+        with tempfile.TemporaryDirectory() as out:
+            path = os.path.join(out, "toy.md")
+            with open(path, "w") as f:
+                f.write(broken)
+            with self.assertRaises(self.publish.PublishError):
+                self.publish.publish("toy", "Toy", "t\n", self.provenance,
+                                     False, out)
+            with open(path) as f:
+                self.assertEqual(f.read(), broken)
+
+    def test_a_complete_run_publishes_a_restricted_one_on_request(self):
+        wanted = self.publish.wanted
+        self.assertTrue(wanted(argparse.Namespace(publish=None), False))
+        self.assertFalse(wanted(argparse.Namespace(publish=None), True))
+        self.assertTrue(wanted(argparse.Namespace(publish=True), True))
+        self.assertFalse(wanted(argparse.Namespace(publish=False), False))
+        self.assertEqual(os.path.basename(self.publish.path_of("d", "toy",
+                                                               True)),
+                         "toy-quick.md")
+        with tempfile.TemporaryDirectory() as out:
+            path = self.publish.publish("toy", "Toy", "# T\n\n| x |\n",
+                                        self.provenance, True, out)
+            with open(path) as f:
+                text = f.read()
+            self.assertTrue(text.startswith("# Toy (--quick)\n\n" +
+                                            self.BEGIN))
+
+
+class RunnerTest(unittest.TestCase):
+    # A stand-in for the meridian binary: `run CONFIG --out DIR` writes
+    # DIR/report.json, exits 3 for a config naming "fail", runs 60 s for
+    # one naming "hang" (SIGINT stops it, as it stops meridian run).
+    FAKE = """#!/usr/bin/env python3
+import json, os, sys, time
+config, out = sys.argv[2], sys.argv[4]
+text = open(config).read()
+print("fake run of", config, flush=True)
+if "fail" in text:
+    sys.exit(3)
+if "hang" in text:
+    time.sleep(60)
+os.makedirs(out, exist_ok=True)
+json.dump({"final_accuracy": 0.5}, open(os.path.join(out, "report.json"),
+                                        "w"))
+"""
+
+    def setUp(self):
+        self.runner = scenario("scenariolib.runner")
+        self.dir = tempfile.mkdtemp()
+        self.binary = os.path.join(self.dir, "meridian")
+        with open(self.binary, "w") as f:
+            f.write(self.FAKE)
+        os.chmod(self.binary, 0o755)
+
+    def tearDown(self):
+        subprocess.run(["rm", "-rf", self.dir])
+
+    def run_job(self, text, timeout=None):
+        config = self.runner.write_config(self.dir, "job", text)
+        return self.runner.run_job(self.binary, "toy", "job", config,
+                                   os.path.join(self.dir, "runs", "job"),
+                                   timeout)
+
+    def test_a_job_run_and_its_report_read_back(self):
+        done = self.run_job("ok")
+        self.assertEqual(done.report, {"final_accuracy": 0.5})
+        self.assertGreaterEqual(done.wall_s, 0.0)
+        with open(done.run_dir + ".out") as f:
+            self.assertIn("fake run of", f.read())
+
+    def test_a_failed_or_hung_run_is_named(self):
+        with self.assertRaisesRegex(SystemExit, r"\[toy\] job failed "
+                                    r"\(exit 3\); output in .*runs/job"):
+            self.run_job("fail")
+        with self.assertRaisesRegex(SystemExit, "still running after 1 s"):
+            self.run_job("hang", timeout=1)
+
+    def test_a_missing_binary_is_named(self):
+        missing = os.path.join(self.dir, "nothing")
+        with self.assertRaisesRegex(SystemExit, re.escape(
+                f"[toy] {missing} is not an executable")):
+            self.runner.require_binary(missing, "toy")
+        self.assertEqual(self.runner.require_binary(self.binary, "toy"),
+                         self.binary)
+
+
+class JobsTest(unittest.TestCase):
+    def test_the_shipped_job_with_fields_overridden_is_valid(self):
+        jobs = scenario("scenariolib.jobs")
+        text = jobs.shipped("three-regions")
+        text = jobs.set_field(text, "name", '"edited"')
+        text = jobs.set_field(text, "time_budget_s", "42")
+        text = jobs.set_field(text, "stop_at_target", "false")
+        text = jobs.prepend_to_block(text, "sync", "adaptive_threshold: true")
+        self.assertIn('name: "edited"', text)
+        self.assertEqual(text.count("time_budget_s:"), 1)
+        self.assertIn("sync {\n  adaptive_threshold: true", text)
+        # A field the job does not have is appended.
+        self.assertTrue(jobs.set_field("a: 1", "b", "2").endswith("\nb: 2\n"))
+        with self.assertRaises(ValueError):
+            jobs.prepend_to_block(text, "nothing", "x: 1")
+        with tempfile.TemporaryDirectory() as out:
+            path = os.path.join(out, "job.pbtxt")
+            with open(path, "w") as f:
+                f.write(text + "\n" + jobs.PLAINTEXT + "\n")
+            ok, output = scenario("scenariolib.runner").validate(MERIDIAN,
+                                                                 path)
+            self.assertTrue(ok, output)
+
+    def test_sync_blocks(self):
+        jobs = scenario("scenariolib.jobs")
+        gaia = jobs.gaia_sync(0.05, jobs.INT8, 8, "THRESHOLD_CONSTANT")
+        for field in ("kind: GAIA", "threshold: 0.05",
+                      "threshold_mode: RELATIVE", "max_clock_skew: 8",
+                      "threshold_schedule: THRESHOLD_CONSTANT",
+                      "VALUE_INT8"):
+            self.assertIn(field, gaia)
+        self.assertNotIn("max_clock_skew", jobs.gaia_sync(0.05))
+        self.assertEqual(jobs.sites(jobs.THREE_REGIONS, 4, 0.02, "us")
+                         .count('server_site: "us"'), 2)
+
+
+class EntryPointTest(unittest.TestCase):
+    def test_every_command_is_a_thin_entry_point(self):
+        for name in SCENARIOS:
+            with self.subTest(name):
+                path = script(name)
+                self.assertTrue(os.access(path, os.X_OK), path)
+                with open(path) as f:
+                    text = f.read()
+                self.assertLessEqual(len(text.splitlines()), 12, text)
+                self.assertRegex(text, r"\nfrom [a-z_.]+ import main  ")
+                module = "chaos_scenario.main" if name == "chaos" else name
+                self.assertTrue(os.path.exists(os.path.join(
+                    SOURCE, "bench", "scenarios",
+                    module.replace(".", "/") + ".py")))
+                proc = subprocess.run([path, "--help"],
+                                      stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+                self.assertEqual(proc.returncode, 0, proc.stdout)
+                self.assertIn(f"usage: {name}", proc.stdout)
+                self.assertIn("--publish", proc.stdout)
 
 
 class HeterogeneityTest(unittest.TestCase):
@@ -102,7 +398,7 @@ class HeterogeneityTest(unittest.TestCase):
         self.assertFalse(other_round["extrapolated"])
 
     def test_lead_counts_against_the_later_of_budget_and_bound(self):
-        repeats = scenario("repeats.py")
+        repeats = scenario("scenariolib.repeats")
         adsp = repeats.median_range([40.0])
         missed = repeats.median_range([None], unreached=True)
         self.assertIsNone(missed)  # no run converged: no cell
@@ -182,14 +478,15 @@ class GeoVsLanTest(unittest.TestCase):
 
     def test_gaia_is_also_held_against_a_faster_lan_bsp(self):
         gvl = scenario("geo_vs_lan")
-        high = gvl.HIGH
+        setup = gvl.Setup()
+        high = setup.high
 
         def row(t, bytes_=None):
             return {f"time_to_{high}_s": t, f"wan_bytes_to_{high}": bytes_,
-                    gvl.FINAL: 0.88}
+                    setup.final: 0.88}
         rows = {"lan": row(140.0), "lan-bsp": row(70.0),
                 "gaia-compressed": row(75.0, 1e7)}
-        goals = {g[0]: g for g in gvl.evaluate_goals(rows)}
+        goals = {g[0]: g for g in gvl.evaluate_goals(setup, rows)}
         vs_lan = goals[f"gaia-compressed: time to {high} vs LAN"]
         self.assertEqual(vs_lan[2], "0.54×")
         vs_bsp = goals[f"gaia-compressed: time to {high} vs LAN-BSP "
@@ -198,7 +495,7 @@ class GeoVsLanTest(unittest.TestCase):
         self.assertTrue(vs_bsp[3])
         # A slower lan-bsp adds nothing.
         rows["lan-bsp"] = row(200.0)
-        self.assertEqual(len([g for g in gvl.evaluate_goals(rows)
+        self.assertEqual(len([g for g in gvl.evaluate_goals(setup, rows)
                               if "LAN-BSP" in g[0]]), 0)
 
 
@@ -265,7 +562,8 @@ class NoniidTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "job.pbtxt")
             with open(path, "w") as f:
-                f.write(noniid.job_text("x", "disjoint", sync, 60, True))
+                f.write(noniid.job_text(noniid.Setup(budget=60), "x",
+                                        "disjoint", sync))
             proc = subprocess.run([MERIDIAN, "validate", path],
                                   stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
@@ -277,8 +575,8 @@ class NoniidTest(unittest.TestCase):
             path = os.path.join(tmp, "job.pbtxt")
             for name, sync in noniid.algorithms(1).items():
                 with open(path, "w") as f:
-                    f.write(noniid.job_text(name, "dirichlet01", sync, 60,
-                                            True))
+                    f.write(noniid.job_text(noniid.Setup(budget=60), name,
+                                            "dirichlet01", sync))
                 proc = subprocess.run([MERIDIAN, "validate", path],
                                       stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True)
@@ -292,11 +590,13 @@ class NoniidTest(unittest.TestCase):
                                         "period": period},
                              "skewscout": {"final_theta": knob}}}
         report = {"sites": [site(4, 3.2), site(4, 5.0)]}
-        self.assertEqual(noniid.measure(report, 60)["final_theta"], 4)
+        setup = noniid.Setup(budget=60)
+        self.assertEqual(noniid.measure(setup, report)["final_theta"], 4)
         # Gaia's knob is each site's own θ.
         report = {"sites": [{"sync": {"skewscout": {"final_theta": 0.01}}},
                             {"sync": {"skewscout": {"final_theta": 0.03}}}]}
-        self.assertAlmostEqual(noniid.measure(report, 60)["final_theta"], 0.02)
+        self.assertAlmostEqual(noniid.measure(setup, report)["final_theta"],
+                               0.02)
 
     def test_summarize_only_rebuilds_the_table_from_the_runs(self):
         def report(final, wan_mb):
@@ -307,15 +607,34 @@ class NoniidTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as out:
             for name, values in finals.items():
                 for r, final in enumerate(values, 1):
-                    run_dir = os.path.join(out, "runs", f"disjoint-{name}-r{r}")
+                    run_dir = os.path.join(out, "runs",
+                                           f"disjoint-{name}-r{r}")
                     os.makedirs(run_dir)
                     with open(os.path.join(run_dir, "report.json"), "w") as f:
                         json.dump(report(final, 10 * r), f)
-            proc = run_script("noniid", out, "--skews", "disjoint", "--only",
-                              "one-ps,gaia-0.05", "--repeat", "3",
-                              "--summarize-only")
+            published = os.path.join(out, "published")
+            args = ("--skews", "disjoint", "--only", "one-ps,gaia-0.05",
+                    "--repeat", "3", "--summarize-only", "--results-dir",
+                    published)
+            proc = run_script("noniid", out, *args)
             self.assertEqual(proc.returncode, 0, proc.stdout)
             self.assertNotIn("running", proc.stdout)  # nothing was run
+            # A run that reran nothing publishes only when asked to.
+            self.assertFalse(os.path.exists(published))
+            os.makedirs(published)
+            with open(os.path.join(published, "noniid.md"), "w") as f:
+                f.write("# Label skew\n\n## Older\n\nby hand\n")
+            proc = run_script("noniid", out, *args, "--publish")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            with open(os.path.join(published, "noniid.md")) as f:
+                doc = f.read()
+            self.assertTrue(doc.startswith(
+                "# Label skew\n\n<!-- BEGIN GENERATED by "
+                "bench/scenarios/noniid: do not edit by hand -->\n"), doc)
+            self.assertTrue(doc.endswith("## Older\n\nby hand\n"), doc)
+            self.assertIn("--summarize-only --results-dir", doc)
+            self.assertIn("| disjoint | gaia-0.05 | 0.720 (0.700–0.740) | "
+                          "+14.0 |", doc)
             with open(os.path.join(out, "results.md")) as f:
                 table = f.read()
             # Medians with their ranges; the loss from the medians.
@@ -333,6 +652,18 @@ class NoniidTest(unittest.TestCase):
             self.assertNotEqual(proc.returncode, 0)
             self.assertIn(os.path.join(out, "runs", "disjoint-gaia-0.05-r2",
                                        "report.json"), proc.stdout)
+
+    def test_dry_run_validates_every_cell(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("noniid", out, "--quick", "--dry-run",
+                              "--repeat", "2")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            # 2 skews x 4 algorithms, in the order of the runs first.
+            self.assertEqual(proc.stdout.count(": OK ("), 8, proc.stdout)
+            self.assertIn("runs, in this order: iid-one-ps-r1, iid-dense-r1",
+                          proc.stdout)
+            self.assertFalse(os.path.exists(os.path.join(out, "runs",
+                                                         "iid-one-ps-r1")))
 
     def test_estimate_spread_is_per_site_and_peer_after_the_transient(self):
         noniid = scenario("noniid")
@@ -356,6 +687,26 @@ class NoniidTest(unittest.TestCase):
             noise["estimate_error"],
             (0.2 ** 0.5 / 10 + (0.2 - 0.01) ** 0.5 / 10) / 2)
         self.assertIsNone(noniid.estimate_noise([], 60)["estimate_spread"])
+
+
+class ChaosTest(unittest.TestCase):
+    def test_dry_run_validates_the_job_and_prints_the_schedule(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("chaos", out, "--quick", "--dry-run",
+                              "--repeat", "2")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            self.assertIn("[chaos] schedule: 5 s worker_kill", proc.stdout)
+            self.assertIn("38 s partition ap 40 s", proc.stdout)
+            self.assertIn("runs, in this order: r1/fault-free, r1/chaos, "
+                          "r2/fault-free, r2/chaos", proc.stdout)
+            self.assertIn("OK (3 sites, 12 workers, ASYNC)", proc.stdout)
+            with open(os.path.join(out, "job.pbtxt")) as f:
+                job = f.read()
+            for line in ('name: "three-regions-chaos"', "time_budget_s: 155",
+                         "stop_at_target: false", "adaptive_threshold: true",
+                         "security { curve: false }", "fault { }"):
+                self.assertIn(line, job)
+            self.assertEqual(os.listdir(out), ["job.pbtxt"])
 
 
 class WorkloadSpeedTest(unittest.TestCase):

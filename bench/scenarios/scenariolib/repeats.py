@@ -15,8 +15,6 @@ runs with their range. What they share is here:
   fmt_cell       a markdown cell: "median (min–max)", or the value alone
                  when there was one run
   summarize      median_range of every numeric quantity of a list of rows
-  read_report    a run's report.json (just run, or already there for
-                 --summarize-only); exits naming a missing or broken one
 
 A time to a target (or the bytes, steps until it) that a run did not reach
 is None, and counts as later than every run that reached it: the median of
@@ -31,13 +29,14 @@ used.
 """
 
 import argparse
-import json
 import math
-import os
 import statistics
+from typing import Callable, Iterable, Optional, Sequence, Union
+
+Cell = dict  # {median, min, max, runs, of} (median_range); None: no value
 
 
-def repeat_count(text):
+def repeat_count(text: str) -> int:
     """argparse type of --repeat: an integer of at least 1."""
     try:
         n = int(text)
@@ -48,7 +47,9 @@ def repeat_count(text):
     return n
 
 
-def add_argument(parser, what="variant"):
+def add_argument(parser: argparse.ArgumentParser,
+                 what: str = "variant") -> None:
+    """--repeat N, every `what` N times."""
     parser.add_argument(
         "--repeat", type=repeat_count, default=1, metavar="N",
         help=f"run every {what} N times (round-robin: run 1 of every {what}, "
@@ -56,17 +57,18 @@ def add_argument(parser, what="variant"):
              "their range [1]")
 
 
-def label(name, run, repeat):
+def label(name: str, run: int, repeat: int) -> str:
     """The label of run `run` (1-based) of `name`: NAME-rK when repeat > 1."""
     return f"{name}-r{run}" if repeat > 1 else name
 
 
-def order(names, repeat):
+def order(names: Sequence, repeat: int) -> list[tuple[int, object]]:
     """[(run, name)] in round-robin order, run 1-based."""
     return [(run, name) for run in range(1, repeat + 1) for name in names]
 
 
-def median_range(values, unreached=False):
+def median_range(values: Iterable[Optional[float]],
+                 unreached: bool = False) -> Optional[Cell]:
     """{median, min, max, runs, of}: min and max of the `runs` values that
     are not None, `of` values in all; None when no value is. The median is
     that of the values that are not None, or with `unreached` (times to a
@@ -86,12 +88,14 @@ def median_range(values, unreached=False):
             "runs": len(present), "of": len(values)}
 
 
-def median(cell):
+def median(cell: Optional[Cell]) -> Optional[float]:
     """The median of a median_range cell (None for None)."""
     return None if cell is None else cell["median"]
 
 
-def fmt_cell(cell, fmt=lambda v: f"{v:g}", counted="runs", missing="—"):
+def fmt_cell(cell: Optional[Cell],
+             fmt: Callable[[float], str] = lambda v: f"{v:g}",
+             counted: str = "runs", missing: str = "—") -> str:
     """A markdown cell: `fmt(median)` alone after one run, else
     "median (min–max)"; "k of n <counted>" added when only k of the n runs
     had a value (counted: "runs", "reached", "converged", ...); `missing`
@@ -112,18 +116,20 @@ def fmt_cell(cell, fmt=lambda v: f"{v:g}", counted="runs", missing="—"):
     return f"{text} ({'; '.join(inside)})"
 
 
-def partial(cell, counted="runs"):
+def partial(cell: Optional[Cell], counted: str = "runs") -> str:
     """' (k of n <counted>)' when only some runs had the value, else ''."""
     if cell is None or cell["runs"] >= cell.get("of", cell["runs"]):
         return ""
     return f" ({cell['runs']} of {cell['of']} {counted})"
 
 
-def is_number(v):
+def is_number(v: object) -> bool:
+    """An int or a float, not a bool."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def summarize(rows, unreached=()):
+def summarize(rows: Sequence[dict],
+              unreached: Iterable[str] = ()) -> dict[str, Optional[Cell]]:
     """{key: median_range} of every key whose values are numbers (or None)
     in the rows, the keys in `unreached` (times to a target) with None as
     not reached; a boolean key becomes {"true": k, "of": n}. Other keys
@@ -145,7 +151,7 @@ def summarize(rows, unreached=()):
     return out
 
 
-def median_row(summary):
+def median_row(summary: dict[str, Optional[Cell]]) -> dict:
     """{key: median} of a summarize() result (booleans: True when most runs
     had it)."""
     row = {}
@@ -159,7 +165,8 @@ def median_row(summary):
     return row
 
 
-def note(repeat, counted="reached", runs="runs", sides="variants"):
+def note(repeat: int, counted: Union[str, Sequence[str]] = "reached",
+         runs: str = "runs", sides: str = "variants") -> str:
     """The footnote of a table of medians ('' for one run); `counted`: the
     word (or words) of "k of N <counted>" in its cells; `runs`: what was
     repeated; `sides`: what the ratios compare."""
@@ -173,14 +180,3 @@ def note(repeat, counted="reached", runs="runs", sides="variants"):
             f"the median one did not); its range is that of the {runs} that "
             f"did, with \"k of {repeat} {words}\" when not all did.")
 
-
-def read_report(run_dir, script):
-    """RUN_DIR/report.json (just run, or already there for
-    --summarize-only); exits naming a missing or broken one, the message
-    prefixed with [SCRIPT]."""
-    path = os.path.join(run_dir, "report.json")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"[{script}] cannot read {path}: {error}")

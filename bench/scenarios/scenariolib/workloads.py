@@ -29,7 +29,9 @@ step of 256 ratings takes ~0.1 ms; what costs is the commit (its reply
 carries the whole 3.7 MB model), hence 32 local steps per commit.
 """
 
+import argparse
 import collections
+from typing import Callable, Optional
 
 Workload = collections.namedtuple(
     "Workload",
@@ -94,17 +96,20 @@ WORKLOADS = collections.OrderedDict((w.name, w) for w in [
 ])
 
 
-def add_argument(parser):
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    """--workload NAME (default mlp)."""
     parser.add_argument(
         "--workload", default="mlp", choices=list(WORKLOADS),
-        help="the model every run trains (bench/scenarios/workloads.py)")
+        help="the model every run trains "
+             "(bench/scenarios/scenariolib/workloads.py)")
 
 
-def get(name):
+def get(name: str) -> Workload:
+    """The workload called `name`."""
     return WORKLOADS[name]
 
 
-def optimizer_block(w, workers):
+def optimizer_block(w: Workload, workers: int) -> str:
     """The optimizer block for `workers` workers whose changes a site
     averages."""
     if w.optimizer is not None:
@@ -114,29 +119,46 @@ def optimizer_block(w, workers):
             "batch_size: 256 }")
 
 
-def target_field(w):
+def target_field(w: Workload) -> str:
     """The job file's target field."""
     return "target_accuracy" if w.metric == "accuracy" else "target_metric"
 
 
-def value(w, point):
+def value(w: Workload, point: dict) -> Optional[float]:
     """The metric of a timeline point."""
     return point.get(w.metric_key, point.get("metric"))
 
 
-def final(w, report):
+def final(w: Workload, report: dict) -> float:
     """The report's final metric."""
     return report.get("final_" + w.metric_key, 0.0)
 
 
-def reached(w, v, target):
+def reached(w: Workload, v: Optional[float], target: float) -> bool:
     """Whether metric value `v` reaches `target` in the metric's direction."""
     if v is None:
         return False
     return v >= target if w.higher_is_better else v <= target
 
 
-def row_key(w):
+def row_key(w: Workload) -> str:
     """The key of the final metric in a scenario's rows (final_accuracy for
     the classifiers, as before; final_rmse for MF)."""
     return "final_" + (w.metric if w.metric != "accuracy" else "accuracy")
+
+
+def training_blocks(w: Workload, workers: int,
+                    default_data: Optional[str] = None) -> str:
+    """The job's model, data and optimizer blocks, one after the other: the
+    workload's data block, else `default_data` (else none: the default
+    Fashion-MNIST directory), the optimizer for `workers` workers whose
+    changes a site averages."""
+    return "\n".join(block for block in (w.model, w.data or default_data,
+                                          optimizer_block(w, workers))
+                     if block)
+
+
+def reached_at(w: Workload, target: float) -> Callable[[dict], bool]:
+    """A predicate of timeline points: the point's metric reaches `target`
+    (reports.first / reports.time_to)."""
+    return lambda point: reached(w, value(w, point), target)
