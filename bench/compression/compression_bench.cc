@@ -18,7 +18,7 @@
 // zstd pipeline. Goals never change the exit status: it is 0 unless a
 // benchmark failed to run.
 //
-// Real updates instead of synthetic ones (README "Compression"):
+// Real updates instead of synthetic ones (docs/guide.md, "Compression"):
 //
 //   compression_bench --job=FILE [--updates=16] [--warmup_steps=200]
 //                     [--steps_per_update=N] [--theta=X]

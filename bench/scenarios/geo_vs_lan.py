@@ -58,7 +58,7 @@ over the WAN moves the whole model twice per step, Gaia only its
 significant changes, so the speed-up over BSP grows as links narrow
 relative to the model: at 64 Mbit/s a dense MLP transfer takes five
 device steps; at 500kbit a dense mlp-small transfer takes about 65 (the
-README's eleven-region run).
+eleven-region run of docs/results/eleven_regions.md).
 --quick runs lan, lan-bsp, bsp-over-wan (bounded) and gaia-compressed
 only. --dry-run writes the configs of the selected variants to
 OUTDIR/configs, checks each with `meridian validate` and runs nothing (with
@@ -107,11 +107,11 @@ DEFAULT_LINK_BANDWIDTH = "64mbit"
 
 # Plaintext links: the scenario measures what each technique saves, and
 # wanem counts ZMTP messages (under CURVE it sees only encrypted frames).
-# CURVE's own cost is measured by meridian_bench (README, "Security").
+# CURVE's own cost is measured by meridian_bench (docs/operations.md, "Security").
 SECURITY = ("# Plaintext links: the scenario measures what each technique "
             "saves, and\n# wanem counts ZMTP messages (under CURVE it sees "
             "only encrypted frames).\n# CURVE's own cost is measured by "
-            'meridian_bench (README, "Security").\n' + jobs.PLAINTEXT)
+            'meridian_bench (docs/operations.md, "Security").\n' + jobs.PLAINTEXT)
 
 THREE_SITES = jobs.THREE_REGIONS
 # Gaia's eleven EC2 regions (Hsieh et al., NSDI'17, section 6), one site

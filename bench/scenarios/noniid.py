@@ -19,7 +19,7 @@ accuracy of the flushed model, replica accuracy (the mean test accuracy of the
 sites' replicas over the last third of the budget: what a site serves while
 training), both against one parameter server under the same skew, WAN bytes,
 time to 0.85, the age of remote changes and the change each site holds back
-(README, "Non-IID data"), and for SkewScout how far its estimates move between
+(docs/guide.md, "Non-IID data"), and for SkewScout how far its estimates move between
 travels to the same peer against the sampling error of one estimate.
 With --repeat N every cell runs N times (OUTDIR/runs/SKEW-ALGO-r1, -r2, ...;
 round-robin: run 1 of every cell, then run 2 of every cell, ..., so slow

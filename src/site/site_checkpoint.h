@@ -1,8 +1,8 @@
 // A site server's durable point: periodic checkpoints of its state and the
-// log of the updates it sent since the last one (src/runtime/checkpoint.h
+// log of the updates it sent since the last one (src/durable/checkpoint.h
 // holds the file formats; this class decides what goes in and when).
 //
-// The guarantee (README "Failures"): a site server killed at any moment
+// The guarantee (docs/operations.md, "Failures"): a site server killed at any moment
 // and restarted with --resume continues from its newest durable
 // checkpoint. Updates its workers committed after that point are lost
 // compute, counted in the report; those of them that had already left for

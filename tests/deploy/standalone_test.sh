@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "run the roles yourself" path, end to end: keys and job file
+# The "Running the roles yourself" path of docs/guide.md, end to end: keys and job file
 # from deploy/standalone/setup, then each role started alone, in the wrong
 # order on purpose (sites first, the emulator last), with CURVE on. Checks
 # that every site finishes with a summary, that updates crossed the WAN

@@ -1,4 +1,4 @@
-// Exactly-once delivery of mirror messages (src/runtime/mirror_delivery.h)
+// Exactly-once delivery of mirror messages (src/sync/mirror_delivery.h)
 // over real ZeroMQ sockets: a sender's OutboundChannel on a DEALER, a
 // receiver's InboundChannel behind a ROUTER, time passed in explicitly.
 // Lost messages are messages the receiver never applies (what a broken

@@ -1,4 +1,4 @@
-// DiLoCo's outer steps (runtime/outer_steps.h): the Nesterov arithmetic
+// DiLoCo's outer steps (src/sync/outer_steps.h): the Nesterov arithmetic
 // against a hand computation, MODEL_AVERAGING as its special case, round
 // bookkeeping, what a peer may not send, fragments, the checkpoint round
 // trip, and the adaptive period (SkewScout's knob) agreed from proposals.

@@ -139,7 +139,7 @@ class MirrorPeer {
     header.set_protocol_version(kProtocolVersion);
     *header.mutable_sender() = sender;
     // Numbered 1, 2, 3 ... on the channel; MIRROR_HELLO is not
-    // (src/runtime/mirror_delivery.h).
+    // (src/sync/mirror_delivery.h).
     header.set_sequence(header.type() == pb::MIRROR_HELLO ? 0 : ++sequence_);
     ASSERT_OK(SendMessage(socket_, header, std::move(frames)));
   }

@@ -1,4 +1,4 @@
-// The age of remote changes as a site records it (runtime/update_age.h).
+// The age of remote changes as a site records it (src/sync/update_age.h).
 
 #include "sync/update_age.h"
 

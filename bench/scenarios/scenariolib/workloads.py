@@ -85,7 +85,7 @@ WORKLOADS = collections.OrderedDict((w.name, w) for w in [
                 "LeNet-5-style CNN with GroupNorm", 0.07, (0.85, 0.88), 120.0),
     # Plain SGD; the learning rate is 0.03 per worker whose changes the
     # site averages (apply rule MEAN), at most 0.15 (at 0.3 a worker's own
-    # steps diverge; README "Workloads").
+    # steps diverge; docs/guide.md, "Workloads").
     Workload("mf", "model { kind: MATRIX_FACTORIZATION rank: 16 l2: 0.05 }",
              "Matrix factorisation (rank 16)", 0.005, (0.75, 0.70), 100.0,
              dataset="a generated 50,000 x 5,000 rating matrix (2 M ratings)",

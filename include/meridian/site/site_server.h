@@ -101,7 +101,7 @@ struct EndpointBounds {
                                    const ModelLayout& layout);
   // What ZeroMQ may hold for one connection at most: its queues full of
   // messages of the largest allowed size (a message is at most a header
-  // and one frame per tensor). For the README's memory formula.
+  // and one frame per tensor). For the memory formula of docs/operations.md ("The worker endpoint").
   uint64_t PerConnectionBytes(const ModelLayout& layout) const;
 };
 

@@ -3,7 +3,7 @@
 // bandwidth-adaptive threshold, mirror clocks with the DS bound, the
 // selective barrier's blocked keys, and the topology (who sends to whom).
 // Everything here is pure logic on values and virtual time; the site
-// server's SyncEngine (src/runtime) wires it to sockets and the store.
+// server's SyncEngine (src/sync) wires it to sockets and the store.
 #ifndef MERIDIAN_SYNC_SYNC_H_
 #define MERIDIAN_SYNC_SYNC_H_
 

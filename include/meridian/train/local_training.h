@@ -1,7 +1,7 @@
 // The single-process reference of a job: its model trained on all of its
 // training data by one loop in this process, with the job's optimizer,
 // batch size and seed, and no servers, network or sync. Distributed runs
-// are judged against it (README "Workloads").
+// are judged against it (docs/guide.md, "Workloads").
 #ifndef MERIDIAN_TRAIN_LOCAL_TRAINING_H_
 #define MERIDIAN_TRAIN_LOCAL_TRAINING_H_
 
