@@ -57,9 +57,6 @@ Status ModelLayout::Add(std::string name, std::vector<uint64_t> shape,
   if (Find(name) != nullptr) {
     return InvalidArgumentError("duplicate tensor name '" + name + "'");
   }
-  if (shape.empty()) {
-    return InvalidArgumentError("tensor '" + name + "' has an empty shape");
-  }
   uint64_t size = 1;
   for (uint64_t dim : shape) {
     if (dim == 0) {

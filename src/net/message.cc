@@ -10,6 +10,23 @@
 
 namespace meridian {
 
+namespace {
+
+// proto2 enums are closed: a dtype or codec number this build does not know
+// (sent by a newer peer) is parsed into the unknown fields and the field
+// reads as its default, FLOAT32 / RAW. Such a slice must be refused rather
+// than decoded as raw floats.
+template <typename Message>
+bool HasUnknownValue(const Message& message, int field_number) {
+  const auto& unknown = message.unknown_fields();
+  for (int i = 0; i < unknown.field_count(); ++i) {
+    if (unknown.field(i).number() == field_number) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void LayoutToSpecs(const ModelLayout& layout,
                    google::protobuf::RepeatedPtrField<pb::TensorSpec>* specs) {
   specs->Clear();
@@ -27,6 +44,10 @@ Result<ModelLayout> LayoutFromSpecs(
     const google::protobuf::RepeatedPtrField<pb::TensorSpec>& specs) {
   ModelLayout layout;
   for (const pb::TensorSpec& spec : specs) {
+    if (HasUnknownValue(spec, pb::TensorSpec::kTypeFieldNumber)) {
+      return InvalidArgumentError("tensor '" + Sanitized(spec.name(), 64) +
+                                  "' has a type this build does not know");
+    }
     MERIDIAN_ASSIGN_OR_RETURN(const ElementType type,
                               ElementTypeOf(spec.type(), spec.name()));
     MERIDIAN_RETURN_IF_ERROR(layout.Add(
@@ -112,22 +133,14 @@ std::optional<TypeRule> RuleFor(pb::MessageType type) {
       return TypeRule{H::kMirrorTravel, false, true};
     case pb::MIRROR_TRAVEL_RESULT:
       return TypeRule{H::kMirrorTravelResult, false, false};
+    case pb::EVAL_RESULT:
+      return TypeRule{H::kEvalResult, false, false};
+    case pb::EVAL_TASK:
+      return TypeRule{H::kEvalTask, false, true};
     case pb::MESSAGE_TYPE_UNSPECIFIED:
       break;
   }
   return std::nullopt;
-}
-
-// proto2 enums are closed: a dtype or codec number this build does not know
-// (sent by a newer peer) is parsed into the unknown fields and the field
-// reads as its default, FLOAT32 / RAW. Such a slice must be refused rather
-// than decoded as raw floats.
-bool HasUnknownValue(const pb::TensorSlice& slice, int field_number) {
-  const auto& unknown = slice.unknown_fields();
-  for (int i = 0; i < unknown.field_count(); ++i) {
-    if (unknown.field(i).number() == field_number) return true;
-  }
-  return false;
 }
 
 // One payload frame per slice.

@@ -43,6 +43,7 @@ Status SiteEventLoop::PollOnce() {
     }
   }
   parts_.membership->DropWorkersNotReading();
+  if (parts_.evaluator != nullptr) parts_.evaluator->OnTick();
   if (parts_.sync != nullptr) {
     parts_.sync->HandleReadable(
         std::span<const zmq::pollitem_t>(items).subspan(1));
@@ -86,7 +87,22 @@ void SiteEventLoop::DispatchGuarded(const Envelope& message) {
                                         "); the model is unchanged"});
 }
 
+void SiteEventLoop::DispatchEvaluator(const Envelope& message) {
+  if (parts_.evaluator == nullptr) {
+    return parts_.endpoint->Refuse(
+        message, {pb::ERROR_UNEXPECTED,
+                  "site server '" + site_.name() +
+                      "' evaluates its built-in model itself: it takes no "
+                      "evaluator"});
+  }
+  parts_.evaluator->Handle(message);
+}
+
 void SiteEventLoop::Dispatch(const Envelope& message) {
+  if (message.header.sender().role() == pb::ROLE_EVALUATOR ||
+      message.header.type() == pb::EVAL_RESULT) {
+    return DispatchEvaluator(message);
+  }
   switch (message.header.type()) {
     case pb::HELLO:
       return parts_.membership->HandleHello(message);

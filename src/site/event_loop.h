@@ -20,6 +20,7 @@
 #include "site/commit_path.h"
 #include "site/membership.h"
 #include "site/policy_driver.h"
+#include "site/remote_evaluator.h"
 #include "site/replies.h"
 #include "site/site_clock.h"
 #include "site/site_context.h"
@@ -46,6 +47,9 @@ class SiteEventLoop {
     SiteMonitor* monitor = nullptr;
     TrainingPhase* phase = nullptr;
     const SiteClock* clock = nullptr;
+    // The site's evaluator process, for an external model; null when the
+    // server evaluates a built-in model itself.
+    RemoteEvaluator* evaluator = nullptr;
   };
   // `control_token`: what SHUTDOWN and SET_PEERS must carry; empty: no
   // control message is obeyed.
@@ -75,6 +79,9 @@ class SiteEventLoop {
   // failure leaves the model as it was.
   void DispatchGuarded(const Envelope& message);
   void Dispatch(const Envelope& message);
+  // A message of the evaluator role (sender role ROLE_EVALUATOR, or an
+  // EVAL_RESULT).
+  void DispatchEvaluator(const Envelope& message);
   // Whether a control message carries the job's control token; refuses
   // it otherwise.
   bool Authorized(const Envelope& message);

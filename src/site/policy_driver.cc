@@ -8,7 +8,7 @@ namespace meridian {
 
 PolicyDriver::PolicyDriver(const SiteContext& site, IntraSitePolicy* policy,
                            ParameterStore* store, WorkerTable* workers,
-                           Replies* replies, Evaluator* evaluator,
+                           Replies* replies, Evaluation* evaluator,
                            SiteClock* clock, const TrainingPhase* phase)
     : policy_(policy),
       store_(store),

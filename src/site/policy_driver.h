@@ -17,7 +17,7 @@
 #include "meridian/core/clock.h"
 #include "meridian/ps/param_store.h"
 #include "meridian/sched/policy.h"
-#include "site/evaluator.h"
+#include "site/evaluation.h"
 #include "site/replies.h"
 #include "site/site_clock.h"
 #include "site/site_context.h"
@@ -31,7 +31,7 @@ class PolicyDriver {
   // `site` sizes the aggregate; the rest is not owned and outlives this.
   PolicyDriver(const SiteContext& site, IntraSitePolicy* policy,
                ParameterStore* store, WorkerTable* workers, Replies* replies,
-               Evaluator* evaluator, SiteClock* clock,
+               Evaluation* evaluator, SiteClock* clock,
                const TrainingPhase* phase);
   PolicyDriver(const PolicyDriver&) = delete;
   PolicyDriver& operator=(const PolicyDriver&) = delete;
@@ -68,7 +68,7 @@ class PolicyDriver {
   ParameterStore* const store_;  // the event loop alone applies
   WorkerTable* const workers_;
   Replies* const replies_;
-  Evaluator* const evaluator_;
+  Evaluation* const evaluator_;
   SiteClock* const clock_;
   const TrainingPhase* const phase_;
   UpdateAccumulator aggregate_;

@@ -113,7 +113,7 @@ Status SiteDurability::Recover(const SiteCheckpointer::Recovered& recovered) {
   parts_.counters->rejected = meta.rejected();
   parts_.counters->pulls = meta.pulls();
   parts_.phase->Resume(meta.training_s());
-  parts_.evaluator->Restore({meta.timeline().begin(), meta.timeline().end()},
+  parts_.evaluator->timeline().Restore({meta.timeline().begin(), meta.timeline().end()},
                             meta.time_to_target_s());
   parts_.events->Restore(meta.events());
   recovery_ = meta.recovery();
@@ -220,8 +220,8 @@ void SiteDurability::TakeCheckpoint(bool finished) {
   meta.set_pulls(parts_.counters->pulls);
   meta.set_duplicate_commits(workers.duplicate_commits());
   meta.set_server_momentum(store.rule().momentum);
-  meta.set_time_to_target_s(parts_.evaluator->time_to_target_s());
-  for (const pb::EvalPoint& point : parts_.evaluator->Timeline()) {
+  meta.set_time_to_target_s(parts_.evaluator->timeline().time_to_target_s());
+  for (const pb::EvalPoint& point : parts_.evaluator->timeline().Points()) {
     *meta.add_timeline() = point;
   }
   parts_.events->CopyTo(meta.mutable_events());

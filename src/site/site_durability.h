@@ -23,7 +23,7 @@
 #include "meridian/report.pb.h"
 #include "meridian/site/site_server.h"
 #include "report/fault_events.h"
-#include "site/evaluator.h"
+#include "site/evaluation.h"
 #include "site/policy_driver.h"
 #include "site/site_checkpoint.h"
 #include "site/site_clock.h"
@@ -47,7 +47,7 @@ class SiteDurability {
     SiteClock* clock = nullptr;
     TrainingPhase* phase = nullptr;
     SiteCounters* counters = nullptr;
-    Evaluator* evaluator = nullptr;
+    Evaluation* evaluator = nullptr;
   };
   // `options`: checkpoint_dir, out_dir and resume (SiteServerOptions).
   SiteDurability(const SiteContext& site, const SiteServerOptions& options,

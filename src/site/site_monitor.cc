@@ -50,7 +50,7 @@ void SiteMonitor::Publish(bool force) {
   s.rejected = sources_.counters->rejected;
   s.model_version = sources_.store->version();
   s.clock = sources_.clock->value();
-  if (std::optional<pb::EvalPoint> last = sources_.evaluator->Last()) {
+  if (std::optional<pb::EvalPoint> last = sources_.evaluator->timeline().Last()) {
     s.has_eval = true;
     s.accuracy = last->accuracy();
     s.loss = last->loss();
@@ -90,7 +90,7 @@ void SiteMonitor::FillStatus(pb::SiteStatus* status) const {
     status->set_slowest_peer_clock(sync->slowest_peer_clock());
     status->set_peers_unreachable(sync->unreachable_peers());
   }
-  if (std::optional<pb::EvalPoint> last = sources_.evaluator->Last()) {
+  if (std::optional<pb::EvalPoint> last = sources_.evaluator->timeline().Last()) {
     *status->mutable_last_eval() = *last;
   }
 }

@@ -23,7 +23,7 @@
 #include "meridian/metrics/metrics.h"
 #include "meridian/ps/param_store.h"
 #include "meridian/wire.pb.h"
-#include "site/evaluator.h"
+#include "site/evaluation.h"
 #include "site/policy_driver.h"
 #include "site/site_clock.h"
 #include "site/site_context.h"
@@ -45,7 +45,7 @@ class SiteMonitor {
     const ParameterStore* store = nullptr;
     const SiteClock* clock = nullptr;
     const PolicyDriver* policy = nullptr;  // the barrier aggregate
-    const Evaluator* evaluator = nullptr;
+    const Evaluation* evaluator = nullptr;
     const SyncEngine* sync = nullptr;
   };
   SiteMonitor(const SiteContext& site, Sources sources);

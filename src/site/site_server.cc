@@ -11,7 +11,10 @@
 //   site_durability.h  checkpoints: what, when, and resuming from one
 //   site_monitor.h     the status reply, the metrics, what the site awaits
 //   site_summary.h     the summary and the final model, at the end
-//   evaluator.h        the evaluator thread and the accuracy curve
+//   evaluation.h       the curve, the target and the policy's loss
+//                      evaluations: builtin_evaluator.h (a thread, built-in
+//                      models) or remote_evaluator.h (an evaluator process)
+//   site_model.h       the model: layout, initial values, metric
 //   worker_table.h     the workers' slots (membership and commit ids)
 // and the state they share is site_context.h (fixed) and site_state.h
 // (the phase of the job, the counters). Impl owns every part and builds
@@ -23,11 +26,12 @@
 //   the evaluator's thread, the SyncEngine (every call), the summary. It
 //   alone applies to the ParameterStore (writes go through no other
 //   thread).
-// - The evaluator thread (Evaluator): its own model copy and data sets;
-//   reads the store through ParameterStore::Snapshot (shard locks), the
-//   commit count and the training time (atomics of site_state.h) and the
-//   sync knobs (atomics here); shares its timeline and loss results under
-//   Evaluator::mu_.
+// - The evaluator thread (BuiltinEvaluator, built-in models only): its own
+//   model copy and data sets; reads the store through
+//   ParameterStore::Snapshot (shard locks), the commit count and the
+//   training time (atomics of site_state.h) and the sync knobs (atomics
+//   here); shares its timeline and loss results under its mutex. An
+//   external model's RemoteEvaluator runs on the event loop.
 // - The metrics HTTP server's threads (inside SiteMonitor): render the
 //   MetricsRegistry (atomic cells) and never touch Impl; the event loop
 //   publishes into the registry.
@@ -65,7 +69,8 @@
 #include "meridian/train/dataset.h"
 #include "meridian/train/model.h"
 #include "site/commit_path.h"
-#include "site/evaluator.h"
+#include "site/builtin_evaluator.h"
+#include "site/remote_evaluator.h"
 #include "site/event_loop.h"
 #include "site/membership.h"
 #include "site/policy_driver.h"
@@ -73,6 +78,7 @@
 #include "site/site_clock.h"
 #include "site/site_context.h"
 #include "site/site_durability.h"
+#include "site/site_model.h"
 #include "site/site_monitor.h"
 #include "site/site_state.h"
 #include "site/site_summary.h"
@@ -157,8 +163,7 @@ SiteServerTimeouts SiteServerTimeouts::FromJob(const pb::JobConfig& job) {
 
 class SiteServer::Impl {
  public:
-  Impl(SiteServerOptions options, int site_index, std::unique_ptr<Model> model,
-       std::unique_ptr<Model> eval_model, EvaluationSets eval_sets,
+  Impl(SiteServerOptions options, int site_index, SiteModel model,
        std::unique_ptr<IntraSitePolicy> policy);
   ~Impl() { evaluator_->Stop(); }
 
@@ -186,10 +191,11 @@ class SiteServer::Impl {
   const pb::SiteSummary& summary() const { return summary_.summary(); }
 
  private:
-  // The evaluator, with the data it works on and what it reads of the
-  // server (the training time, the commit count, the sync knobs).
-  std::unique_ptr<Evaluator> MakeEvaluator(std::unique_ptr<Model> eval_model,
-                                           EvaluationSets sets);
+  // How the model is evaluated (a built-in model by a thread of this
+  // server, an external one by the site's evaluator process), and what a
+  // point records of the server (the training time, the commit count, the
+  // sync knobs).
+  std::unique_ptr<Evaluation> MakeEvaluation();
   // The sync engine, for a site that exchanges updates with other sites.
   Status CreateSync();
   // Every part, in the order they depend on each other.
@@ -236,7 +242,7 @@ class SiteServer::Impl {
 
   // ---- configuration and the model (fixed after construction) --------------
   SiteServerOptions options_;
-  std::unique_ptr<Model> model_;  // layout and initial parameters
+  SiteModel model_;  // layout, initial values, metric; evaluation's parts
   const SiteContext site_;
 
   // ---- state the parts share (event loop, unless atomic) -------------------
@@ -251,7 +257,8 @@ class SiteServer::Impl {
     std::atomic<double> theta{0};
     std::atomic<double> skew_knob{std::numeric_limits<double>::quiet_NaN()};
   } knobs_;
-  std::unique_ptr<Evaluator> evaluator_;  // its thread: see evaluator.h
+  std::unique_ptr<Evaluation> evaluator_;  // see evaluation.h
+  RemoteEvaluator* remote_evaluator_ = nullptr;  // evaluator_, when remote
   SiteSummaryWriter summary_;
 
   // ---- sockets: each closes before its ZAP handler, and that before its
@@ -272,21 +279,19 @@ class SiteServer::Impl {
 };
 
 SiteServer::Impl::Impl(SiteServerOptions options, int site_index,
-                       std::unique_ptr<Model> model,
-                       std::unique_ptr<Model> eval_model,
-                       EvaluationSets eval_sets,
+                       SiteModel model,
                        std::unique_ptr<IntraSitePolicy> policy)
     : options_(std::move(options)),
       model_(std::move(model)),
-      site_(MakeContext(options_, site_index, model_->layout())),
+      site_(MakeContext(options_, site_index, model_.layout)),
       policy_(std::move(policy)),
-      store_(model_->layout(), site_.job.server().num_shards(),
+      store_(model_.layout, site_.job.server().num_shards(),
              ApplyRule::FromConfig(site_.job.server(),
                                    ContributingWorkers(site_.job, site_index))),
       workers_(MakeSlots(site_.job, site_index), site_.name(),
                site_.timeouts.worker_timeout_s),
       phase_(site_.clock),
-      evaluator_(MakeEvaluator(std::move(eval_model), std::move(eval_sets))),
+      evaluator_(MakeEvaluation()),
       summary_(site_, options_.out_dir,
                {.phase = &phase_,
                 .counters = &counters_,
@@ -294,35 +299,45 @@ SiteServer::Impl::Impl(SiteServerOptions options, int site_index,
                 .store = &store_,
                 .policy = policy_.get(),
                 .evaluator = evaluator_.get(),
-                .metric = model_->metric().name}),
+                .metric = model_.metric.name}),
       endpoint_(site_, &counters_) {}
 
-std::unique_ptr<Evaluator> SiteServer::Impl::MakeEvaluator(
-    std::unique_ptr<Model> eval_model, EvaluationSets sets) {
-  EvaluatorOptions eval;
-  eval.store = &store_;
-  eval.model = std::move(eval_model);
-  eval.test_set = std::move(sets.test);
-  eval.loss_set = std::move(sets.loss);
-  eval.holdout_set = std::move(sets.holdout);
-  eval.eval_period_s = site_.job.server().eval_period_s();
-  eval.target = JobTarget(site_.job);
-  eval.clock = site_.clock;
-  eval.training_s = [this] { return phase_.EvalTime(); };
-  eval.commits = [this] { return counters_.commits.load(); };
-  eval.theta = [this] { return knobs_.theta.load(std::memory_order_relaxed); };
-  eval.skew_knob = [this]() -> std::optional<double> {
+std::unique_ptr<Evaluation> SiteServer::Impl::MakeEvaluation() {
+  EvalTimeline::Sources sources;
+  sources.training_s = [this] { return phase_.EvalTime(); };
+  sources.commits = [this] { return counters_.commits.load(); };
+  sources.theta = [this] {
+    return knobs_.theta.load(std::memory_order_relaxed);
+  };
+  sources.skew_knob = [this]() -> std::optional<double> {
     const double knob = knobs_.skew_knob.load(std::memory_order_relaxed);
     if (std::isnan(knob)) return std::nullopt;
     return knob;
   };
-  return std::make_unique<Evaluator>(std::move(eval));
+  if (model_.external()) {
+    // endpoint_ is constructed after this; the evaluator uses it only
+    // once the loop runs.
+    auto remote = std::make_unique<RemoteEvaluator>(
+        site_, &endpoint_, &store_, model_.metric, std::move(sources));
+    remote_evaluator_ = remote.get();
+    return remote;
+  }
+  EvaluatorOptions eval;
+  eval.store = &store_;
+  eval.model = std::move(model_.eval_model);
+  eval.test_set = std::move(model_.eval_sets.test);
+  eval.loss_set = std::move(model_.eval_sets.loss);
+  eval.holdout_set = std::move(model_.eval_sets.holdout);
+  eval.eval_period_s = site_.job.server().eval_period_s();
+  eval.target = JobTarget(site_.job);
+  eval.clock = site_.clock;
+  eval.sources = std::move(sources);
+  return std::make_unique<BuiltinEvaluator>(std::move(eval));
 }
 
 Status SiteServer::Impl::Init() {
-  std::vector<float> initial(site_.layout.num_elements());
-  model_->Initialize(site_.job.seed(), initial);
-  MERIDIAN_RETURN_IF_ERROR(store_.Assign(initial));
+  MERIDIAN_RETURN_IF_ERROR(store_.Assign(model_.initial));
+  model_.initial = {};  // the store has it
   MERIDIAN_RETURN_IF_ERROR(
       endpoint_.Bind(options_.bind, options_.secret_key_file));
   if (SyncsWithPeers()) MERIDIAN_RETURN_IF_ERROR(CreateSync());
@@ -338,8 +353,8 @@ Status SiteServer::Impl::Init() {
              << site_.layout.DebugString() << " ("
              << site_.layout.num_elements() << " parameters, "
              << store_.num_shards() << " shards); policy " << policy_->name()
-             << "; test set " << evaluator_->test_set_size()
-             << " samples; a worker silent for "
+             << "; evaluated by " << evaluator_->Describe()
+             << "; a worker silent for "
              << FormatSeconds(site_.timeouts.worker_timeout_s, 1)
              << " s is declared dead; one connection may hold at most "
              << FormatSeconds(
@@ -417,6 +432,7 @@ void SiteServer::Impl::BuildParts() {
   loop.monitor = monitor_.get();
   loop.phase = &phase_;
   loop.clock = clock_.get();
+  loop.evaluator = remote_evaluator_;
   loop_ = std::make_unique<SiteEventLoop>(site_, options_.control_token, loop);
 }
 
@@ -524,8 +540,8 @@ Status SiteServer::Impl::Serve() {
 void SiteServer::Impl::CheckStopConditions() {
   if (phase_.finished()) return;
   const pb::JobConfig& job = site_.job;
-  if (job.stop_at_target() && evaluator_->target_reached()) {
-    loop_->FinishJob("target " + model_->metric().name + " reached");
+  if (job.stop_at_target() && evaluator_->timeline().target_reached()) {
+    loop_->FinishJob("target " + model_.metric.name + " reached");
   } else if (phase_.Elapsed() >= job.time_budget_s()) {
     loop_->FinishJob("time budget of " + FormatSeconds(job.time_budget_s(), 0) +
                      " s used");
@@ -553,7 +569,14 @@ Status SiteServer::Impl::Drain() {
 void SiteServer::Impl::Finish() {
   evaluator_->Stop();
   // The final model's quality, measured once more after the last update.
-  evaluator_->EvaluateNow();
+  if (Status final = evaluator_->EvaluateFinal([this] { return loop_->PollOnce(); });
+      !final.ok()) {
+    MLOG(ERROR) << "final evaluation: " << final;
+  }
+  if (std::string why = evaluator_->MissingCurveReason(); !why.empty()) {
+    MLOG(WARNING) << "site '" << site_.name() << "' has no curve: " << why;
+    summary_.NoteMissingCurve(why);
+  }
   summary_.Complete(membership_->events(), sync_.get(),
                     durability_->recovery());
   summary_.Write();
@@ -595,19 +618,15 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
   }
   SetLogRole(options.site + "/server");
   const pb::JobConfig& job = options.job;
-  // The training images are read for their normalisation statistics, and
-  // for the fixed minibatches of the policy's global loss evaluations.
-  MERIDIAN_ASSIGN_OR_RETURN(RawData raw, LoadRawData(job.data(), true, true));
-  MERIDIAN_ASSIGN_OR_RETURN(EvaluationSets eval_sets,
-                            MakeEvaluationSets(job, site_index, raw));
-  const int input_dim = raw.input_dim();
-  MERIDIAN_ASSIGN_OR_RETURN(auto model, MakeJobModel(job, input_dim, 10));
-  MERIDIAN_ASSIGN_OR_RETURN(auto eval_model, MakeJobModel(job, input_dim, 10));
+  MERIDIAN_ASSIGN_OR_RETURN(SiteModel model, LoadSiteModel(job, site_index));
   MERIDIAN_ASSIGN_OR_RETURN(auto policy, MakePolicy(job.policy()));
+  std::vector<uint8_t> train_labels = std::move(model.train_labels);
   auto impl = std::make_unique<Impl>(std::move(options), site_index,
-                                     std::move(model), std::move(eval_model),
-                                     std::move(eval_sets), std::move(policy));
-  MERIDIAN_RETURN_IF_ERROR(impl->DescribeTrainingData(raw.train_labels));
+                                     std::move(model), std::move(policy));
+  // An external model's data is the user's: the server knows no labels.
+  if (!train_labels.empty()) {
+    MERIDIAN_RETURN_IF_ERROR(impl->DescribeTrainingData(train_labels));
+  }
   MERIDIAN_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<SiteServer>(new SiteServer(std::move(impl)));
 }

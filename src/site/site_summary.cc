@@ -8,6 +8,7 @@
 #include "meridian/core/log.h"
 #include "meridian/report/report.h"
 #include "meridian/train/dataset.h"
+#include "site/site_model.h"
 
 namespace meridian {
 
@@ -43,11 +44,11 @@ Status SiteSummaryWriter::DescribeTrainingData(
 void SiteSummaryWriter::Complete(const FaultEventLog& events,
                                  const SyncEngine* sync,
                                  const pb::SiteRecovery& recovery) {
-  const Evaluator& evaluator = *sources_.evaluator;
+  const EvalTimeline& timeline = sources_.evaluator->timeline();
   const ParameterStore& store = *sources_.store;
   const TrainingPhase& phase = *sources_.phase;
   const uint64_t commits = sources_.counters->commits.load();
-  const pb::EvalPoint last = evaluator.Last().value_or(pb::EvalPoint());
+  const pb::EvalPoint last = timeline.Last().value_or(pb::EvalPoint());
   summary_.set_final_accuracy(last.accuracy());
   summary_.set_final_metric(last.metric());
   summary_.set_final_loss(last.loss());
@@ -69,7 +70,7 @@ void SiteSummaryWriter::Complete(const FaultEventLog& events,
   summary_.set_loss_evaluations(
       static_cast<uint32_t>(sources_.counters->loss_evaluations));
   summary_.set_server_momentum(store.rule().momentum);
-  const double time_to_target = evaluator.time_to_target_s();
+  const double time_to_target = timeline.time_to_target_s();
   summary_.set_reached_target(time_to_target >= 0);
   summary_.set_time_to_target_s(time_to_target);
   MLOG(INFO) << "final " << sources_.metric << " " << last.metric()
@@ -80,7 +81,7 @@ void SiteSummaryWriter::Complete(const FaultEventLog& events,
 
 void SiteSummaryWriter::Write() {
   summary_.clear_timeline();
-  for (const pb::EvalPoint& point : sources_.evaluator->Timeline()) {
+  for (const pb::EvalPoint& point : sources_.evaluator->timeline().Points()) {
     *summary_.add_timeline() = point;
   }
   const double training_s = sources_.phase->final_training_s();
@@ -120,6 +121,14 @@ void SiteSummaryWriter::WriteModel() const {
   out.write(reinterpret_cast<const char*>(model.data()),
             static_cast<std::streamsize>(model.size() * sizeof(float)));
   if (!out) MLOG(ERROR) << "cannot write the final model to " << path;
+  // The same model by tensor name, each in its own element type: what a
+  // PyTorch user loads (meridian.load_weights, load_state_dict).
+  const std::string named = out_dir_ + "/model-" + site_.name() + ".safetensors";
+  if (Status written = WriteModelFile(named, site_.layout, model);
+      !written.ok()) {
+    MLOG(ERROR) << "cannot write the final model to " << named << ": "
+                << written;
+  }
 }
 
 }  // namespace meridian

@@ -20,7 +20,7 @@
 #include "meridian/report.pb.h"
 #include "meridian/sched/policy.h"
 #include "report/fault_events.h"
-#include "site/evaluator.h"
+#include "site/evaluation.h"
 #include "site/site_context.h"
 #include "site/site_state.h"
 #include "site/worker_table.h"
@@ -37,7 +37,7 @@ class SiteSummaryWriter {
     const WorkerTable* workers = nullptr;
     const ParameterStore* store = nullptr;
     const IntraSitePolicy* policy = nullptr;
-    const Evaluator* evaluator = nullptr;
+    const Evaluation* evaluator = nullptr;
     std::string metric;  // the model's metric, for the final log line
   };
   // `out_dir`: where the files go; empty: nowhere.
@@ -53,6 +53,10 @@ class SiteSummaryWriter {
   Status DescribeTrainingData(std::span<const uint8_t> train_labels);
   // The job ended because a peer site finished it.
   void NoteStoppedByPeer() { summary_.set_stopped_by_peer(true); }
+  // Why the site has no curve (Evaluation::MissingCurveReason).
+  void NoteMissingCurve(const std::string& why) {
+    summary_.set_no_curve_reason(why);
+  }
 
   // The end of the job, after the final evaluation: how it went, with this
   // server's fault events, the sync's summary and events (`sync` null: the

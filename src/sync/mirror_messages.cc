@@ -109,6 +109,15 @@ Parsed<MirrorTravelResult> ParseMirrorTravelResult(const Envelope& message) {
   result.scores.own_accuracy = body.own_accuracy();
   result.scores.travelled_accuracy = body.travelled_accuracy();
   result.scores.discordant = body.discordant();
+  switch (body.score_kind()) {
+    case 0: result.scores.kind = ScoreKind::kPairedAccuracy; break;
+    case 1: result.scores.kind = ScoreKind::kAccuracy; break;
+    case 2: result.scores.kind = ScoreKind::kRelative; break;
+    default:
+      return Rejection{pb::ERROR_MALFORMED,
+                       "MIRROR_TRAVEL_RESULT has an unknown score_kind " +
+                           std::to_string(body.score_kind())};
+  }
   return result;
 }
 

@@ -36,11 +36,40 @@ SkewControlOptions SkewControlOptionsFrom(const pb::SkewScoutConfig& config) {
   return options;
 }
 
+double TravelScores::Estimate() const {
+  if (kind == ScoreKind::kRelative) {
+    return (own_accuracy - travelled_accuracy) / std::abs(own_accuracy);
+  }
+  return own_accuracy - travelled_accuracy;
+}
+
 double TravelScores::StandardError() const {
   if (samples == 0) return 0;
   const double n = samples;
-  const double estimate = Estimate();
-  return std::sqrt(std::max(0.0, discordant / n - estimate * estimate) / n);
+  switch (kind) {
+    case ScoreKind::kPairedAccuracy: {
+      const double estimate = Estimate();
+      return std::sqrt(std::max(0.0, discordant / n - estimate * estimate) /
+                       n);
+    }
+    case ScoreKind::kAccuracy: {
+      const double p = own_accuracy, q = travelled_accuracy;
+      return std::sqrt(std::max(0.0, p * (1 - p) + q * (1 - q)) / n);
+    }
+    case ScoreKind::kRelative:
+      return 0;
+  }
+  return 0;
+}
+
+bool TravelScores::Usable() const {
+  if (samples == 0) return false;
+  if (kind == ScoreKind::kRelative) {
+    return std::isfinite(own_accuracy) && std::isfinite(travelled_accuracy) &&
+           own_accuracy != 0;
+  }
+  return own_accuracy >= 0 && own_accuracy <= 1 && travelled_accuracy >= 0 &&
+         travelled_accuracy <= 1 && discordant <= samples;
 }
 
 SkewControlOptions SkewControlOptionsFrom(const pb::SyncConfig& sync) {
@@ -219,11 +248,7 @@ const SkewDecision& SkewController::Observe(double t_s, int64_t clock,
   decision.travelled_accuracy = scores.travelled_accuracy;
   decision.discordant = scores.discordant;
   decision.knob_before = knob_;
-  const bool usable =
-      scores.samples > 0 && scores.own_accuracy >= 0 &&
-      scores.own_accuracy <= 1 && scores.travelled_accuracy >= 0 &&
-      scores.travelled_accuracy <= 1 && scores.discordant <= scores.samples;
-  if (usable) {
+  if (scores.Usable()) {
     decision.estimate = scores.Estimate();
     const double variance = scores.StandardError() * scores.StandardError();
     const double a = options_.smoothing;

@@ -122,6 +122,9 @@ void SkewScoutTravel::OnTravelScored(const std::string& site,
   result->set_own_accuracy(scores.own_accuracy);
   result->set_travelled_accuracy(scores.travelled_accuracy);
   result->set_discordant(scores.discordant);
+  if (scores.kind != ScoreKind::kPairedAccuracy) {
+    result->set_score_kind(static_cast<uint32_t>(scores.kind));
+  }
   ++counters_.scored;
   outbox_.Send(*peer, std::move(header), {});
 }

@@ -52,8 +52,9 @@ TEST(ModelLayoutTest, RejectsBadTensorsAndStaysUnchanged) {
   EXPECT_EQ(duplicate.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(duplicate.message().find("'w'"), std::string::npos);
   EXPECT_EQ(layout.Add("", {4}).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(layout.Add("e", {}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(layout.Add("z", {3, 0}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(layout.Add("steps", {}, ElementType::kI64).code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(layout.Add("z0", {0}).code(), StatusCode::kInvalidArgument);
 
   EXPECT_EQ(layout.tensors().size(), 1u);
@@ -63,6 +64,42 @@ TEST(ModelLayoutTest, RejectsBadTensorsAndStaysUnchanged) {
   // Still usable after the failures.
   ASSERT_OK(layout.Add("b", {3}));
   EXPECT_EQ(layout.Find("b")->offset, 6u);
+}
+
+TEST(ModelLayoutTest, ScalarsHoldOneElement) {
+  ModelLayout layout;
+  ASSERT_OK(layout.Add("temperature", {}, ElementType::kF16));
+  ASSERT_OK(layout.Add("w", {2}));
+  EXPECT_EQ(layout.tensors()[0].size, 1u);
+  EXPECT_EQ(layout.Find("w")->offset, 1u);
+}
+
+TEST(ModelLayoutTest, FirstDifferenceNamesTheTensor) {
+  ModelLayout site, worker;
+  ASSERT_OK(site.Add("fc1.weight", {256, 784}));
+  ASSERT_OK(site.Add("fc1.bias", {256}));
+  ASSERT_OK(worker.Add("fc1.weight", {128, 784}));
+  ASSERT_OK(worker.Add("fc1.bias", {128}));
+  std::optional<std::string> difference =
+      site.FirstDifference(worker, "the site's", "the worker's");
+  ASSERT_TRUE(difference.has_value());
+  EXPECT_EQ(*difference,
+            "tensor 0 'fc1.weight': [128,784] F32 in the worker's, "
+            "[256,784] F32 in the site's");
+
+  ModelLayout typed;
+  ASSERT_OK(typed.Add("fc1.weight", {256, 784}, ElementType::kBF16));
+  difference = site.FirstDifference(typed, "site", "worker");
+  ASSERT_TRUE(difference.has_value());
+  EXPECT_NE(difference->find("BF16 in worker"), std::string::npos) << *difference;
+
+  ModelLayout shorter;
+  ASSERT_OK(shorter.Add("fc1.weight", {256, 784}));
+  difference = site.FirstDifference(shorter, "site", "worker");
+  ASSERT_TRUE(difference.has_value());
+  EXPECT_EQ(*difference, "worker has no tensor 'fc1.bias' (tensor 1 of 2 in site)");
+
+  EXPECT_FALSE(site.FirstDifference(site, "a", "b").has_value());
 }
 
 TEST(ModelLayoutTest, RejectsSizesThatOverflow) {

@@ -153,9 +153,40 @@ TEST(LayoutSpecsTest, RejectsInvalidSpecs) {
             StatusCode::kInvalidArgument);
 
   specs.RemoveLast();
-  specs.Add()->set_name("no_shape");
+  pb::TensorSpec* empty = specs.Add();
+  empty->set_name("empty");
+  empty->add_shape(3);
+  empty->add_shape(0);
   EXPECT_EQ(LayoutFromSpecs(specs).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+TEST(LayoutSpecsTest, ScalarsAndElementTypesRoundTrip) {
+  google::protobuf::RepeatedPtrField<pb::TensorSpec> specs;
+  pb::TensorSpec* scale = specs.Add();
+  scale->set_name("scale");  // a 0-dim parameter: one element
+  pb::TensorSpec* half = specs.Add();
+  half->set_name("w");
+  half->add_shape(2);
+  half->set_type(pb::TENSOR_TYPE_BF16);
+  Result<ModelLayout> layout = LayoutFromSpecs(specs);
+  ASSERT_OK(layout);
+  EXPECT_EQ(layout->tensors()[0].size, 1u);
+  EXPECT_EQ(layout->tensors()[1].type, ElementType::kBF16);
+  google::protobuf::RepeatedPtrField<pb::TensorSpec> again;
+  LayoutToSpecs(*layout, &again);
+  EXPECT_FALSE(again[0].has_type());  // F32 stays implicit
+  EXPECT_EQ(again[1].type(), pb::TENSOR_TYPE_BF16);
+
+  // An unknown type number (a newer peer) is refused, naming the tensor:
+  // proto2 parses it into the unknown fields, where it must not read as F32.
+  std::string bytes;
+  ASSERT_TRUE(specs[1].SerializeToString(&bytes));
+  bytes += std::string("\x18\x63", 2);  // field 3 (type), varint 99
+  ASSERT_TRUE(specs[1].ParseFromString(bytes));
+  EXPECT_THAT(LayoutFromSpecs(specs),
+              ::meridian::testing::StatusIs(StatusCode::kInvalidArgument,
+                                            ::testing::HasSubstr("'w'")));
 }
 
 TEST(DecodeMessageTest, AcceptsWellFormedCommit) {

@@ -42,8 +42,9 @@ struct TensorInfo {
 // thread-compatible.
 class ModelLayout {
  public:
-  // Appends a tensor after the existing ones. Fails on an empty or duplicate
-  // name, an empty shape, a zero dimension or a type that is not floating.
+  // Appends a tensor after the existing ones; an empty shape is a scalar
+  // (one element). Fails on an empty or duplicate name, a zero dimension
+  // or a type that is not floating.
   Status Add(std::string name, std::vector<uint64_t> shape,
              ElementType type = ElementType::kF32);
 

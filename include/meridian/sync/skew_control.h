@@ -82,19 +82,34 @@ SkewAction SkewActionFromName(std::string_view name);
 
 // How a travelled model and the scoring site's own model did on the same
 // held-out samples (a paired comparison).
+// What the two scores are. A built-in classifier scores both models on the
+// same samples and counts where they disagree (kPairedAccuracy); an
+// evaluator process reports one metric per model (ModelConfig.metrics'
+// first): a proportion where higher is better, such as accuracy
+// (kAccuracy), or any other metric (kRelative), whose scores are then the
+// metric oriented so that higher is better (a loss or perplexity negated).
+enum class ScoreKind { kPairedAccuracy, kAccuracy, kRelative };
+
 struct TravelScores {
   uint32_t samples = 0;
   double own_accuracy = 0;        // the scoring site's model
   double travelled_accuracy = 0;  // the travelled model
   // Samples exactly one of the two classified correctly (0: unknown, or
-  // the models agree on every sample).
+  // the models agree on every sample). kPairedAccuracy only.
   uint32_t discordant = 0;
-  // own - travelled: the accuracy the scoring site's data loses to skew.
-  double Estimate() const { return own_accuracy - travelled_accuracy; }
+  ScoreKind kind = ScoreKind::kPairedAccuracy;
+  // What the scoring site's data loses to skew: own - travelled for
+  // accuracies; (own - travelled) / |own| for other metrics (the relative
+  // degradation: 0.02 is a 2% worse loss or perplexity).
+  double Estimate() const;
   // Standard error of Estimate() over the sampling of the held-out set:
-  // sqrt((discordant/n - estimate²) / n), the paired-proportions variance
-  // (McNemar). 0 when samples is 0.
+  // paired proportions (McNemar), sqrt((discordant/n - estimate²) / n);
+  // two proportions sampled apart, sqrt((p(1-p) + q(1-q)) / n); unknown (0)
+  // for other metrics and when samples is 0.
   double StandardError() const;
+  // Whether the controller can use it: a sample count, scores it can read
+  // (accuracies in [0, 1]; a non-zero, finite own score otherwise).
+  bool Usable() const;
 };
 
 // One estimate and what the controller did with it.

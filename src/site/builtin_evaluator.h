@@ -1,8 +1,9 @@
-// The site server's evaluator thread: evaluates a snapshot of the site's
-// model on the test set every eval_period_s (the timeline of the report),
-// and, when the event loop asks, the global loss on fixed training
-// minibatches for the intra-site policy (ADSP, ADACOMM) — so that neither
-// ever blocks a commit.
+// The evaluation of a built-in model, on a thread of the site server
+// (evaluation.h): evaluates a snapshot of the site's model on the test set
+// every eval_period_s (the timeline of the report), and, when the event
+// loop asks, the global loss on fixed training minibatches for the
+// intra-site policy (ADSP, ADACOMM) and a travelled model against the
+// site's own (SkewScout) — so that none ever blocks a commit.
 //
 // Threads: Start() runs the thread; RequestLoss(), TakeLossResults() and
 // the readers are called from the event loop (or any thread) and share
@@ -13,8 +14,8 @@
 // 1 s: 36,000 points of 40 bytes); loss requests coalesce into one.
 // Crash: nothing here outlives the process; the timeline is written with
 // the site summary.
-#ifndef MERIDIAN_SITE_EVALUATOR_H_
-#define MERIDIAN_SITE_EVALUATOR_H_
+#ifndef MERIDIAN_SITE_BUILTIN_EVALUATOR_H_
+#define MERIDIAN_SITE_BUILTIN_EVALUATOR_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -37,6 +38,7 @@
 #include "meridian/report.pb.h"
 #include "meridian/sync/skew_control.h"
 #include "meridian/core/thread_annotations.h"
+#include "site/evaluation.h"
 
 namespace meridian {
 
@@ -55,14 +57,8 @@ struct EvaluatorOptions {
   // 0: none.
   double target = 0;
   const Clock* clock = SystemClock();  // time stamps of loss evaluations
-  // Both called on the evaluator thread, so thread-safe: seconds of
-  // training now (frozen once the job ended), and commits applied so far.
-  std::function<double()> training_s;
-  std::function<uint64_t()> commits;
-  // The sync's threshold now, for the timeline (may be empty).
-  std::function<double()> theta;
-  // SkewScout's knob now (may be empty; nullopt: no SkewScout).
-  std::function<std::optional<double>()> skew_knob;
+  // What a point records besides the model's numbers.
+  EvalTimeline::Sources sources;
 };
 
 // The data sets a site's evaluator works on: the test set; when the
@@ -80,67 +76,51 @@ struct EvaluationSets {
 Result<EvaluationSets> MakeEvaluationSets(const pb::JobConfig& job,
                                           int site_index, const RawData& raw);
 
-// A peer's travelled model to score (SkewScout) and, once scored, how it
-// and this site's own model did on the held-out sample.
-struct TravelScore {
-  std::string peer;
-  uint64_t travel_id = 0;
-  int64_t clock = 0;
-  TravelScores scores;
-};
-
-class Evaluator {
+class BuiltinEvaluator : public Evaluation {
  public:
-  explicit Evaluator(EvaluatorOptions options);
-  ~Evaluator();  // stops the thread
-  Evaluator(const Evaluator&) = delete;
-  Evaluator& operator=(const Evaluator&) = delete;
+  explicit BuiltinEvaluator(EvaluatorOptions options);
+  ~BuiltinEvaluator() override;  // stops the thread
+  BuiltinEvaluator(const BuiltinEvaluator&) = delete;
+  BuiltinEvaluator& operator=(const BuiltinEvaluator&) = delete;
 
   // Starts the thread (once); Stop() ends and joins it (idempotent).
-  void Start();
-  void Stop();
+  void Start() override;
+  void Stop() override;
 
-  // Asks for one loss evaluation of the model as it is now (requests made
-  // while one is pending are merged). Any thread.
-  void RequestLoss();
-  bool evaluates_loss() const { return options_.loss_set.size() > 0; }
-  uint64_t test_set_size() const { return options_.test_set.size(); }
-  // Finished loss evaluations: (loss, when the snapshot was taken).
-  std::vector<std::pair<double, Duration>> TakeLossResults();
+  // Loss evaluations run on the thread; any thread may ask.
+  void RequestLoss() override;
+  std::vector<std::pair<double, Duration>> TakeLossResults() override;
 
-  // Scores `model` (a peer's, travelled) and a snapshot of this site's on
-  // the held-out sample, on the evaluator thread; neither touches the
-  // store. One at a time: false (and nothing kept) while one is pending or
-  // without a held-out sample. Any thread.
-  bool RequestTravelScore(TravelScore request, std::vector<float> model);
-  // Finished scores, in order.
-  std::vector<TravelScore> TakeTravelScores();
+  // Scores `model` and a snapshot of this site's on the held-out sample,
+  // on the thread; neither touches the store. False without a held-out
+  // sample (no SkewScout) or while one is pending.
+  bool RequestTravelScore(TravelScore request,
+                          std::vector<float> model) override;
+  std::vector<TravelScore> TakeTravelScores() override;
 
-  // Evaluates the model once more on the calling thread and records it
-  // (the final evaluation). Only while the thread is not running.
-  void EvaluateNow();
+  // Evaluates the model once more on the calling thread (the thread is
+  // stopped by then) and records it.
+  Status EvaluateFinal(const std::function<Status()>& poll_once) override;
 
-  // The evaluations so far, the last one, and when the target was reached
-  // (-1: not yet). Any thread.
-  std::vector<pb::EvalPoint> Timeline() const;
-  std::optional<pb::EvalPoint> Last() const;
-  double time_to_target_s() const;
-  bool target_reached() const { return target_reached_.load(); }
-
-  // Continues the timeline of a checkpoint (a site restarted with
-  // --resume). Before Start().
-  void Restore(std::vector<pb::EvalPoint> timeline, double time_to_target_s);
+  std::string MissingCurveReason() const override;
+  std::string Describe() const override;
+  const EvalTimeline& timeline() const override { return timeline_; }
+  EvalTimeline& timeline() override { return timeline_; }
 
  private:
+  bool evaluates_loss() const { return options_.loss_set.size() > 0; }
   void Loop();
   // Evaluates `params` (the model at `version`, after `commits`) on the
   // test set and records the point.
   void EvaluateTestSet(std::span<const float> params, uint64_t version,
                        uint64_t commits);
-  void Record(const EvalResult& result, uint64_t version, uint64_t commits)
-      EXCLUDES(mu_);
+  // Scores a travelled model against `params` (this site's) on the
+  // held-out sample.
+  void ScoreTravelled(std::span<const float> params,
+                      std::span<const float> travelled, TravelScores* scores);
 
   EvaluatorOptions options_;  // the model and data: the thread's alone
+  EvalTimeline timeline_;
   std::thread thread_;
   bool started_ = false;  // owner's thread
 
@@ -153,11 +133,8 @@ class Evaluator {
   std::optional<std::pair<TravelScore, std::vector<float>>> travel_
       GUARDED_BY(mu_);
   std::vector<TravelScore> travel_scores_ GUARDED_BY(mu_);
-  std::vector<pb::EvalPoint> timeline_ GUARDED_BY(mu_);
-  double time_to_target_s_ GUARDED_BY(mu_) = -1;
-  std::atomic<bool> target_reached_{false};
 };
 
 }  // namespace meridian
 
-#endif  // MERIDIAN_SITE_EVALUATOR_H_
+#endif  // MERIDIAN_SITE_BUILTIN_EVALUATOR_H_

@@ -1,4 +1,4 @@
-#include "site/evaluator.h"
+#include "site/builtin_evaluator.h"
 
 #include <algorithm>
 #include <chrono>
@@ -55,17 +55,19 @@ Result<EvaluationSets> MakeEvaluationSets(const pb::JobConfig& job,
   return sets;
 }
 
-Evaluator::Evaluator(EvaluatorOptions options) : options_(std::move(options)) {}
+BuiltinEvaluator::BuiltinEvaluator(EvaluatorOptions options)
+    : options_(std::move(options)),
+      timeline_(options_.model->metric(), options_.target, options_.sources) {}
 
-Evaluator::~Evaluator() { Stop(); }
+BuiltinEvaluator::~BuiltinEvaluator() { Stop(); }
 
-void Evaluator::Start() {
+void BuiltinEvaluator::Start() {
   if (started_) return;
   started_ = true;
   thread_ = std::thread([this] { Loop(); });
 }
 
-void Evaluator::Stop() {
+void BuiltinEvaluator::Stop() {
   {
     MutexLock lock(&mu_);
     stop_ = true;
@@ -74,7 +76,7 @@ void Evaluator::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Evaluator::RequestLoss() {
+void BuiltinEvaluator::RequestLoss() {
   if (!evaluates_loss()) return;
   {
     MutexLock lock(&mu_);
@@ -83,15 +85,15 @@ void Evaluator::RequestLoss() {
   cv_.notify_all();
 }
 
-std::vector<std::pair<double, Duration>> Evaluator::TakeLossResults() {
+std::vector<std::pair<double, Duration>> BuiltinEvaluator::TakeLossResults() {
   std::vector<std::pair<double, Duration>> results;
   MutexLock lock(&mu_);
   results.swap(loss_results_);
   return results;
 }
 
-bool Evaluator::RequestTravelScore(TravelScore request,
-                                   std::vector<float> model) {
+bool BuiltinEvaluator::RequestTravelScore(TravelScore request,
+                                          std::vector<float> model) {
   if (options_.holdout_set.size() == 0 ||
       model.size() != options_.store->num_elements()) {
     return false;
@@ -105,7 +107,7 @@ bool Evaluator::RequestTravelScore(TravelScore request,
   return true;
 }
 
-std::vector<TravelScore> Evaluator::TakeTravelScores() {
+std::vector<TravelScore> BuiltinEvaluator::TakeTravelScores() {
   std::vector<TravelScore> scores;
   MutexLock lock(&mu_);
   scores.swap(travel_scores_);
@@ -115,12 +117,10 @@ std::vector<TravelScore> Evaluator::TakeTravelScores() {
 // Test-set evaluations every eval_period_s, loss evaluations and travelled
 // models as soon as they are asked for. The work happens with mu_
 // released.
-void Evaluator::Loop() {
+void BuiltinEvaluator::Loop() {
   const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
       FromSeconds(options_.eval_period_s));
   std::vector<float> params(options_.store->num_elements());
-  std::vector<uint8_t> own_correct;  // per held-out sample, reused
-  std::vector<uint8_t> travelled_correct;
   auto next_test = std::chrono::steady_clock::now();
   mu_.lock();
   while (!stop_) {
@@ -141,27 +141,7 @@ void Evaluator::Loop() {
       const std::vector<float> travelled = std::move(travel_->second);
       mu_.unlock();
       options_.store->Snapshot(params);
-      // Both on the same samples: the gap's noise is only where they
-      // disagree.
-      TravelScores& scores = score.scores;
-      scores.own_accuracy =
-          options_.model
-              ->EvaluateSamples(params, options_.holdout_set, &own_correct)
-              .accuracy;
-      scores.travelled_accuracy =
-          options_.model
-              ->EvaluateSamples(travelled, options_.holdout_set,
-                                &travelled_correct)
-              .accuracy;
-      scores.samples = static_cast<uint32_t>(own_correct.size());
-      scores.discordant = 0;
-      if (travelled_correct.size() == own_correct.size()) {
-        for (size_t i = 0; i < own_correct.size(); ++i) {
-          scores.discordant += own_correct[i] != travelled_correct[i];
-        }
-      } else {
-        scores.samples = 0;  // unusable: the controller ignores it
-      }
+      ScoreTravelled(params, travelled, &score.scores);
       mu_.lock();
       travel_scores_.push_back(std::move(score));
       travel_.reset();
@@ -169,7 +149,7 @@ void Evaluator::Loop() {
     }
     if (std::chrono::steady_clock::now() >= next_test) {
       mu_.unlock();
-      const uint64_t commits = options_.commits();
+      const uint64_t commits = timeline_.commits();
       const uint64_t version = options_.store->Snapshot(params);
       EvaluateTestSet(params, version, commits);
       next_test = std::chrono::steady_clock::now() + period;
@@ -181,75 +161,61 @@ void Evaluator::Loop() {
   mu_.unlock();
 }
 
-void Evaluator::EvaluateNow() {
+void BuiltinEvaluator::ScoreTravelled(std::span<const float> params,
+                                      std::span<const float> travelled,
+                                      TravelScores* scores) {
+  // Both on the same samples: the gap's noise is only where they disagree.
+  std::vector<uint8_t> own_correct;
+  std::vector<uint8_t> travelled_correct;
+  scores->own_accuracy =
+      options_.model
+          ->EvaluateSamples(params, options_.holdout_set, &own_correct)
+          .accuracy;
+  scores->travelled_accuracy =
+      options_.model
+          ->EvaluateSamples(travelled, options_.holdout_set,
+                            &travelled_correct)
+          .accuracy;
+  scores->samples = static_cast<uint32_t>(own_correct.size());
+  scores->discordant = 0;
+  if (travelled_correct.size() != own_correct.size()) {
+    scores->samples = 0;  // unusable: the controller ignores it
+    return;
+  }
+  for (size_t i = 0; i < own_correct.size(); ++i) {
+    scores->discordant += own_correct[i] != travelled_correct[i];
+  }
+}
+
+Status BuiltinEvaluator::EvaluateFinal(
+    const std::function<Status()>& /*poll_once*/) {
   std::vector<float> params(options_.store->num_elements());
-  const uint64_t commits = options_.commits();
+  const uint64_t commits = timeline_.commits();
   const uint64_t version = options_.store->Snapshot(params);
   EvaluateTestSet(params, version, commits);
+  return Status::Ok();
 }
 
-void Evaluator::EvaluateTestSet(std::span<const float> params, uint64_t version,
-                                uint64_t commits) {
-  Record(options_.model->Evaluate(params, options_.test_set), version, commits);
-}
-
-void Evaluator::Record(const EvalResult& result, uint64_t version,
-                       uint64_t commits) {
-  pb::EvalPoint point;
-  point.set_t_s(options_.training_s());
+void BuiltinEvaluator::EvaluateTestSet(std::span<const float> params,
+                                       uint64_t version, uint64_t commits) {
+  const EvalResult result = options_.model->Evaluate(params, options_.test_set);
+  pb::EvalPoint point = timeline_.NewPoint(version, commits);
   point.set_accuracy(result.accuracy);
   point.set_loss(result.loss);
   point.set_metric(result.metric);
-  point.set_model_version(version);
-  point.set_commits(commits);
-  if (options_.theta) point.set_theta(options_.theta());
-  if (options_.skew_knob) {
-    if (std::optional<double> knob = options_.skew_knob()) {
-      point.set_skew_knob(*knob);
-    }
-  }
-  const double target = options_.target;
-  const MetricSpec metric = options_.model->metric();
-  bool reached_now = false;
-  {
-    MutexLock lock(&mu_);
-    timeline_.push_back(point);
-    if (target > 0 && metric.Reached(result.metric, target) &&
-        time_to_target_s_ < 0) {
-      time_to_target_s_ = point.t_s();
-      reached_now = true;
-    }
-  }
-  if (reached_now) {
-    target_reached_.store(true);
-    MLOG(INFO) << "target " << metric.name << " " << target << " reached at "
-               << point.t_s() << " s (" << metric.name << " " << result.metric
-               << ")";
-  }
+  // The job's metric (accuracy, or RMSE) and the loss, by name.
+  AddMetric(&point, timeline_.metric().name, result.metric);
+  AddMetric(&point, "loss", result.loss);
+  timeline_.Record(point);
 }
 
-void Evaluator::Restore(std::vector<pb::EvalPoint> timeline,
-                        double time_to_target_s) {
-  MutexLock lock(&mu_);
-  timeline_ = std::move(timeline);
-  time_to_target_s_ = time_to_target_s;
-  target_reached_.store(time_to_target_s >= 0);
+std::string BuiltinEvaluator::MissingCurveReason() const {
+  return options_.test_set.size() == 0 ? "the job has no test set" : "";
 }
 
-std::vector<pb::EvalPoint> Evaluator::Timeline() const {
-  MutexLock lock(&mu_);
-  return timeline_;
-}
-
-std::optional<pb::EvalPoint> Evaluator::Last() const {
-  MutexLock lock(&mu_);
-  if (timeline_.empty()) return std::nullopt;
-  return timeline_.back();
-}
-
-double Evaluator::time_to_target_s() const {
-  MutexLock lock(&mu_);
-  return time_to_target_s_;
+std::string BuiltinEvaluator::Describe() const {
+  return "test set of " + std::to_string(options_.test_set.size()) +
+         " samples";
 }
 
 }  // namespace meridian
