@@ -601,6 +601,9 @@ std::string DescribeHeader(const pb::Header& header) {
     case pb::ROLE_CLIENT:
       out += "client";
       break;
+    case pb::ROLE_EVALUATOR:
+      out += "evaluator";
+      break;
     case pb::ROLE_UNSPECIFIED:
       out += "?";
       break;

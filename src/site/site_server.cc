@@ -258,7 +258,6 @@ class SiteServer::Impl {
     std::atomic<double> skew_knob{std::numeric_limits<double>::quiet_NaN()};
   } knobs_;
   std::unique_ptr<Evaluation> evaluator_;  // see evaluation.h
-  RemoteEvaluator* remote_evaluator_ = nullptr;  // evaluator_, when remote
   SiteSummaryWriter summary_;
 
   // ---- sockets: each closes before its ZAP handler, and that before its
@@ -317,10 +316,8 @@ std::unique_ptr<Evaluation> SiteServer::Impl::MakeEvaluation() {
   if (model_.external()) {
     // endpoint_ is constructed after this; the evaluator uses it only
     // once the loop runs.
-    auto remote = std::make_unique<RemoteEvaluator>(
-        site_, &endpoint_, &store_, model_.metric, std::move(sources));
-    remote_evaluator_ = remote.get();
-    return remote;
+    return std::make_unique<RemoteEvaluator>(site_, &endpoint_, &store_,
+                                             model_.metric, std::move(sources));
   }
   EvaluatorOptions eval;
   eval.store = &store_;
@@ -432,7 +429,8 @@ void SiteServer::Impl::BuildParts() {
   loop.monitor = monitor_.get();
   loop.phase = &phase_;
   loop.clock = clock_.get();
-  loop.evaluator = remote_evaluator_;
+  // The evaluator process's messages come through the event loop.
+  loop.evaluator = dynamic_cast<RemoteEvaluator*>(evaluator_.get());
   loop_ = std::make_unique<SiteEventLoop>(site_, options_.control_token, loop);
 }
 
