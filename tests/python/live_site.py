@@ -5,7 +5,7 @@ processes and sockets only.
 Every test script takes the same arguments (tests/CMakeLists.txt):
   --meridian PATH        the meridian binary
   --python-path DIRS     ':'-separated: <build>/python (generated *_pb2)
-                         and <source>/python (meridian_client)
+                         and <source>/python (the package meridian)
   --source DIR           the source tree (examples/, python/)
 and passes the rest to unittest.
 """
