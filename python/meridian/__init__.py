@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # imported on first use: the protocol layer needs no torch
 _LAZY = {"Evaluator": "evaluator", "Plan": "session", "Session": "session",
          "SessionStats": "session", "load_weights": "tensors",
          "save_initial_weights": "tensors"}
+_SUBMODULES = ("binding", "client", "data", "environment", "errors",
+               "evaluator", "layout", "protocol", "session", "tensors")
 
 __version__ = "0.35.0"
 
@@ -64,8 +66,10 @@ def __getattr__(name: str) -> Any:
                         name)
         globals()[name] = value
         return value
+    if name in _SUBMODULES:  # meridian.data etc. without importing them
+        return importlib.import_module("." + name, __name__)
     raise AttributeError("module 'meridian' has no attribute %r" % name)
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))

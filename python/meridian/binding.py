@@ -104,8 +104,10 @@ class ModelBinding:
         check_model(model, layout)
         self.model = model
         self.layout = layout
-        self._base = ([np.zeros(t.size, np.float32) for t in layout.tensors]
-                      if keep_base else [])
+        self._keep_base = keep_base
+        self._base: List[np.ndarray] = [np.zeros(t.size, np.float32)
+                                        for t in layout.tensors] \
+            if keep_base else []
         self._delta: List[np.ndarray] = []
 
     def tensors(self) -> List[torch.Tensor]:
@@ -120,17 +122,19 @@ class ModelBinding:
             out.append(tensor)
         return out
 
-    def load(self, arrays: Sequence[np.ndarray]) -> None:
+    def load(self, arrays: Sequence[np.ndarray],
+             check_finite: bool = True) -> None:
         """Copies a whole model from the site (one float32 array per
         tensor, layout order) into the model's tensors in place (converted
-        to each tensor's dtype and device), and makes it the base.
-        ProtocolError, with the model untouched, when a value is NaN or
-        Inf."""
+        to each tensor's dtype and device), and makes it the base. With
+        `check_finite` (leave it to the client that checked the reply
+        already) a NaN or Inf raises ProtocolError with the model
+        untouched."""
         if len(arrays) != len(self.layout.tensors):
             raise ProtocolError("a model of %d tensors for a layout of %d" %
                                 (len(arrays), len(self.layout.tensors)))
         for t, values in zip(self.layout.tensors, arrays):
-            if not all_finite(values):
+            if check_finite and not all_finite(values):
                 raise ProtocolError("NaN or Inf in tensor '%s' of the site's "
                                     "model" % t.name)
         with torch.no_grad():
@@ -140,18 +144,23 @@ class ModelBinding:
                 source = torch.from_numpy(values.astype(np.float32,
                                                         copy=False))
                 tensor.copy_(source.view(tensor.shape))
-                if self._base:
-                    # The base is what the model holds now (for F16 and
-                    # BF16 tensors: after rounding), so a commit carries
-                    # only what training changed.
-                    torch.from_numpy(self._base[i]).copy_(
-                        tensor.detach().reshape(-1))
+                if not self._keep_base:
+                    continue
+                if tensor.dtype == torch.float32:
+                    # The base is the received model itself (no copy; the
+                    # frames stay alive until the next load).
+                    self._base[i] = source.numpy()
+                else:
+                    # What the tensor holds now, after rounding to its
+                    # dtype: a commit carries only what training changed.
+                    self._base[i] = tensor.detach().reshape(-1).to(
+                        "cpu", torch.float32).numpy().copy()
 
     def delta(self) -> List[np.ndarray]:
         """The change since the base, model - base, one contiguous float32
         array per tensor in layout order. The arrays are reused by the next
         call: send them before then."""
-        if not self._base:
+        if not self._keep_base:
             raise RuntimeError("this binding keeps no base")
         if not self._delta:
             self._delta = [np.empty(t.size, np.float32)

@@ -140,6 +140,7 @@ class Session:
         self._step_started = time.monotonic()
         self._refusals_in_a_row = 0
         self._refused = 0
+        self._rejoins = 0  # of clients closed
 
     # ---- lifecycle -----------------------------------------------------------
     def __enter__(self) -> "Session":
@@ -187,6 +188,7 @@ class Session:
         if self._client is not None:
             if not self._left and self._running:
                 self._leave(self._stop_reason or "the training loop ended")
+            self._rejoins += self._client.rejoins
             self._client.close()
             self._client = None
         self._running = False
@@ -277,7 +279,8 @@ class Session:
         return SessionStats(s.steps, s.commits, s.compute_s, s.device_wait_s,
                             s.blocked_s, s.last_loss, s.commit_overhead_s,
                             s.commit_bytes, self._refused,
-                            self._client.rejoins if self._client else 0)
+                            self._rejoins + (self._client.rejoins
+                                             if self._client else 0))
 
     @property
     def site(self) -> str:
@@ -301,7 +304,8 @@ class Session:
             time.monotonic() - self._loaded_at >= plan.interval_s
 
     def _load(self, reply: Reply) -> None:
-        self._binding.load(reply.arrays)
+        # The client checked the reply (frames, layout, finite values).
+        self._binding.load(reply.arrays, check_finite=False)
         self._version = reply.version
         self._plan = reply.plan
         self._steps_since_commit = 0

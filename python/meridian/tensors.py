@@ -110,16 +110,18 @@ def save_initial_weights(model_or_state_dict: Union[torch.nn.Module,
     this order; integer and bool tensors (num_batches_tracked) are stored
     but stay with each worker. A floating-point tensor must have at least
     one dimension and no zero dimension (ValueError otherwise, naming it).
-    `metadata` (strings) goes into "__metadata__" next to "format": "pt".
+    `metadata` (strings) goes into "__metadata__". The bytes are those
+    Meridian's C++ writer (WriteSafetensors) makes of the same tensors.
     The file is replaced atomically. Returns the layout the sites will
     serve."""
     state = _state_dict_of(model_or_state_dict)
     header: Dict[str, object] = OrderedDict()
-    header["__metadata__"] = OrderedDict([("format", "pt")])
-    for key, value in (metadata or {}).items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError("metadata must map strings to strings")
-        header["__metadata__"][key] = value
+    if metadata:
+        for key, value in metadata.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError("metadata must map strings to strings")
+        # Sorted, as the C++ writer's std::map writes them.
+        header["__metadata__"] = OrderedDict(sorted(metadata.items()))
     arrays: List[np.ndarray] = []
     layout_entries = []
     offset = 0
