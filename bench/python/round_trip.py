@@ -377,9 +377,13 @@ def main(argv=None):
                           run["python"] / run["cpp"]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    command = "bench/python/round_trip.py " + " ".join(
-        a for a in (argv if argv is not None else sys.argv[1:])
-        if not a.startswith("--write"))
+    shown, skip = [], False
+    for arg in (argv if argv is not None else sys.argv[1:]):
+        if skip or arg.startswith("--write"):
+            skip = arg == "--write"
+            continue
+        shown.append(arg)
+    command = " ".join(["bench/python/round_trip.py"] + shown)
     block = table(results, command.strip(), torch.get_num_threads(), load)
     print(block)
     if args.write:

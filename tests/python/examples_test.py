@@ -195,10 +195,10 @@ class ExampleTest(unittest.TestCase):
                          "slow tier (MERIDIAN_SLOW_TESTS=1)")
     def test_train_plain_learns_in_one_epoch(self):
         done = self.run_example(["train_plain.py", "1"],
-                                {"OMP_NUM_THREADS": "2"}, timeout=600)
+                                {"OMP_NUM_THREADS": "1"}, timeout=600)
         accuracy = float(done.stdout.split("'accuracy': ")[1].split(",")[0])
         sys.stderr.write("train_plain.py, one epoch: %s" % done.stdout)
-        self.assertGreater(accuracy, 0.65)
+        self.assertGreater(accuracy, 0.75)  # 0.83 measured
 
     @unittest.skip("server side pending: site servers do not serve "
                    "model.kind EXTERNAL, run worker programs or ask "

@@ -66,8 +66,8 @@ class LiveSiteSessionTest(unittest.TestCase):
         data_dir = os.path.join(self.dir, "data")
         live_site.write_synthetic_idx(data_dir, train_samples=200,
                                       test_samples=50, rows=ROWS, cols=COLS)
-        job = job_pb2.JobConfig(name="python-session", seed=5,
-                                time_budget_s=300)
+        self.job = job = job_pb2.JobConfig(name="python-session", seed=5,
+                                           time_budget_s=300)
         site = job.site.add(name=SITE, address="tcp://127.0.0.1:0")
         site.workers.add(count=1)
         job.model.kind = job_pb2.MLP
@@ -92,6 +92,46 @@ class LiveSiteSessionTest(unittest.TestCase):
     def test_commits_the_change_and_loads_the_sites_model(self):
         try:
             self._run()
+        except BaseException:
+            self.procs.dump_logs()
+            self.dir = None
+            raise
+
+    def keygen(self, out):
+        """`meridian keygen --site SITE --out OUT`: the public key."""
+        import subprocess
+        subprocess.run([live_site.ARGS.meridian, "keygen", "--site", SITE,
+                        "--out", out], check=True, capture_output=True)
+        with open(os.path.join(out, SITE + ".pub")) as f:
+            return [line.strip() for line in f
+                    if line.strip() and not line.startswith("#")][0]
+
+    def test_a_curve_worker_endpoint(self):
+        # site.worker_curve_public_key: the endpoint admits only the
+        # workers' key; the session finds its secret key in
+        # <key_dir>/workers/<site>.key and the server's in the job file.
+        key_dir = os.path.join(self.dir, "keys")
+        self.job.site[0].curve_public_key = self.keygen(key_dir)
+        self.job.site[0].worker_curve_public_key = self.keygen(
+            os.path.join(key_dir, "workers"))
+        self.job.security.key_dir = key_dir
+        live_site.write_job(self.job, self.job_path)
+        try:
+            site, endpoint = self.procs.start_site(self.job_path, SITE,
+                                                   self.out)
+            torch.manual_seed(2)
+            model = Mlp()
+            session = meridian.Session(
+                model, torch.optim.SGD(model.parameters(), lr=0.1),
+                job=self.job_path, worker=0, connect=endpoint, environ={})
+            self.assertIsNotNone(session.placement.curve)
+            with session:
+                for p in model.parameters():
+                    p.grad = torch.ones_like(p)
+                for _ in range(3):
+                    session.step()
+                self.assertEqual(session.stats.commits, 1)
+            self.assertEqual(site.wait(60), 0)
         except BaseException:
             self.procs.dump_logs()
             self.dir = None
