@@ -4,7 +4,8 @@ worker's, on the same live site server (issue 35's goal: at most 1.5x the
 C++ round trip at 10 M parameters).
 
     bench/python/round_trip.py [--sizes 1M,10M,50M] [--repeats 3]
-        [--meridian build/bin/meridian] [--write docs/results/python_round_trip.md]
+        [--meridian build/bin/meridian]
+        [--write docs/results/python_round_trip.md]
 
 For each model size and repeat it starts a `meridian site` with a built-in
 MLP job of two worker slots (784 inputs, 10 classes, hidden widths giving

@@ -7,7 +7,7 @@
             loss = F.cross_entropy(model(x), y)
             optimizer.zero_grad()
             loss.backward()
-            session.step(loss)                              # commits as planned
+            session.step(loss)                             # commits as planned
 
 The public API (docs/python.md):
 

@@ -4,7 +4,8 @@ PyTorch programs: a worker's share of the training set
 fixed sample of a site's share (fashion_mnist_training_sample), as
 torch TensorDatasets.
 
-A worker's share is exactly what the C++ worker of its slot loads (src/train/dataset.cc, idx.cc, partition.cc; docs/worker-protocol.md
+A worker's share is exactly what the C++ worker of its slot loads
+(src/train/dataset.cc, idx.cc, partition.cc; docs/worker-protocol.md
 "Data"): the same samples, in the same (sorted) order, with bit-identical
 float32 features. Only the minibatch order differs (the C++ worker shuffles
 with std::shuffle, which the C++ standard leaves implementation-defined).

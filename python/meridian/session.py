@@ -142,15 +142,16 @@ class Session:
         self._refused = 0
         self._rejoins = 0  # of clients closed
 
-    # ---- lifecycle -----------------------------------------------------------
+    # ---- lifecycle ----------------------------------------------------------
     def __enter__(self) -> "Session":
         self.join()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None and not self._left:
-            self._stop_reason = self._stop_reason or "%s in the training loop" \
-                % exc_type.__name__
+            self._stop_reason = (self._stop_reason or
+                                 "%s in the training loop" %
+                                 exc_type.__name__)
         self.close()
 
     def join(self) -> None:
@@ -194,7 +195,7 @@ class Session:
         self._running = False
         self._restore_sigterm()
 
-    # ---- the training loop's calls --------------------------------------------
+    # ---- the training loop's calls ------------------------------------------
     @property
     def running(self) -> bool:
         """True while the site trains this worker: False before joining,
@@ -256,7 +257,7 @@ class Session:
             self._step_started = time.monotonic()
         return self._running
 
-    # ---- what the loop may read ----------------------------------------------
+    # ---- what the loop may read ---------------------------------------------
     @property
     def stop_reason(self) -> str:
         """Why the session ended ("" while running)."""
@@ -292,7 +293,7 @@ class Session:
         """This worker's index inside its site."""
         return self.placement.index
 
-    # ---- internals -------------------------------------------------------------
+    # ---- internals ----------------------------------------------------------
     def _commit_due(self) -> bool:
         plan = self._plan
         if plan.local_steps == 0 and plan.interval_s <= 0:

@@ -294,7 +294,8 @@ def weights_layout(path: Union[str, os.PathLike]) -> Layout:
         raise ValueError("%s: %s" % (os.fspath(path), error)) from None
 
 
-def load_weights(path: Union[str, os.PathLike]) -> "OrderedDict[str, torch.Tensor]":
+def load_weights(path: Union[str, os.PathLike]
+                 ) -> "OrderedDict[str, torch.Tensor]":
     """Every tensor of a safetensors file, in the order of its data, as CPU
     torch tensors of the file's dtypes (load it with
     model.load_state_dict(...)). Reads the initial weights and the final

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The worker protocol as docs/worker-protocol.md states it, spoken by the
-Python package's protocol client (python/meridian/client.py) and by hand-made frames against a
-live `meridian site` process: STATUS to anyone, no delimiter frame, HELLO's
+Python package's protocol client (python/meridian/client.py) and by
+hand-made frames against a live `meridian site` process: STATUS to anyone, no delimiter frame, HELLO's
 refusals, WELCOME's contents and its wait for every expected worker (with
 heartbeats meanwhile), whole and partial PULLs and their limit, a COMMIT
 applied by the server's rule, commit ids applied once, refusals with their
@@ -30,7 +30,8 @@ import meridian  # noqa: E402
 from meridian import data as mdata  # noqa: E402
 from meridian import job_pb2, protocol  # noqa: E402
 from meridian.client import WorkerClient  # noqa: E402
-from meridian.layout import Layout, layout_for_model, tensor_slice  # noqa: E402
+from meridian.layout import (Layout, layout_for_model,  # noqa: E402
+                             tensor_slice)
 
 wire = meridian.wire_pb2
 SITE = "solo"

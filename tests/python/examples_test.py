@@ -69,6 +69,17 @@ class ExampleTest(unittest.TestCase):
                          "(%d and %d lines long)\n" %
                          (changed, len(plain), len(meridian_version)))
         self.assertLessEqual(changed, MAX_DIFF_LINES)
+        # docs/python.md shows that diff: the same changed lines.
+        with open(os.path.join(live_site.ARGS.source, "docs",
+                               "python.md")) as f:
+            guide = f.read()
+        shown = guide.split("```diff\n", 1)[1].split("```", 1)[0]
+        documented = sorted(line for line in shown.splitlines()
+                            if line[:1] in ("+", "-"))
+        actual = sorted(line[0] + line[2:] for line in
+                        difflib.ndiff(plain, meridian_version)
+                        if line[:2] in ("- ", "+ "))
+        self.assertEqual(documented, actual)
 
     def write_weights(self):
         self.run_example(["train.py", "--write-weights"])

@@ -118,7 +118,7 @@ class FakeSite:
         with self._lock:
             return [r for r in self.received if r.header.type == msg_type]
 
-    # ---- the loop --------------------------------------------------------------
+    # ---- the loop ----------------------------------------------------------
     def _send(self, routing_id: bytes, frames: Frames) -> None:
         header, payload = frames
         self._socket.send_multipart(

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """A PyTorch worker (examples/pytorch_worker.py, a meridian.Session
-around the job's MLP) trains next to C++ workers: a real `meridian site` process, two `meridian worker` processes
+around the job's MLP) trains next to C++ workers: a real `meridian site`
+process, two `meridian worker` processes
 (indices 0 and 1) and the Python worker as index 2, on generated data,
 ASYNC, until the target accuracy. Asserts that the job reached its target,
 that the Python worker's slot had its commits applied at a rate

@@ -23,7 +23,6 @@ import live_site
 
 UNITTEST_ARGV = live_site.parse_args()
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import meridian  # noqa: E402
