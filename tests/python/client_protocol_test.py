@@ -1,14 +1,14 @@
 #!/usr/bin/python3
 """The worker protocol as docs/worker-protocol.md states it, spoken by the
-Python client (python/meridian_client) and by hand-made frames against a
-live `meridian site` process: STATUS to anyone, no delimiter frame, HELLO's
+Python package's protocol client (python/meridian/client.py) and by
+hand-made frames against a live `meridian site` process: STATUS to anyone, no delimiter frame, HELLO's
 refusals, WELCOME's contents and its wait for every expected worker (with
 heartbeats meanwhile), whole and partial PULLs and their limit, a COMMIT
 applied by the server's rule, commit ids applied once, refusals with their
 error codes (the model untouched), the sequence-number rules, control
 messages without the token, an oversized frame, rejoining after the
 connection changed, BYE, and the site's own count of every refusal. Also
-the data selection of meridian_client.data against values computed by the
+the data selection of meridian.data against values computed by the
 C++ functions. Quick tier: small sites, no training to a target.
 """
 
@@ -26,11 +26,14 @@ UNITTEST_ARGV = live_site.parse_args()
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
-import meridian_client as mc  # noqa: E402
-from meridian_client import data as mdata  # noqa: E402
-from meridian_client import protocol  # noqa: E402
+import meridian  # noqa: E402
+from meridian import data as mdata  # noqa: E402
+from meridian import job_pb2, protocol  # noqa: E402
+from meridian.client import WorkerClient  # noqa: E402
+from meridian.layout import (Layout, layout_for_model,  # noqa: E402
+                             tensor_slice)
 
-wire = mc.wire_pb2
+wire = meridian.wire_pb2
 SITE = "solo"
 ROWS = COLS = 8
 HIDDEN = 6
@@ -38,7 +41,7 @@ SERVER_LR = 0.5  # the apply rule's learning_rate (SUM, no momentum)
 
 
 def make_job(data_dir):
-    job = mc.job_pb2.JobConfig()
+    job = job_pb2.JobConfig()
     job.name = "python-client"
     job.seed = 5
     job.time_budget_s = 300
@@ -46,14 +49,14 @@ def make_job(data_dir):
     site.name = SITE
     site.address = "tcp://127.0.0.1:0"
     site.workers.add().count = 1
-    job.model.kind = mc.job_pb2.MLP
+    job.model.kind = job_pb2.MLP
     job.model.hidden.append(HIDDEN)
     job.data.dir = data_dir
-    job.server.apply_rule = mc.job_pb2.SUM
+    job.server.apply_rule = job_pb2.SUM
     job.server.learning_rate = SERVER_LR
     job.server.eval_period_s = 5
     job.server.join_timeout_s = 60
-    job.policy.kind = mc.job_pb2.ASYNC
+    job.policy.kind = job_pb2.ASYNC
     job.policy.local_steps = 3
     job.fault.checkpoint_period_s = 0
     return job
@@ -81,8 +84,8 @@ class LiveSiteTest(unittest.TestCase):
         except BaseException:
             cls.procs.stop_all()
             raise
-        cls.layout = mc.layout_for_model(cls.job.model, ROWS * COLS)
-        cls.client = mc.WorkerClient.from_job(cls.job, SITE, 0, cls.layout,
+        cls.layout = layout_for_model(cls.job.model, ROWS * COLS)
+        cls.client = WorkerClient.from_job(cls.job, SITE, 0, cls.layout,
                                               cls.endpoint)
         cls.refusals = 0  # ERRORs the server counts in `rejected`
         cls.context = zmq.Context()
@@ -176,17 +179,17 @@ class LiveSiteTest(unittest.TestCase):
         self.expect_error(self.receive(sock), wire.ERROR_MALFORMED)
 
     def test_03_hello_is_refused_for_another_layout_or_index(self):
-        wrong = mc.Layout.from_shapes([("fc0.weight", (3, ROWS * COLS)),
+        wrong = Layout.from_shapes([("fc0.weight", (3, ROWS * COLS)),
                                        ("fc0.bias", (3,))])
-        with mc.WorkerClient.from_job(self.job, SITE, 0, wrong,
+        with WorkerClient.from_job(self.job, SITE, 0, wrong,
                                       self.endpoint) as other:
-            with self.assertRaises(mc.ServerError) as refused:
+            with self.assertRaises(meridian.ServerError) as refused:
                 other.join()
         self.assertEqual(refused.exception.code_name, "ERROR_LAYOUT_MISMATCH")
         type(self).refusals += 1
-        with mc.WorkerClient.from_job(self.job, SITE, 7, self.layout,
+        with WorkerClient.from_job(self.job, SITE, 7, self.layout,
                                       self.endpoint) as other:
-            with self.assertRaises(mc.ServerError) as refused:
+            with self.assertRaises(meridian.ServerError) as refused:
                 other.join()
         self.assertEqual(refused.exception.code_name, "ERROR_UNKNOWN_SENDER")
         type(self).refusals += 1
@@ -197,7 +200,7 @@ class LiveSiteTest(unittest.TestCase):
         type(self).welcome = welcome
         self.assertTrue(welcome.is_welcome)
         self.assertFalse(welcome.stop)
-        self.assertEqual(mc.Layout.from_specs(welcome.header.welcome.layout),
+        self.assertEqual(Layout.from_specs(welcome.header.welcome.layout),
                          self.layout)
         self.assertEqual(self.layout.describe(),
                          "fc0.weight[6,64] fc0.bias[6] fc1.weight[10,6] "
@@ -243,7 +246,7 @@ class LiveSiteTest(unittest.TestCase):
         # server.limits.max_reply_floats defaults to one model; ranges may
         # overlap, but not add up to more.
         weight = self.layout.find("fc0.weight")
-        with self.assertRaises(mc.ServerError) as refused:
+        with self.assertRaises(meridian.ServerError) as refused:
             self.client.pull([("fc0.weight", 0, weight.size),
                               ("fc0.weight", 0, weight.size)])
         self.assertEqual(refused.exception.code_name, "ERROR_LIMIT")
@@ -274,14 +277,14 @@ class LiveSiteTest(unittest.TestCase):
     def test_22_refused_commits_leave_the_model_untouched(self):
         version, before = self.model_now()
         delta = np.ones(self.layout.num_elements, dtype=np.float32)
-        with self.assertRaises(mc.ServerError) as refused:
+        with self.assertRaises(meridian.ServerError) as refused:
             self.client.commit(delta, version + 100, local_steps=1)
         self.assertEqual(refused.exception.code_name, "ERROR_STALE")
         type(self).refusals += 1
         # NaN, sent by hand (the client refuses to send it).
         header = wire.Header(type=wire.COMMIT)
         for t in self.layout.tensors:
-            header.slices.append(mc.tensor_slice(t))
+            header.slices.append(tensor_slice(t))
         header.commit.base_version = version
         header.commit.local_steps = 1
         header.commit.commit_id = 50
@@ -302,7 +305,7 @@ class LiveSiteTest(unittest.TestCase):
         commit.commit.local_steps = 1
         commit.commit.commit_id = 51
         for t in self.layout.tensors:
-            commit.slices.append(mc.tensor_slice(t))
+            commit.slices.append(tensor_slice(t))
         frames = [commit.SerializeToString()] + [
             np.zeros(t.size, dtype="<f4").tobytes()
             for t in self.layout.tensors]
@@ -456,9 +459,9 @@ class JoinWaitTest(unittest.TestCase):
             out = os.path.join(directory, "out")
             os.makedirs(out)
             site, endpoint = procs.start_site(job_path, SITE, out)
-            layout = mc.layout_for_model(job.model, ROWS * COLS)
-            first = mc.WorkerClient.from_job(job, SITE, 0, layout, endpoint)
-            second = mc.WorkerClient.from_job(job, SITE, 1, layout, endpoint)
+            layout = layout_for_model(job.model, ROWS * COLS)
+            first = WorkerClient.from_job(job, SITE, 0, layout, endpoint)
+            second = WorkerClient.from_job(job, SITE, 1, layout, endpoint)
             welcomes = {}
             waiting = threading.Thread(
                 target=lambda: welcomes.setdefault(0, first.join()))
@@ -500,7 +503,7 @@ def fnv1a(values):
 
 
 class DataTest(unittest.TestCase):
-    """meridian_client.data against values computed once with the C++
+    """meridian.data against values computed once with the C++
     functions (WorkerSampleIndices, ComputePixelStats, MakeDataset of
     src/train) for the same inputs: the Python worker trains on exactly the
     samples and features a C++ worker of its slot would."""
@@ -509,7 +512,7 @@ class DataTest(unittest.TestCase):
     # labels (i * 7 + i // 13) % 10, seed 17, sites a (2 + 1 workers),
     # b (3), c (1).
     GOLDEN = {
-        mc.job_pb2.IID: [
+        job_pb2.IID: [
             (0, 0, 112, 14804645237625182583),
             (0, 1, 111, 10138914531573654843),
             (0, 2, 111, 1381963876956646547),
@@ -518,7 +521,7 @@ class DataTest(unittest.TestCase):
             (1, 2, 111, 10140334549022949429),
             (2, 0, 333, 637109844482844736),
         ],
-        mc.job_pb2.LABEL_SKEW: [
+        job_pb2.LABEL_SKEW: [
             (0, 0, 121, 1203213764302746673),
             (0, 1, 121, 1618498191180056916),
             (0, 2, 120, 12758009573946477828),
@@ -527,7 +530,7 @@ class DataTest(unittest.TestCase):
             (1, 2, 105, 11048499418837150407),
             (2, 0, 322, 3633984810944248721),
         ],
-        mc.job_pb2.LABEL_SUBSET: [
+        job_pb2.LABEL_SUBSET: [
             (0, 0, 103, 9614001572351600879),
             (0, 1, 103, 11502423797976193024),
             (0, 2, 102, 3012494277991012989),
@@ -550,13 +553,13 @@ class DataTest(unittest.TestCase):
         labels = np.array([(i * 7 + i // 13) % 10 for i in range(1000)],
                           dtype=np.uint8)
         for kind, golden in self.GOLDEN.items():
-            job = mc.job_pb2.JobConfig(seed=17)
+            job = job_pb2.JobConfig(seed=17)
             for name, groups in (("a", (2, 1)), ("b", (3,)), ("c", (1,))):
                 site = job.site.add(name=name)
                 for count in groups:
                     site.workers.add(count=count)
             job.data.site_partition.kind = kind
-            if kind == mc.job_pb2.LABEL_SUBSET:
+            if kind == job_pb2.LABEL_SUBSET:
                 for classes in ((0, 1, 2, 3), (3, 4, 5, 6, 7), (8, 9, 1)):
                     job.data.site_partition.classes.add(label=classes)
             got = []
@@ -564,30 +567,84 @@ class DataTest(unittest.TestCase):
                 for w in range(mdata.site_worker_count(site)):
                     indices = mdata.worker_sample_indices(job, labels, s, w)
                     got.append((s, w, len(indices), fnv1a(indices)))
-            self.assertEqual(got, golden, mc.job_pb2.PartitionKind.Name(kind))
+            self.assertEqual(got, golden, job_pb2.PartitionKind.Name(kind))
 
     def test_classes_per_part_deals_the_cpp_class_lists(self):
         # ClassesOfPartition: partition p holds (p*k + j) mod C, j < k; the
         # lists are dealt as LABEL_SUBSET deals them (golden-checked above).
         labels = np.array([(i * 7 + i // 13) % 10 for i in range(1000)],
                           dtype=np.uint8)
-        config = mc.job_pb2.PartitionConfig(
-            kind=mc.job_pb2.CLASSES_PER_PART, classes_per_part=4)
+        config = job_pb2.PartitionConfig(
+            kind=job_pb2.CLASSES_PER_PART, classes_per_part=4)
         got = mdata.partition_indices(labels, 10, 3, config, 17)
-        subset = mc.job_pb2.PartitionConfig(kind=mc.job_pb2.LABEL_SUBSET)
+        subset = job_pb2.PartitionConfig(kind=job_pb2.LABEL_SUBSET)
         for classes in ((0, 1, 2, 3), (4, 5, 6, 7), (0, 1, 8, 9)):
             subset.classes.add(label=classes)
         want = mdata.partition_indices(labels, 10, 3, subset, 17)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
         with self.assertRaisesRegex(ValueError, "classes_per_part"):
-            mdata.partition_indices(labels, 10, 3, mc.job_pb2.PartitionConfig(
-                kind=mc.job_pb2.CLASSES_PER_PART, classes_per_part=3), 17)
+            mdata.partition_indices(labels, 10, 3, job_pb2.PartitionConfig(
+                kind=job_pb2.CLASSES_PER_PART, classes_per_part=3), 17)
 
-    def test_dirichlet_is_refused_not_silently_iid(self):
+    # DIRICHLET (Marsaglia-Tsang gamma draws; alpha below 1 is boosted),
+    # same labels, seed and sites as GOLDEN.
+    DIRICHLET_GOLDEN = {
+        0.5: [
+            (0, 0, 141, 612415976562789494),
+            (0, 1, 140, 5729812166904211854),
+            (0, 2, 140, 9069647500232784732),
+            (1, 0, 68, 10782972174616982468),
+            (1, 1, 68, 8032347916380785759),
+            (1, 2, 68, 5175893049661078570),
+            (2, 0, 375, 1608825889638589144),
+        ],
+        0.1: [
+            (0, 0, 182, 2681010203274327558),
+            (0, 1, 181, 10239058064286280347),
+            (0, 2, 181, 17567810282628940648),
+            (1, 0, 107, 181919906865568905),
+            (1, 1, 107, 6234789051331415786),
+            (1, 2, 107, 9590536143747107345),
+            (2, 0, 135, 1219788026652900830),
+        ],
+        5.0: [
+            (0, 0, 125, 9933674300282240632),
+            (0, 1, 125, 8318250037985228543),
+            (0, 2, 125, 720477206266894476),
+            (1, 0, 107, 1062353533179407511),
+            (1, 1, 107, 9601201200927001666),
+            (1, 2, 106, 16853123316831493617),
+            (2, 0, 305, 2893327872860995942),
+        ],
+    }
+
+    def test_dirichlet_shards_are_the_cpp_ones(self):
+        labels = np.array([(i * 7 + i // 13) % 10 for i in range(1000)],
+                          dtype=np.uint8)
+        for alpha, golden in self.DIRICHLET_GOLDEN.items():
+            job = job_pb2.JobConfig(seed=17)
+            for name, groups in (("a", (2, 1)), ("b", (3,)), ("c", (1,))):
+                site = job.site.add(name=name)
+                for count in groups:
+                    site.workers.add(count=count)
+            job.data.site_partition.kind = job_pb2.DIRICHLET
+            job.data.site_partition.alpha = alpha
+            got = []
+            for s, site in enumerate(job.site):
+                for w in range(mdata.site_worker_count(site)):
+                    indices = mdata.worker_sample_indices(job, labels, s, w)
+                    got.append((s, w, len(indices), fnv1a(indices)))
+            self.assertEqual(got, golden, "alpha %g" % alpha)
+
+    def test_dirichlet_refuses_what_the_cpp_refuses(self):
         labels = np.zeros(100, dtype=np.uint8)
-        config = mc.job_pb2.PartitionConfig(kind=mc.job_pb2.DIRICHLET)
-        with self.assertRaisesRegex(ValueError, "not supported"):
+        config = job_pb2.PartitionConfig(kind=job_pb2.DIRICHLET, alpha=0)
+        with self.assertRaisesRegex(ValueError, "alpha must be finite"):
+            mdata.partition_indices(labels, 10, 3, config, 1)
+        config = job_pb2.PartitionConfig(kind=job_pb2.DIRICHLET,
+                                         min_samples=40)
+        with self.assertRaisesRegex(ValueError, "min_samples 40"):
             mdata.partition_indices(labels, 10, 3, config, 1)
 
     def test_features_are_the_cpp_ones(self):
@@ -596,7 +653,7 @@ class DataTest(unittest.TestCase):
         mean, stddev = mdata.pixel_stats(pixels)
         self.assertEqual(np.float32(mean).view(np.uint32), 0x3eff8eeb)
         self.assertEqual(np.float32(stddev).view(np.uint32), 0x3e94f7a0)
-        table = mdata.normalization_table(mc.job_pb2.STANDARDIZE, mean,
+        table = mdata.normalization_table(job_pb2.STANDARDIZE, mean,
                                           stddev)
         self.assertEqual(fnv1a(table.view(np.uint32)), 415905598375071031)
 

@@ -5,8 +5,10 @@ processes and sockets only.
 Every test script takes the same arguments (tests/CMakeLists.txt):
   --meridian PATH        the meridian binary
   --python-path DIRS     ':'-separated: <build>/python (generated *_pb2)
-                         and <source>/python (meridian_client)
+                         and <source>/python (the package meridian)
   --source DIR           the source tree (examples/, python/)
+  --build DIR            the build tree (optional; where a test may keep
+                         what it makes, e.g. a venv)
 and passes the rest to unittest.
 """
 
@@ -34,6 +36,7 @@ def parse_args():
     parser.add_argument("--meridian", required=True)
     parser.add_argument("--python-path", required=True)
     parser.add_argument("--source", required=True)
+    parser.add_argument("--build", default="")
     ARGS, rest = parser.parse_known_args()
     for entry in reversed(ARGS.python_path.split(":")):
         sys.path.insert(0, entry)

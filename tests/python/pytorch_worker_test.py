@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""A PyTorch worker (examples/pytorch_worker.py) trains next to C++
-workers: a real `meridian site` process, two `meridian worker` processes
+"""A PyTorch worker (examples/pytorch_worker.py, a meridian.Session
+around the job's MLP) trains next to C++ workers: a real `meridian site`
+process, two `meridian worker` processes
 (indices 0 and 1) and the Python worker as index 2, on generated data,
 ASYNC, until the target accuracy. Asserts that the job reached its target,
 that the Python worker's slot had its commits applied at a rate
@@ -20,7 +21,7 @@ import live_site
 
 UNITTEST_ARGV = live_site.parse_args()
 
-import meridian_client as mc  # noqa: E402
+from meridian import job_pb2  # noqa: E402
 
 SITE = "site-a"
 TARGET = 0.9
@@ -33,7 +34,7 @@ JOB_TIMEOUT_S = 300
 
 
 def make_job(data_dir, workers, learning_rate):
-    job = mc.job_pb2.JobConfig()
+    job = job_pb2.JobConfig()
     job.name = "pytorch-worker"
     job.seed = 3
     job.target_accuracy = TARGET
@@ -44,7 +45,7 @@ def make_job(data_dir, workers, learning_rate):
     group = site.workers.add()
     group.count = workers
     group.step_time_s = STEP_TIME_S
-    job.model.kind = mc.job_pb2.MLP
+    job.model.kind = job_pb2.MLP
     job.model.hidden.append(32)
     job.data.dir = data_dir
     job.optimizer.learning_rate = learning_rate
@@ -53,7 +54,7 @@ def make_job(data_dir, workers, learning_rate):
     job.server.eval_period_s = 0.5
     # Importing PyTorch takes seconds on a loaded machine; the site waits.
     job.server.join_timeout_s = 120
-    job.policy.kind = mc.job_pb2.ASYNC
+    job.policy.kind = job_pb2.ASYNC
     job.fault.checkpoint_period_s = 0
     return job
 
@@ -154,8 +155,8 @@ class PyTorchWorkerTest(unittest.TestCase):
         # The worker's own count (the statistics of its BYE) is the site's.
         self.assertEqual(python["commits"], python["commits_applied"])
         log = self.procs.log(python_name)
-        self.assertIn("joined; model [fc0.weight[32,784] fc0.bias[32] "
-                      "fc1.weight[10,32] fc1.bias[10]]", log)
+        self.assertIn("as worker %d; model [fc0.weight[32,784] fc0.bias[32] "
+                      "fc1.weight[10,32] fc1.bias[10]]" % python_index, log)
         self.assertNotIn(" ERROR ", log)
         return workers
 

@@ -9,27 +9,30 @@ site server's ROUTER: no routing-id frame and no empty delimiter frame is
 sent or received (ZeroMQ adds and strips the routing id on the server).
 
 This module is socket-free: build frames, parse and validate them.
+Payload frames are never copied here: encode() hands out the arrays
+themselves (send them with copy=False) and decode() returns views of the
+received frames.
 """
 
-from typing import List, Sequence, Tuple
+from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._proto import wire_pb2
+from . import wire_pb2
+from .errors import ProtocolError, error_name
 from .layout import Layout
 
+__all__ = ["FLOAT32_LE", "MAX_HEADER_BYTES", "MAX_SLICES", "PROTOCOL_VERSION",
+           "ProtocolError", "all_finite", "as_float32_le",
+           "check_model_slices", "decode", "describe", "encode",
+           "error_name", "make_header"]
+
 PROTOCOL_VERSION = wire_pb2.PROTOCOL_VERSION_CURRENT  # 1
-MAX_HEADER_BYTES = 1 << 20  # kMaxHeaderBytes (include/meridian/message.h)
+MAX_HEADER_BYTES = 1 << 20  # kMaxHeaderBytes (include/meridian/net/message.h)
 MAX_SLICES = 4096           # kMaxSlices
 
 # Little-endian IEEE-754 float32: the only dtype of the protocol.
 FLOAT32_LE = np.dtype("<f4")
-
-
-class ProtocolError(Exception):
-    """A message from the server that breaks the protocol (malformed
-    header, frames that disagree with it, values outside the layout, NaN).
-    Nothing of it was used."""
 
 
 def make_header(msg_type: int, sender: wire_pb2.Endpoint,
@@ -50,12 +53,21 @@ def as_float32_le(values) -> np.ndarray:
                                 dtype=FLOAT32_LE).reshape(-1)
 
 
+def all_finite(values: np.ndarray) -> bool:
+    """Whether no value is NaN or +-Inf."""
+    return bool(np.isfinite(values).all())
+
+
 def encode(header: wire_pb2.Header,
-           payloads: Sequence[np.ndarray] = ()) -> List[bytes]:
+           payloads: Sequence[np.ndarray] = ()
+           ) -> List[Union[bytes, np.ndarray]]:
     """The frames of a message: the serialized header, then one payload
     frame per slice. `payloads` are float32 arrays, one per
-    header.slices entry; each slice's payload_bytes must equal its frame
-    (ValueError otherwise: the server would answer ERROR_SIZE_MISMATCH)."""
+    header.slices entry, passed on without a copy when they are already
+    contiguous little-endian float32 (send the frames with copy=False and
+    leave the arrays alone until the reply came). Each slice's
+    payload_bytes must equal its frame (ValueError otherwise: the server
+    would answer ERROR_SIZE_MISMATCH)."""
     if len(payloads) != len(header.slices):
         raise ValueError("%d payloads for %d slices" %
                          (len(payloads), len(header.slices)))
@@ -70,7 +82,7 @@ def encode(header: wire_pb2.Header,
                 "slice '%s' says %d elements / %d bytes, payload has %d / %d"
                 % (s.tensor, s.length, s.payload_bytes, data.size,
                    data.nbytes))
-        frames.append(data.tobytes())
+        frames.append(data)
     return frames
 
 
@@ -120,12 +132,13 @@ def decode(frames: Sequence) -> Tuple[wire_pb2.Header, List[memoryview]]:
 
 
 def check_model_slices(header: wire_pb2.Header, payload: Sequence,
-                       layout: Layout,
-                       whole_model: bool) -> List[np.ndarray]:
-    """Checks a MODEL/WELCOME's slices against `layout` (each inside its
-    tensor; with `whole_model` one per tensor, whole, in layout order), RAW
-    codec and finite values, and returns each slice's values (float32).
-    ProtocolError otherwise."""
+                       layout: Layout, whole_model: bool,
+                       check_finite: bool = True) -> List[np.ndarray]:
+    """Checks a MODEL/WELCOME/EVAL_TASK's slices against `layout` (each
+    inside its tensor; with `whole_model` one per tensor, whole, in layout
+    order), RAW codec and (with `check_finite`) finite values, and returns
+    each slice's values: read-only little-endian float32 views of the
+    frames. ProtocolError otherwise."""
     if whole_model and len(header.slices) != len(layout.tensors):
         raise ProtocolError("expected one slice per tensor (%d), got %d" %
                             (len(layout.tensors), len(header.slices)))
@@ -145,20 +158,11 @@ def check_model_slices(header: wire_pb2.Header, payload: Sequence,
                                 (i, layout.tensors[i].name))
         if s.codec != wire_pb2.CODEC_RAW:
             raise ProtocolError("slice %d ('%s') is not RAW" % (i, s.tensor))
-        values = np.frombuffer(frame, dtype=FLOAT32_LE).astype(np.float32)
-        if not np.all(np.isfinite(values)):
+        values = np.frombuffer(frame, dtype=FLOAT32_LE)
+        if check_finite and not all_finite(values):
             raise ProtocolError("NaN or Inf in tensor '%s'" % s.tensor)
         arrays.append(values)
     return arrays
-
-
-def error_name(code: int) -> str:
-    """"ERROR_STALE" for 8; "ERROR_CODE_<n>" for a code this build does not
-    know (a newer server)."""
-    try:
-        return wire_pb2.ErrorCode.Name(code)
-    except ValueError:
-        return "ERROR_CODE_%d" % code
 
 
 def describe(header: wire_pb2.Header) -> str:
@@ -171,7 +175,8 @@ def describe(header: wire_pb2.Header) -> str:
     role = {wire_pb2.ROLE_WORKER: "worker#%d" % sender.id,
             wire_pb2.ROLE_SITE_SERVER: "server",
             wire_pb2.ROLE_LAUNCHER: "launcher",
-            wire_pb2.ROLE_CLIENT: "client"}.get(sender.role, "?")
+            wire_pb2.ROLE_CLIENT: "client",
+            wire_pb2.ROLE_EVALUATOR: "evaluator"}.get(sender.role, "?")
     text = "%s from %s/%s seq %d" % (kind, sender.site or "?", role,
                                      header.sequence)
     if header.slices:

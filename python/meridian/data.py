@@ -1,5 +1,11 @@
-"""A worker's share of a job's training data, exactly as the C++ worker
-loads it (src/train/dataset.cc, idx.cc, partition.cc; docs/worker-protocol.md
+"""Fashion-MNIST-style data of a job (data { } of the job file) for
+PyTorch programs: a worker's share of the training set
+(fashion_mnist_shard), the validation set (fashion_mnist_validation) and a
+fixed sample of a site's share (fashion_mnist_training_sample), as
+torch TensorDatasets.
+
+A worker's share is exactly what the C++ worker of its slot loads
+(src/train/dataset.cc, idx.cc, partition.cc; docs/worker-protocol.md
 "Data"): the same samples, in the same (sorted) order, with bit-identical
 float32 features. Only the minibatch order differs (the C++ worker shuffles
 with std::shuffle, which the C++ standard leaves implementation-defined).
@@ -12,13 +18,15 @@ with std::shuffle, which the C++ standard leaves implementation-defined).
 
 The partitioners draw from std::mt19937_64, whose output the C++ standard
 fixes; MT19937_64 below reproduces it (10000th output of the default seed
-5489: 9981545732273789042), with the same bounded draws.
+5489: 9981545732273789042), with the same bounded, normal and gamma draws
+(DIRICHLET also uses log and exp: the C library's, through Python's math
+module, so a Python worker and the C++ processes of one machine agree).
 """
 
 import gzip
 import math
 import os
-from typing import List, Tuple
+from typing import List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -99,6 +107,57 @@ def mix(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
+
+
+def standard_normal(rng: MT19937_64) -> float:
+    """Marsaglia's polar method, the second value dropped (StandardNormal
+    in src/train/random_draws.h)."""
+    while True:
+        u = 2 * uniform_unit(rng) - 1
+        v = 2 * uniform_unit(rng) - 1
+        s = u * u + v * v
+        if 0 < s < 1:
+            return u * math.sqrt(-2 * math.log(s) / s)
+
+
+def log_gamma(rng: MT19937_64, shape: float) -> float:
+    """log of a Gamma(shape, 1) draw: Marsaglia and Tsang, boosted below
+    shape 1 in the log domain (LogGamma in src/train/partition.cc)."""
+    if shape < 1:
+        boosted = log_gamma(rng, shape + 1)
+        u = 1 - uniform_unit(rng)
+        return boosted + math.log(u) / shape
+    d = shape - 1.0 / 3.0
+    c = 1 / math.sqrt(9 * d)
+    while True:
+        x = standard_normal(rng)
+        v = 1 + c * x
+        if v <= 0:
+            continue
+        v = v * v * v
+        u = uniform_unit(rng)
+        x2 = x * x
+        if (u < 1 - 0.0331 * x2 * x2 or
+                math.log(u) < 0.5 * x2 + d * (1 - v + math.log(v))):
+            return math.log(d) + math.log(v)
+
+
+def _dirichlet_shares(rng: MT19937_64, alpha: float,
+                      num_parts: int) -> List[float]:
+    logs = [log_gamma(rng, alpha) for _ in range(num_parts)]
+    top = max(logs)
+    shares = [1.0 if value == top else math.exp(value - top)
+              for value in logs]
+    total = 0.0
+    for share in shares:  # the C++ summation order
+        total += share
+    return [share / total for share in shares]
+
+
+def _round_half_away(x: float) -> float:
+    """std::round for x >= 0 (exact: no x + 0.5 rounding)."""
+    floor = math.floor(x)
+    return floor + 1.0 if x - floor >= 0.5 else float(floor)
 
 
 # ---- IDX files ---------------------------------------------------------
@@ -248,13 +307,74 @@ def partition_indices(labels: np.ndarray, num_classes: int, num_parts: int,
     if kind == 5:  # CLASSES_PER_PART
         return _classes_per_part(labels, num_classes, num_parts,
                                  config.classes_per_part)
+    if kind == 4:  # DIRICHLET
+        return _dirichlet(labels, num_classes, num_parts, config.alpha,
+                          config.min_samples, seed)
     if kind in (0, 1):  # IID, unspecified
         return _iid(int(labels.size), num_parts, seed)
-    # DIRICHLET (4) draws from Gamma variates whose exact bits this client
-    # does not reproduce, and a later kind is unknown here: training on
-    # other samples than a C++ worker in this slot would be silently wrong.
+    # A later kind is unknown here: training on other samples than a C++
+    # worker in this slot would be silently wrong.
     raise ValueError("site partition kind %d is not supported by the Python "
-                     "client; run a C++ `meridian worker` for this job" % kind)
+                     "package; run a C++ `meridian worker` for this job" %
+                     kind)
+
+
+def _dirichlet(labels: np.ndarray, num_classes: int, num_parts: int,
+               alpha: float, min_samples: int,
+               seed: int) -> List[np.ndarray]:
+    """DIRICHLET (Dirichlet in src/train/partition.cc): each class's
+    samples shuffled once, then cut by Dirichlet(alpha) shares, drawn again
+    (up to 1000 times) until every part has min_samples."""
+    max_draws = 1000
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise ValueError("DIRICHLET alpha must be finite and > 0, got %g" %
+                         alpha)
+    if labels.size < num_parts * min_samples:
+        raise ValueError("DIRICHLET min_samples %d in each of %d partitions "
+                         "needs %d samples, but there are %d; lower "
+                         "min_samples" % (min_samples, num_parts,
+                                          num_parts * min_samples,
+                                          labels.size))
+    rng = MT19937_64(seed)
+    by_class: List[List[int]] = [[] for _ in range(num_classes)]
+    for i, label in enumerate(labels.tolist()):
+        by_class[label].append(i)
+    for samples in by_class:
+        for i in range(len(samples), 1, -1):
+            j = uniform_below(rng, i)
+            samples[i - 1], samples[j] = samples[j], samples[i - 1]
+    for _ in range(max_draws):
+        totals = [0] * num_parts
+        ends = []
+        for c in range(num_classes):
+            shares = _dirichlet_shares(rng, alpha, num_parts)
+            n = len(by_class[c])
+            cumulative = 0.0
+            begin = 0
+            class_ends = []
+            for p in range(num_parts):
+                cumulative += shares[p]
+                end = n
+                if p + 1 < num_parts:
+                    cut = _round_half_away(cumulative * float(n))
+                    end = min(max(int(max(cut, 0.0)), begin), n)
+                class_ends.append(end)
+                totals[p] += end - begin
+                begin = end
+            ends.append(class_ends)
+        if min(totals) < min_samples:
+            continue
+        parts: List[List[int]] = [[] for _ in range(num_parts)]
+        for c in range(num_classes):
+            begin = 0
+            for p in range(num_parts):
+                parts[p].extend(by_class[c][begin:ends[c][p]])
+                begin = ends[c][p]
+        return [np.array(sorted(part), dtype=np.int64) for part in parts]
+    raise ValueError("DIRICHLET alpha %g left some of the %d partitions with "
+                     "fewer than min_samples %d samples in each of %d draws; "
+                     "raise alpha or lower min_samples" %
+                     (alpha, num_parts, min_samples, max_draws))
 
 
 def _classes_per_part(labels: np.ndarray, num_classes: int, num_parts: int,
@@ -324,14 +444,12 @@ def worker_sample_indices(job, train_labels: np.ndarray, site_index: int,
     return share[workers[worker_index]]
 
 
-def load_worker_data(job, site_index: int,
-                     worker_index: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The worker's training samples: (features float32 [n, rows*cols],
-    labels uint8 [n]), as Worker::Create loads them."""
+def _training_set(job):
+    """The job's (limited) training images [n, rows, cols], labels and
+    the normalisation table from their statistics."""
     data = job.data
-    join = os.path.join
-    images = read_idx_images(join(data.dir, data.train_images))
-    labels = read_idx_labels(join(data.dir, data.train_labels))
+    images = read_idx_images(os.path.join(data.dir, data.train_images))
+    labels = read_idx_labels(os.path.join(data.dir, data.train_labels))
     if images.shape[0] != labels.size:
         raise ValueError("%s holds %d samples but %s holds %d labels" %
                          (data.train_images, images.shape[0],
@@ -340,7 +458,15 @@ def load_worker_data(job, site_index: int,
         images = images[:data.train_limit]
         labels = labels[:data.train_limit]
     mean, stddev = pixel_stats(images)
-    table = normalization_table(data.normalization, mean, stddev)
+    return images, labels, normalization_table(data.normalization, mean,
+                                               stddev)
+
+
+def load_worker_data(job, site_index: int,
+                     worker_index: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The worker's training samples: (features float32 [n, rows*cols],
+    labels uint8 [n]), as Worker::Create loads them."""
+    images, labels, table = _training_set(job)
     indices = worker_sample_indices(job, labels, site_index, worker_index)
     flat = images.reshape(images.shape[0], -1)
     return table[flat[indices]], labels[indices].copy()
@@ -358,3 +484,119 @@ def input_dim(job) -> int:
 def _is_gzip(path: str) -> bool:
     with open(path, "rb") as f:
         return f.read(2) == b"\x1f\x8b"
+
+
+# ---- torch datasets ----------------------------------------------------
+JobLike = Union[None, str, "os.PathLike[str]", object]
+
+
+def _job_and_env(job: JobLike, environ: Optional[Mapping[str, str]]):
+    """(pb.JobConfig, Environment): `job` a JobConfig, a path, or None for
+    $MERIDIAN_JOB."""
+    from .environment import environment, load_job
+    env = environment(environ)
+    if job is None:
+        if env.job is None:
+            raise ValueError("no job file: pass job= or set MERIDIAN_JOB")
+        job = env.job
+    if isinstance(job, (str, os.PathLike)):
+        job = load_job(job)
+    return job, env
+
+
+def _site_of(job, env, site: Union[None, str, int]) -> int:
+    from .environment import site_index
+    if isinstance(site, int):
+        return site
+    if site is not None:
+        return site_index(job, site)
+    if env.site is not None:
+        return site_index(job, env.site)
+    if env.site_index is not None:
+        return env.site_index
+    if len(job.site) == 1:
+        return 0
+    raise ValueError("which site? pass site= or set MERIDIAN_SITE")
+
+
+def _as_dataset(features: np.ndarray, labels: np.ndarray, rows: int,
+                cols: int):
+    import torch
+    from torch.utils.data import TensorDataset
+    images = torch.from_numpy(np.ascontiguousarray(features, np.float32))
+    return TensorDataset(images.reshape(-1, 1, rows, cols),
+                         torch.from_numpy(labels.astype(np.int64)))
+
+
+def fashion_mnist_shard(job: JobLike = None,
+                        site: Union[None, str, int] = None,
+                        worker: Optional[int] = None,
+                        environ: Optional[Mapping[str, str]] = None):
+    """This worker's share of the job's training set as a
+    torch.utils.data.TensorDataset of (image float32 [1, rows, cols],
+    label int64): the samples and features the C++ worker of its slot
+    trains on (site partition, IID split inside the site, normalisation
+    of data { }). `job`: a pb.JobConfig or a job file's path (default
+    $MERIDIAN_JOB); `site`: a name or index (default $MERIDIAN_SITE, or
+    the only site); `worker`: the index inside the site (default
+    $MERIDIAN_WORKER_INDEX). ValueError when the share is empty."""
+    job, env = _job_and_env(job, environ)
+    s = _site_of(job, env, site)
+    if worker is None:
+        worker = env.worker_index
+    if worker is None:
+        raise ValueError("which worker? pass worker= or set "
+                         "MERIDIAN_WORKER_INDEX")
+    images, labels, table = _training_set(job)
+    indices = worker_sample_indices(job, labels, s, worker)
+    if indices.size == 0:
+        raise ValueError("worker %d of site '%s' has no training samples "
+                         "(partition too small)" % (worker, job.site[s].name))
+    rows, cols = images.shape[1:]
+    flat = images.reshape(images.shape[0], -1)
+    return _as_dataset(table[flat[indices]], labels[indices], rows, cols)
+
+
+def fashion_mnist_validation(job: JobLike = None,
+                             environ: Optional[Mapping[str, str]] = None):
+    """The job's validation set: the test images and labels of data { }
+    (data.test_limit of them; all when 0), normalised with the training
+    set's statistics as the site servers do, as a TensorDataset of (image
+    float32 [1, rows, cols], label int64)."""
+    job, _ = _job_and_env(job, environ)
+    data = job.data
+    images = read_idx_images(os.path.join(data.dir, data.test_images))
+    labels = read_idx_labels(os.path.join(data.dir, data.test_labels))
+    if data.test_limit:
+        images = images[:data.test_limit]
+        labels = labels[:data.test_limit]
+    _, _, table = _training_set(job)
+    rows, cols = images.shape[1:]
+    return _as_dataset(table[images.reshape(images.shape[0], -1)], labels,
+                       rows, cols)
+
+
+def fashion_mnist_training_sample(job: JobLike = None,
+                                  site: Union[None, str, int] = None,
+                                  samples: int = 2000,
+                                  environ: Optional[Mapping[str, str]] = None):
+    """A fixed sample of `samples` examples (all when fewer) of a site's
+    share of the training set, the same on every call for the same job
+    seed and site: what an evaluator scores for TRAINING_SAMPLE tasks
+    (the intra-site policy's loss evaluations, SkewScout's comparisons).
+    It is drawn with numpy's generator seeded with the job's seed and the
+    site's index, not the C++ server's own sample (which uses the
+    implementation-defined std::shuffle)."""
+    job, env = _job_and_env(job, environ)
+    s = _site_of(job, env, site)
+    images, labels, table = _training_set(job)
+    num_classes = max(_DEFAULT_NUM_CLASSES,
+                      int(labels.max()) + 1 if labels.size else 0)
+    share = partition_indices(labels, num_classes, len(job.site),
+                              job.data.site_partition, job.seed)[s]
+    rng = np.random.default_rng([job.seed, s, 0x6c6f7373])  # "loss"
+    if share.size > samples:
+        share = np.sort(rng.choice(share, size=samples, replace=False))
+    rows, cols = images.shape[1:]
+    flat = images.reshape(images.shape[0], -1)
+    return _as_dataset(table[flat[share]], labels[share], rows, cols)
