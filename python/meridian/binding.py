@@ -45,7 +45,7 @@ def floating_tensors(model: torch.nn.Module
 def model_layout(model: torch.nn.Module) -> Layout:
     """The layout of the model's floating-point state_dict tensors in
     state_dict order. LayoutMismatch for a tensor a layout cannot hold (a
-    scalar, a zero dimension, a dtype other than F32/F16/BF16/F64)."""
+    zero dimension, a dtype other than F32/F16/BF16/F64)."""
     entries = []
     for name, tensor in floating_tensors(model).items():
         if tensor.dtype not in TORCH_TYPES:
@@ -57,8 +57,8 @@ def model_layout(model: torch.nn.Module) -> Layout:
         return Layout.from_shapes(entries)
     except ValueError as error:
         raise LayoutMismatch("the model cannot be served by a site: %s (a "
-                             "site's tensors have at least one dimension and "
-                             "no zero dimension)" % error) from None
+                             "site's tensors have no zero dimension)" % error
+                             ) from None
 
 
 def check_model(model: torch.nn.Module, layout: Layout) -> None:

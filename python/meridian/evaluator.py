@@ -28,7 +28,7 @@ from . import wire_pb2
 from ._placement import JobArg, Placement, expected_layout, resolve
 from .binding import ModelBinding
 from .client import EvalTask, EvaluatorClient
-from .errors import Cancelled
+from .errors import Cancelled, ServerError
 from .layout import Layout
 
 _LOG = logging.getLogger("meridian")
@@ -157,7 +157,16 @@ class Evaluator:
                                             for kv in metrics.items()))
                 if self._signalled:
                     raise Cancelled("stopped by SIGTERM")
-                task = client.report(task.task_id, metrics, samples, error)
+                try:
+                    task = client.report(task.task_id, metrics, samples,
+                                         error)
+                except ServerError as refused:
+                    # A result the site cannot take (a metric the job does
+                    # not name, a NaN): that task is lost, the next one
+                    # comes with an empty report.
+                    _LOG.error("the site refused the result of task %d: %s",
+                               task.task_id, refused)
+                    task = client.report(0)
             self.stop_reason = task.stop_reason
         except Cancelled:
             self.stop_reason = "stopped by SIGTERM"

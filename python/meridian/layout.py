@@ -52,8 +52,9 @@ class Layout:
     @staticmethod
     def from_shapes(named_shapes: Iterable[Tuple]) -> "Layout":
         """A layout of (name, shape) or (name, shape, dtype) tuples, in
-        order. ValueError on an empty or duplicate name, an empty shape, a
-        zero dimension or an unknown type (the rules of ModelLayout::Add)."""
+        order; an empty shape is a scalar (one element). ValueError on an
+        empty or duplicate name, a zero dimension or an unknown type (the
+        rules of ModelLayout::Add)."""
         tensors: List[TensorInfo] = []
         offset = 0
         seen = set()
@@ -64,8 +65,6 @@ class Layout:
                 raise ValueError("tensor name is empty")
             if name in seen:
                 raise ValueError("duplicate tensor name '%s'" % name)
-            if not shape:
-                raise ValueError("tensor '%s' has an empty shape" % name)
             if any(d <= 0 for d in shape):
                 raise ValueError("tensor '%s' has a zero dimension" % name)
             if dtype not in TENSOR_TYPES:
