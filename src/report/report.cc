@@ -346,9 +346,27 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
 
 Status WriteTimelineCsv(const std::vector<pb::SiteSummary>& sites,
                         const std::string& path) {
+  // Named metrics beyond the fixed columns (an external model's evaluator
+  // reports the job's; a built-in one "rmse"), one column each, in the
+  // order they first appear.
+  std::vector<std::string> named;
+  for (const pb::SiteSummary& site : sites) {
+    for (const pb::EvalPoint& point : site.timeline()) {
+      for (const pb::MetricValue& metric : point.metrics()) {
+        const std::string& name = metric.name();
+        if (name == "accuracy" || name == "loss" || name == "metric" ||
+            std::find(named.begin(), named.end(), name) != named.end()) {
+          continue;
+        }
+        named.push_back(name);
+      }
+    }
+  }
   std::ostringstream out;
   out << "site,t_s,accuracy,loss,model_version,commits,theta,metric,"
-         "skew_knob\n";
+         "skew_knob";
+  for (const std::string& name : named) out << ',' << name;
+  out << '\n';
   char row[256];
   for (const pb::SiteSummary& site : sites) {
     for (const pb::EvalPoint& point : site.timeline()) {
@@ -362,6 +380,15 @@ Status WriteTimelineCsv(const std::vector<pb::SiteSummary>& sites,
       if (point.has_skew_knob()) {
         std::snprintf(row, sizeof(row), "%.6g", point.skew_knob());
         out << row;
+      }
+      for (const std::string& name : named) {
+        out << ',';
+        for (const pb::MetricValue& metric : point.metrics()) {
+          if (metric.name() != name) continue;
+          std::snprintf(row, sizeof(row), "%.6g", metric.value());
+          out << row;
+          break;
+        }
       }
       out << "\n";
     }

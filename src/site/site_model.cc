@@ -72,7 +72,7 @@ Result<SiteModel> LoadExternal(const pb::JobConfig& job) {
     return file.status().WithContext("model.weights (the initial weights)");
   }
   SiteModel model;
-  model.metric = ExternalMetric(job.model());
+  model.metric = ModelMetric(job.model());
   for (const FileTensor& tensor : file->tensors) {
     if (!IsFloating(tensor.type)) continue;  // stays with the workers
     MERIDIAN_RETURN_IF_ERROR(
@@ -116,15 +116,6 @@ Result<SiteModel> LoadBuiltin(const pb::JobConfig& job, int site_index) {
 }
 
 }  // namespace
-
-MetricSpec ExternalMetric(const pb::ModelConfig& model) {
-  MetricSpec metric;
-  if (model.metrics_size() > 0) {
-    metric.name = model.metrics(0).name();
-    metric.higher_is_better = model.metrics(0).higher_is_better();
-  }
-  return metric;
-}
 
 Result<SiteModel> LoadSiteModel(const pb::JobConfig& job, int site_index) {
   if (job.model().kind() == pb::EXTERNAL) return LoadExternal(job);

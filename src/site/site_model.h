@@ -47,9 +47,6 @@ struct SiteModel {
 // corrupt, or without a floating-point tensor (external).
 Result<SiteModel> LoadSiteModel(const pb::JobConfig& job, int site_index);
 
-// The metric an external model is judged by: model.metrics' first.
-MetricSpec ExternalMetric(const pb::ModelConfig& model);
-
 // Writes `values` (the layout's float32 key space) as a safetensors file,
 // each tensor converted back to its element type. Atomic (rename).
 Status WriteModelFile(const std::string& path, const ModelLayout& layout,

@@ -87,6 +87,9 @@ Result<std::unique_ptr<Model>> MakeModel(const pb::ModelConfig& config,
 
 MetricSpec ModelMetric(const pb::ModelConfig& config) {
   if (config.kind() == pb::MATRIX_FACTORIZATION) return {"rmse", false};
+  if (config.kind() == pb::EXTERNAL && config.metrics_size() > 0) {
+    return {config.metrics(0).name(), config.metrics(0).higher_is_better()};
+  }
   return MetricSpec{};
 }
 
