@@ -1,7 +1,6 @@
 #include "config/issue_reporter.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <iterator>
 
 namespace meridian::config_internal {
@@ -11,12 +10,6 @@ constexpr std::string_view kEndpointSchemes[] = {"tcp://", "ipc://",
                                                  "inproc://"};
 
 }  // namespace
-
-std::string FormatReal(double value) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%g", value);
-  return buffer;
-}
 
 std::string Indexed(std::string_view field, int index) {
   return std::string(field) + "[" + std::to_string(index) + "]";
