@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <iterator>
 
+#include "meridian/metrics/metrics.h"
+
 namespace meridian::config_internal {
 namespace {
 
@@ -21,6 +23,21 @@ bool IsEndpoint(std::string_view address) {
                        return address.size() > scheme.size() &&
                               address.substr(0, scheme.size()) == scheme;
                      });
+}
+
+void IssueReporter::Endpoint(std::string_view field,
+                             const std::string& value) const {
+  Check(IsEndpoint(value), field,
+        "must be a ZeroMQ endpoint starting with tcp://, ipc:// or "
+        "inproc://, got '" +
+            value + "'");
+}
+
+void IssueReporter::MetricsAddress(std::string_view field,
+                                   const std::string& value) const {
+  if (value.empty()) return;
+  const Result<meridian::MetricsAddress> parsed = ParseMetricsAddress(value);
+  if (!parsed.ok()) Report(field, parsed.status().message());
 }
 
 void ReportAtPath(const Status& status, const IssueReporter& root) {

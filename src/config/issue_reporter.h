@@ -137,6 +137,11 @@ class IssueReporter {
     Check(!value.empty(), field, "must be non-empty");
   }
 
+  // A ZeroMQ endpoint: tcp://, ipc:// or inproc:// (IsEndpoint).
+  void Endpoint(std::string_view field, const std::string& value) const;
+  // A metrics server's host:port (ParseMetricsAddress), or empty (none).
+  void MetricsAddress(std::string_view field, const std::string& value) const;
+
   // The value must be a declared enumerator other than the UNSPECIFIED (0)
   // one.
   template <typename Enum>
