@@ -736,21 +736,11 @@ Status StopHarness() {
 
 // ---- reporting -------------------------------------------------------------
 
+using bench::Format;
+using bench::HumanBytesPerSecond;
 using bench::Measurement;
 using bench::RecordingReporter;
-
-std::string Format(const char* format, double value, const char* unit) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), format, value);
-  return std::string(buffer) + unit;
-}
-
-// Decimal units: 1 GB/s = 1e9 bytes/s.
-std::string HumanBytesPerSecond(double bytes) {
-  if (bytes >= 1e9) return Format("%.2f", bytes / 1e9, " GB/s");
-  if (bytes >= 1e6) return Format("%.1f", bytes / 1e6, " MB/s");
-  return Format("%.1f", bytes / 1e3, " kB/s");
-}
+using bench::Usable;
 
 std::string HumanItemsPerSecond(double items, const char* what) {
   const std::string unit = std::string(" ") + what + "/s";
@@ -801,21 +791,13 @@ class SummaryTable {
     out << "\n| benchmark | throughput | baseline | ratio | goal | met |\n"
         << "|---|---|---|---|---|---|\n"
         << rows_;
-    if (missed_ > 0) {
-      out << "\n"
-          << missed_
-          << " goal(s) missed (informational: the exit status ignores "
-             "goals).\n";
-    }
+    bench::PrintMissedGoals(out, missed_);
   }
 
  private:
   const Measurement* Find(const std::string& name) const {
-    const auto it = results_.find(name);
-    return it == results_.end() ? nullptr : &it->second;
+    return bench::FindMeasurement(results_, name);
   }
-
-  static bool Usable(const Measurement* m) { return m != nullptr && !m->error; }
 
   static std::string Throughput(const Measurement* m, const std::string& name) {
     if (m == nullptr) return name + " not run";
