@@ -1,7 +1,8 @@
 // Shared by the Google Benchmark binaries (meridian_bench,
 // compression_bench): reading Google Benchmark's output flags for a custom
 // display reporter, the reporter that records every result for the
-// binaries' summary tables, and its error check. Header-only.
+// binaries' summary tables, its error check, and the tables' number
+// formats. Header-only.
 #ifndef MERIDIAN_BENCH_BENCH_UTIL_H_
 #define MERIDIAN_BENCH_BENCH_UTIL_H_
 
@@ -9,9 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <ostream>
 #include <set>
 #include <string>
 #include <string_view>
@@ -147,6 +150,43 @@ class RecordingReporter : public Base {
   std::map<std::string, Measurement> results_;
   std::set<std::string> medians_;
 };
+
+// The result of benchmark `name` in `results` (a RecordingReporter's), or
+// nullptr when it did not run.
+inline const Measurement* FindMeasurement(
+    const std::map<std::string, Measurement>& results,
+    const std::string& name) {
+  const auto it = results.find(name);
+  return it == results.end() ? nullptr : &it->second;
+}
+
+// Whether `m` ran and did not fail.
+inline bool Usable(const Measurement* m) { return m != nullptr && !m->error; }
+
+// ---- the summary tables' text ----------------------------------------------
+
+// `value` printed with the printf `format` (one double), then `unit`.
+inline std::string Format(const char* format, double value,
+                          const char* unit = "") {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), format, value);
+  return std::string(buffer) + unit;
+}
+
+// Decimal units: 1 GB/s = 1e9 bytes/s.
+inline std::string HumanBytesPerSecond(double bytes) {
+  if (bytes >= 1e9) return Format("%.2f", bytes / 1e9, " GB/s");
+  if (bytes >= 1e6) return Format("%.1f", bytes / 1e6, " MB/s");
+  return Format("%.1f", bytes / 1e3, " kB/s");
+}
+
+// A table's closing line when `missed` goals were missed (none when 0).
+inline void PrintMissedGoals(std::ostream& out, int missed) {
+  if (missed == 0) return;
+  out << "\n"
+      << missed
+      << " goal(s) missed (informational: the exit status ignores goals).\n";
+}
 
 // Whether any benchmark a reporter recorded (results(): name -> a
 // measurement with an `error` flag) failed.

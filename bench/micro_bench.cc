@@ -167,8 +167,65 @@ constexpr int kBatch = 64;
 // batch (whose vanishing gradients would not be representative).
 constexpr int kBatches = 8;
 
-// One training step as a worker takes it (forward, backward, SGD with
-// momentum, the model's state update) on batches of `batch` samples.
+// A model trained by a step benchmark: its parameters (initialised with
+// seed 1), its gradient and its optimizer.
+class ModelTrainer {
+ public:
+  // `made` ready to train; null when it was not made (the benchmark is
+  // then skipped with the error).
+  static std::unique_ptr<ModelTrainer> Make(
+      benchmark::State& state, Result<std::unique_ptr<Model>> made,
+      const pb::OptimizerConfig& optimizer) {
+    if (!made.ok()) {
+      state.SkipWithError(made.status().ToString().c_str());
+      return nullptr;
+    }
+    return std::unique_ptr<ModelTrainer>(
+        new ModelTrainer(std::move(made).value(), optimizer));
+  }
+
+  // Forward and backward only: the batch's loss, and its gradient kept
+  // for nothing.
+  float LossAndGradient(const Eigen::MatrixXf& features,
+                        const std::vector<uint8_t>& labels) {
+    return model_->LossAndGradient(params_, features, labels, grad_);
+  }
+
+  // One training step as a worker takes it: forward, backward, the
+  // optimizer's step (on the rows the batch touched, for a sparse model)
+  // and the model's state update. Returns the batch's loss.
+  float Step(const Eigen::MatrixXf& features,
+             const std::vector<uint8_t>& labels) {
+    const float loss = LossAndGradient(features, labels);
+    if (const std::vector<ElementRange>* rows = model_->SparseRows()) {
+      optimizer_.Step(params_, grad_, *rows);
+    } else {
+      optimizer_.Step(params_, grad_);
+    }
+    model_->ApplyStateUpdate(params_);
+    return loss;
+  }
+
+  const SgdOptimizer& optimizer() const { return optimizer_; }
+
+ private:
+  ModelTrainer(std::unique_ptr<Model> model,
+               const pb::OptimizerConfig& optimizer)
+      : model_(std::move(model)),
+        params_(model_->layout().num_elements()),
+        grad_(params_.size()),
+        optimizer_(optimizer, params_.size()) {
+    model_->Initialize(/*seed=*/1, params_);
+  }
+
+  std::unique_ptr<Model> model_;
+  std::vector<float> params_;
+  std::vector<float> grad_;
+  SgdOptimizer optimizer_;
+};
+
+// One training step as a worker takes it (ModelTrainer::Step, SGD with
+// momentum) on batches of `batch` samples.
 // `threads` > 1: the model on that many threads (MakeParallelModel).
 void RunModelStep(benchmark::State& state, const pb::ModelConfig& config,
                   int batch, int threads = 1) {
@@ -182,18 +239,10 @@ void RunModelStep(benchmark::State& state, const pb::ModelConfig& config,
     }
     replicas.push_back(std::move(replica).value());
   }
-  Result<std::unique_ptr<Model>> made = MakeParallelModel(std::move(replicas));
-  if (!made.ok()) {
-    state.SkipWithError(made.status().ToString().c_str());
-    return;
-  }
-  std::unique_ptr<Model> model = std::move(made).value();
-  const uint64_t n = model->layout().num_elements();
-  std::vector<float> params(n);
-  std::vector<float> grad(n);
-  model->Initialize(/*seed=*/1, params);
-  pb::OptimizerConfig optimizer_config;  // documented defaults
-  SgdOptimizer optimizer(optimizer_config, n);
+  std::unique_ptr<ModelTrainer> trainer =
+      ModelTrainer::Make(state, MakeParallelModel(std::move(replicas)),
+                         pb::OptimizerConfig());  // documented defaults
+  if (trainer == nullptr) return;
 
   // Standardised-looking features and uniform labels.
   std::mt19937_64 rng(11);
@@ -210,20 +259,18 @@ void RunModelStep(benchmark::State& state, const pb::ModelConfig& config,
     for (uint8_t& l : labels[b]) l = static_cast<uint8_t>(label(rng));
   }
 
-  // One untimed step: the model's scratch buffers grow to the batch once
-  // and are reused after that.
-  float loss = model->LossAndGradient(params, features[0], labels[0], grad);
+  // One untimed forward and backward pass: the model's scratch buffers
+  // grow to the batch once and are reused after that.
+  float loss = trainer->LossAndGradient(features[0], labels[0]);
   // The first step whose loss was not finite (-1: none; 0: the untimed
   // one), so that a divergence says where it began.
   int64_t first_non_finite = std::isfinite(loss) ? -1 : 0;
   int64_t step = 0;
   int b = 0;
   for ([[maybe_unused]] auto _ : state) {
-    loss = model->LossAndGradient(params, features[b], labels[b], grad);
+    loss = trainer->Step(features[b], labels[b]);
     ++step;
     if (first_non_finite < 0 && !std::isfinite(loss)) first_non_finite = step;
-    optimizer.Step(params, grad);
-    model->ApplyStateUpdate(params);
     b = (b + 1) % kBatches;
   }
   benchmark::DoNotOptimize(loss);
@@ -314,21 +361,13 @@ void RunMfStep(benchmark::State& state, int batch) {
   config.set_kind(pb::MATRIX_FACTORIZATION);
   config.set_rank(kMfRank);
   config.set_l2(kMfL2);
-  Result<std::unique_ptr<Model>> made =
-      MakeMatrixFactorization(config, kMfUsers, kMfItems);
-  if (!made.ok()) {
-    state.SkipWithError(made.status().ToString().c_str());
-    return;
-  }
-  std::unique_ptr<Model> model = std::move(made).value();
-  const uint64_t n = model->layout().num_elements();
-  std::vector<float> params(n);
-  std::vector<float> grad(n);
-  model->Initialize(/*seed=*/1, params);
   pb::OptimizerConfig optimizer_config;
   optimizer_config.set_learning_rate(kMfLearningRate);
   optimizer_config.set_momentum(0);  // MF trains with plain SGD
-  SgdOptimizer optimizer(optimizer_config, n);
+  std::unique_ptr<ModelTrainer> trainer = ModelTrainer::Make(
+      state, MakeMatrixFactorization(config, kMfUsers, kMfItems),
+      optimizer_config);
+  if (trainer == nullptr) return;
 
   // Batches of the generated rating matrix jobs train on (GenerateRatings:
   // Zipf item popularity and user activity), cycled through.
@@ -355,22 +394,11 @@ void RunMfStep(benchmark::State& state, int batch) {
                         ratings.labels.begin() + (b + 1) * batch);
   }
 
-  auto step = [&](int b) {
-    const float loss =
-        model->LossAndGradient(params, features[b], labels[b], grad);
-    if (const std::vector<ElementRange>* rows = model->SparseRows()) {
-      optimizer.Step(params, grad, *rows);
-    } else {
-      optimizer.Step(params, grad);
-    }
-    model->ApplyStateUpdate(params);
-    return loss;
-  };
   // One untimed step: the model's scratch buffers grow to the batch once.
-  float loss = step(0);
+  float loss = trainer->Step(features[0], labels[0]);
   int b = 1 % batches;
   for ([[maybe_unused]] auto _ : state) {
-    loss = step(b);
+    loss = trainer->Step(features[b], labels[b]);
     b = (b + 1) % batches;
   }
   benchmark::DoNotOptimize(loss);
@@ -378,7 +406,7 @@ void RunMfStep(benchmark::State& state, int batch) {
     state.SkipWithError("training diverged: the loss is not finite");
     return;
   }
-  if (optimizer.steps() == 0) {
+  if (trainer->optimizer().steps() == 0) {
     state.SkipWithError("the optimizer refused every step");
     return;
   }
@@ -736,21 +764,11 @@ Status StopHarness() {
 
 // ---- reporting -------------------------------------------------------------
 
+using bench::Format;
+using bench::HumanBytesPerSecond;
 using bench::Measurement;
 using bench::RecordingReporter;
-
-std::string Format(const char* format, double value, const char* unit) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), format, value);
-  return std::string(buffer) + unit;
-}
-
-// Decimal units: 1 GB/s = 1e9 bytes/s.
-std::string HumanBytesPerSecond(double bytes) {
-  if (bytes >= 1e9) return Format("%.2f", bytes / 1e9, " GB/s");
-  if (bytes >= 1e6) return Format("%.1f", bytes / 1e6, " MB/s");
-  return Format("%.1f", bytes / 1e3, " kB/s");
-}
+using bench::Usable;
 
 std::string HumanItemsPerSecond(double items, const char* what) {
   const std::string unit = std::string(" ") + what + "/s";
@@ -801,21 +819,13 @@ class SummaryTable {
     out << "\n| benchmark | throughput | baseline | ratio | goal | met |\n"
         << "|---|---|---|---|---|---|\n"
         << rows_;
-    if (missed_ > 0) {
-      out << "\n"
-          << missed_
-          << " goal(s) missed (informational: the exit status ignores "
-             "goals).\n";
-    }
+    bench::PrintMissedGoals(out, missed_);
   }
 
  private:
   const Measurement* Find(const std::string& name) const {
-    const auto it = results_.find(name);
-    return it == results_.end() ? nullptr : &it->second;
+    return bench::FindMeasurement(results_, name);
   }
-
-  static bool Usable(const Measurement* m) { return m != nullptr && !m->error; }
 
   static std::string Throughput(const Measurement* m, const std::string& name) {
     if (m == nullptr) return name + " not run";

@@ -391,29 +391,18 @@ void RegisterReal() {
 
 // ---- reporting -------------------------------------------------------------
 
+using bench::FindMeasurement;
+using bench::Format;
+using bench::HumanBytesPerSecond;
 using bench::Measurement;
 using bench::RecordingReporter;
-
-std::string Format(const char* format, double value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), format, value);
-  return buffer;
-}
-
-// Decimal units: 1 GB/s = 1e9 bytes/s.
-std::string HumanBytesPerSecond(double bytes) {
-  if (bytes >= 1e9) return Format("%.2f GB/s", bytes / 1e9);
-  if (bytes >= 1e6) return Format("%.1f MB/s", bytes / 1e6);
-  return Format("%.1f kB/s", bytes / 1e3);
-}
+using bench::Usable;
 
 std::string HumanBytes(double bytes) {
   if (bytes >= 1e6) return Format("%.2f MB", bytes / 1e6);
   if (bytes >= 1e3) return Format("%.1f kB", bytes / 1e3);
   return Format("%.0f B", bytes);
 }
-
-bool Usable(const Measurement* m) { return m != nullptr && !m->error; }
 
 std::string Throughput(const Measurement* m) {
   if (m == nullptr) return "not run";
@@ -425,12 +414,6 @@ std::string Throughput(const Measurement* m) {
 std::string Ratio(const Measurement* m, double ceiling) {
   if (!Usable(m) || ceiling <= 0) return "n/a";
   return Format("%.2f×", m->bytes_per_second / ceiling);
-}
-
-const Measurement* Find(const std::map<std::string, Measurement>& results,
-                        const std::string& name) {
-  const auto it = results.find(name);
-  return it == results.end() ? nullptr : &it->second;
 }
 
 // The goals of the issue, for the sparse + int8 + zstd pipeline.
@@ -460,12 +443,7 @@ class SummaryTable {
     for (const Pipeline& p : Pipelines()) {
       for (const Density& d : kDensities) Row(out, p, d, ceiling);
     }
-    if (missed_ > 0) {
-      out << "\n"
-          << missed_
-          << " goal(s) missed (informational: the exit status ignores "
-             "goals).\n";
-    }
+    bench::PrintMissedGoals(out, missed_);
   }
 
  private:
@@ -519,7 +497,7 @@ class SummaryTable {
   }
 
   const Measurement* Find(const std::string& name) const {
-    return meridian::Find(results_, name);
+    return FindMeasurement(results_, name);
   }
 
   const std::map<std::string, Measurement>& results_;
@@ -530,7 +508,7 @@ class SummaryTable {
 void PrintRealTable(const std::map<std::string, Measurement>& results,
                     const std::string& job_path, std::ostream& out) {
   const RealUpdates& r = g_real->recorded;
-  const Measurement* memcpy_run = Find(results, "BM_MemcpyModel");
+  const Measurement* memcpy_run = FindMeasurement(results, "BM_MemcpyModel");
   const double ceiling = Usable(memcpy_run) ? memcpy_run->bytes_per_second : 0;
   const double elements = static_cast<double>(r.layout.num_elements());
   out << "\nReal updates of " << job_path << ": " << r.model << " in "
@@ -549,8 +527,8 @@ void PrintRealTable(const std::map<std::string, Measurement>& results,
       << "|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Pipeline& p : Pipelines()) {
     for (const RealKind& k : g_real->kinds) {
-      const Measurement* enc = Find(results, EncodeRealName(p, k));
-      const Measurement* dec = Find(results, DecodeRealName(p, k));
+      const Measurement* enc = FindMeasurement(results, EncodeRealName(p, k));
+      const Measurement* dec = FindMeasurement(results, DecodeRealName(p, k));
       if (enc == nullptr && dec == nullptr) continue;  // filtered out
       std::string entries = "n/a", size = "n/a", per_entry = "n/a",
                   ratio = "n/a";

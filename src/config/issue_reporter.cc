@@ -1,8 +1,9 @@
 #include "config/issue_reporter.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <iterator>
+
+#include "meridian/metrics/metrics.h"
 
 namespace meridian::config_internal {
 namespace {
@@ -11,12 +12,6 @@ constexpr std::string_view kEndpointSchemes[] = {"tcp://", "ipc://",
                                                  "inproc://"};
 
 }  // namespace
-
-std::string FormatReal(double value) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%g", value);
-  return buffer;
-}
 
 std::string Indexed(std::string_view field, int index) {
   return std::string(field) + "[" + std::to_string(index) + "]";
@@ -28,6 +23,21 @@ bool IsEndpoint(std::string_view address) {
                        return address.size() > scheme.size() &&
                               address.substr(0, scheme.size()) == scheme;
                      });
+}
+
+void IssueReporter::Endpoint(std::string_view field,
+                             const std::string& value) const {
+  Check(IsEndpoint(value), field,
+        "must be a ZeroMQ endpoint starting with tcp://, ipc:// or "
+        "inproc://, got '" +
+            value + "'");
+}
+
+void IssueReporter::MetricsAddress(std::string_view field,
+                                   const std::string& value) const {
+  if (value.empty()) return;
+  const Result<meridian::MetricsAddress> parsed = ParseMetricsAddress(value);
+  if (!parsed.ok()) Report(field, parsed.status().message());
 }
 
 void ReportAtPath(const Status& status, const IssueReporter& root) {

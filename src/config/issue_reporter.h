@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "meridian/config/config.h"
+#include "meridian/core/format.h"
 #include "meridian/core/status.h"
 
 namespace meridian::config_internal {
@@ -28,9 +29,6 @@ inline constexpr uint32_t kNumClasses = 10;
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 inline constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
-
-// "%g" of `value`: how reals appear in issues.
-std::string FormatReal(double value);
 
 // The allowed values of a real field: an interval, unbounded above when `hi`
 // is +inf. NaN and +-Inf are never allowed.
@@ -138,6 +136,11 @@ class IssueReporter {
   void NonEmpty(std::string_view field, const std::string& value) const {
     Check(!value.empty(), field, "must be non-empty");
   }
+
+  // A ZeroMQ endpoint: tcp://, ipc:// or inproc:// (IsEndpoint).
+  void Endpoint(std::string_view field, const std::string& value) const;
+  // A metrics server's host:port (ParseMetricsAddress), or empty (none).
+  void MetricsAddress(std::string_view field, const std::string& value) const;
 
   // The value must be a declared enumerator other than the UNSPECIFIED (0)
   // one.

@@ -2,29 +2,42 @@
 
 #include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "config/validate.h"
 #include "meridian/core/z85.h"
 
 namespace meridian::config_internal {
 
-// Public keys are well-formed and distinct. With CURVE on, the sites that
-// sync either all list a key or none does: `meridian run` then generates
-// ephemeral keys, and a site started alone refuses to run without keys.
-// A worker_curve_public_key is Z85, on a site with a server that lists its
-// own curve_public_key, with CURVE on, and distinct from every other key.
-void ValidateSecurity(const pb::JobConfig& config, const IssueReporter& root) {
-  std::map<std::string, std::string> first_use;  // key -> site name
+namespace {
+
+using KeyOwners = std::map<std::string, std::string>;  // key -> site name
+
+// Whether `key` is a CURVE public key; when not, says so at `field`.
+// `keygen`: the command that prints one.
+bool CheckCurveKey(const IssueReporter& r, std::string_view field,
+                   const std::string& key, const std::string& keygen) {
+  const bool z85 = IsZ85Key(key);
+  r.Check(z85, field,
+          "must be a CURVE public key: 40 characters of the Z85 alphabet, "
+          "as `" +
+              keygen + "` prints it (got " + std::to_string(key.size()) +
+              " characters)");
+  return z85;
+}
+
+// The sites' public keys are well-formed and distinct; returns whose each
+// well-formed key is.
+KeyOwners ValidateSiteKeys(const pb::JobConfig& config,
+                           const IssueReporter& root) {
+  KeyOwners first_use;
   for (int i = 0; i < config.site_size(); ++i) {
     const pb::SiteConfig& site = config.site(i);
     if (!site.has_curve_public_key()) continue;
     const IssueReporter r = root.Nested("site", i);
     const std::string& key = site.curve_public_key();
-    if (!IsZ85Key(key)) {
-      r.Report("curve_public_key",
-               "must be a CURVE public key: 40 characters of the Z85 "
-               "alphabet, as `meridian keygen` prints it (got " +
-                   std::to_string(key.size()) + " characters)");
+    if (!CheckCurveKey(r, "curve_public_key", key, "meridian keygen")) {
       continue;
     }
     const auto [it, inserted] = first_use.emplace(key, site.name());
@@ -32,20 +45,23 @@ void ValidateSecurity(const pb::JobConfig& config, const IssueReporter& root) {
             "duplicates the key of site '" + it->second +
                 "'; every site needs its own key pair");
   }
-  // A worker key turns CURVE on at the site's worker endpoint: it needs the
-  // site's own key pair (the server side), CURVE on, and a key of its own.
-  std::map<std::string, std::string> worker_use;  // key -> site name
+  return first_use;
+}
+
+// A worker key turns CURVE on at the site's worker endpoint: it needs the
+// site's own key pair (the server side), CURVE on, and a key of its own
+// (none of `site_keys`, nor another site's workers').
+void ValidateWorkerKeys(const pb::JobConfig& config, const IssueReporter& root,
+                        const KeyOwners& site_keys) {
+  KeyOwners worker_use;
   for (int i = 0; i < config.site_size(); ++i) {
     const pb::SiteConfig& site = config.site(i);
     if (!site.has_worker_curve_public_key()) continue;
     const IssueReporter r = root.Nested("site", i);
     const std::string& key = site.worker_curve_public_key();
-    if (!IsZ85Key(key)) {
-      r.Report("worker_curve_public_key",
-               "must be a CURVE public key: 40 characters of the Z85 "
-               "alphabet, as `meridian keygen --site " +
-                   site.name() + " --out DIR/workers` prints it (got " +
-                   std::to_string(key.size()) + " characters)");
+    if (!CheckCurveKey(
+            r, "worker_curve_public_key", key,
+            "meridian keygen --site " + site.name() + " --out DIR/workers")) {
       continue;
     }
     if (!HasServer(site)) {
@@ -69,7 +85,7 @@ void ValidateSecurity(const pb::JobConfig& config, const IssueReporter& root) {
                    site.name() + " --out DIR` prints the line)");
       continue;
     }
-    if (const auto it = first_use.find(key); it != first_use.end()) {
+    if (const auto it = site_keys.find(key); it != site_keys.end()) {
       r.Report("worker_curve_public_key",
                "is the curve_public_key of site '" + it->second +
                    "'; the workers need a key pair of their own");
@@ -80,7 +96,11 @@ void ValidateSecurity(const pb::JobConfig& config, const IssueReporter& root) {
             "duplicates the worker key of site '" + it->second +
                 "'; each site's workers need a key pair of their own");
   }
-  if (!config.security().curve()) return;
+}
+
+// With CURVE on, the sites that sync either all list a key or none does.
+void ValidateKeysListed(const pb::JobConfig& config,
+                        const IssueReporter& root) {
   std::vector<int> syncing;
   for (int i = 0; i < config.site_size(); ++i) {
     if (HasServer(config.site(i))) syncing.push_back(i);
@@ -105,6 +125,19 @@ void ValidateSecurity(const pb::JobConfig& config, const IssueReporter& root) {
             " --out DIR` prints the line), or set security { curve: "
             "false }");
   }
+}
+
+}  // namespace
+
+// Public keys are well-formed and distinct. With CURVE on, the sites that
+// sync either all list a key or none does: `meridian run` then generates
+// ephemeral keys, and a site started alone refuses to run without keys.
+// A worker_curve_public_key is Z85, on a site with a server that lists its
+// own curve_public_key, with CURVE on, and distinct from every other key.
+void ValidateSecurity(const pb::JobConfig& config, const IssueReporter& root) {
+  const KeyOwners site_keys = ValidateSiteKeys(config, root);
+  ValidateWorkerKeys(config, root, site_keys);
+  if (config.security().curve()) ValidateKeysListed(config, root);
 }
 
 }  // namespace meridian::config_internal

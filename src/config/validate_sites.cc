@@ -7,7 +7,6 @@
 #include <tuple>
 
 #include "config/validate.h"
-#include "meridian/metrics/metrics.h"
 #include "meridian/wan/presets.h"
 #include "meridian/wan/units.h"
 
@@ -122,21 +121,9 @@ void ValidateSites(const pb::JobConfig& config, const IssueReporter& root) {
       r.Report("region", "unknown region '" + site.region() +
                              "'; the presets know " + known);
     }
-    r.Check(IsEndpoint(site.address()), "address",
-            "must be a ZeroMQ endpoint starting with tcp://, ipc:// or "
-            "inproc://, got '" +
-                site.address() + "'");
-    r.Check(IsEndpoint(site.mirror_address()), "mirror_address",
-            "must be a ZeroMQ endpoint starting with tcp://, ipc:// or "
-            "inproc://, got '" +
-                site.mirror_address() + "'");
-    if (!site.metrics_address().empty()) {
-      const Result<MetricsAddress> metrics =
-          ParseMetricsAddress(site.metrics_address());
-      if (!metrics.ok()) {
-        r.Report("metrics_address", metrics.status().message());
-      }
-    }
+    r.Endpoint("address", site.address());
+    r.Endpoint("mirror_address", site.mirror_address());
+    r.MetricsAddress("metrics_address", site.metrics_address());
     // With every group's count >= 1 this also guarantees >= 1 worker.
     r.Check(site.workers_size() > 0, "workers",
             "a site needs at least one worker group, e.g. workers { count: "

@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "config/validate.h"
-#include "meridian/metrics/metrics.h"
 #include "meridian/wan/presets.h"
 #include "meridian/wan/units.h"
 
@@ -18,17 +17,8 @@ void ValidateWan(const pb::JobConfig& config, const IssueReporter& r,
                  const IssueReporter& root) {
   const pb::WanConfig& wan = config.wan();
   r.Real("sample_period_s", wan.sample_period_s(), kPositive);
-  r.Check(IsEndpoint(wan.control_address()), "control_address",
-          "must be a ZeroMQ endpoint starting with tcp://, ipc:// or "
-          "inproc://, got '" +
-              wan.control_address() + "'");
-  if (!wan.metrics_address().empty()) {
-    const Result<MetricsAddress> metrics =
-        ParseMetricsAddress(wan.metrics_address());
-    if (!metrics.ok()) {
-      r.Report("metrics_address", metrics.status().message());
-    }
-  }
+  r.Endpoint("control_address", wan.control_address());
+  r.MetricsAddress("metrics_address", wan.metrics_address());
   if (!wan.wanem_host().empty()) {
     r.Check(wan.wanem_host().find_first_of(":/ ") == std::string::npos,
             "wanem_host",

@@ -5,20 +5,34 @@
 
 namespace meridian {
 
+namespace {
+
+struct ElementTypeSpelling {
+  ElementType type;
+  std::string_view name;
+};
+constexpr ElementTypeSpelling kElementTypeNames[] = {
+    {ElementType::kF32, "F32"},   {ElementType::kF16, "F16"},
+    {ElementType::kBF16, "BF16"}, {ElementType::kF64, "F64"},
+    {ElementType::kI64, "I64"},   {ElementType::kI32, "I32"},
+    {ElementType::kI16, "I16"},   {ElementType::kI8, "I8"},
+    {ElementType::kU8, "U8"},     {ElementType::kBool, "BOOL"},
+};
+
+}  // namespace
+
 std::string_view ElementTypeName(ElementType type) {
-  switch (type) {
-    case ElementType::kF32: return "F32";
-    case ElementType::kF16: return "F16";
-    case ElementType::kBF16: return "BF16";
-    case ElementType::kF64: return "F64";
-    case ElementType::kI64: return "I64";
-    case ElementType::kI32: return "I32";
-    case ElementType::kI16: return "I16";
-    case ElementType::kI8: return "I8";
-    case ElementType::kU8: return "U8";
-    case ElementType::kBool: return "BOOL";
+  for (const ElementTypeSpelling& entry : kElementTypeNames) {
+    if (entry.type == type) return entry.name;
   }
   return "?";
+}
+
+std::optional<ElementType> ElementTypeFromName(std::string_view name) {
+  for (const ElementTypeSpelling& entry : kElementTypeNames) {
+    if (entry.name == name) return entry.type;
+  }
+  return std::nullopt;
 }
 
 size_t ElementSize(ElementType type) {

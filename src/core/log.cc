@@ -43,16 +43,23 @@ std::atomic<LogLevel>& Level() {
   return level;
 }
 
+// Each level's spellings: its name (MERIDIAN_LOG_LEVEL, --log-level) and
+// the letter its lines start with.
+struct LevelSpelling {
+  LogLevel level;
+  std::string_view name;
+  char letter;
+};
+constexpr LevelSpelling kLevelSpellings[] = {
+    {LogLevel::kDebug, "debug", 'D'},
+    {LogLevel::kInfo, "info", 'I'},
+    {LogLevel::kWarning, "warning", 'W'},
+    {LogLevel::kError, "error", 'E'},
+};
+
 char LevelLetter(LogLevel level) {
-  switch (level) {
-    case LogLevel::kDebug:
-      return 'D';
-    case LogLevel::kInfo:
-      return 'I';
-    case LogLevel::kWarning:
-      return 'W';
-    case LogLevel::kError:
-      return 'E';
+  for (const LevelSpelling& spelling : kLevelSpellings) {
+    if (spelling.level == level) return spelling.letter;
   }
   return '?';
 }
@@ -407,18 +414,13 @@ void SetLogLevel(LogLevel level) { Level().store(level); }
 LogLevel GetLogLevel() { return Level().load(std::memory_order_relaxed); }
 
 bool ParseLogLevel(std::string_view text, LogLevel* level) {
-  if (text == "debug") {
-    *level = LogLevel::kDebug;
-  } else if (text == "info") {
-    *level = LogLevel::kInfo;
-  } else if (text == "warning") {
-    *level = LogLevel::kWarning;
-  } else if (text == "error") {
-    *level = LogLevel::kError;
-  } else {
-    return false;
+  for (const LevelSpelling& spelling : kLevelSpellings) {
+    if (spelling.name == text) {
+      *level = spelling.level;
+      return true;
+    }
   }
-  return true;
+  return false;
 }
 
 namespace internal {

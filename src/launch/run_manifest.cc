@@ -67,24 +67,19 @@ void RunManifestFile::Save() {
 
 int RunManifestFile::AddEvent(pb::FaultKind kind, const std::string& subject,
                               const std::string& detail, double duration_s) {
-  if (manifest_.events_size() >= kMaxFaultEvents) {
-    if (!events_capped_) {
-      events_capped_ = true;
-      MLOG(WARNING) << "more than " << kMaxFaultEvents
-                    << " launcher fault events: later ones are logged only";
-    }
-    return -1;
-  }
-  pb::FaultEvent* event = manifest_.add_events();
-  event->set_kind(kind);
-  event->set_site("");
-  event->set_subject(subject);
-  event->set_unix_s(UnixSeconds());
-  event->set_t_s(event->unix_s() - manifest_.started_unix_s());
-  event->set_duration_s(duration_s);
-  event->set_detail(detail);
-  Save();
-  return manifest_.events_size() - 1;
+  pb::FaultEvent event;
+  event.set_kind(kind);
+  event.set_site("");
+  event.set_subject(subject);
+  event.set_unix_s(UnixSeconds());
+  event.set_t_s(event.unix_s() - manifest_.started_unix_s());
+  event.set_duration_s(duration_s);
+  event.set_detail(detail);
+  const int index =
+      AppendFaultEvent(std::move(event), manifest_.mutable_events(),
+                       &events_capped_, "launcher fault events");
+  if (index >= 0) Save();
+  return index;
 }
 
 void RunManifestFile::EndOutage(const std::vector<int>& events) {

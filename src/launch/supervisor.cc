@@ -562,10 +562,11 @@ std::string Supervisor::Remaining(Role role) const {
   return names;
 }
 
-void Supervisor::SignalAll(Role role, int signal) {
+void Supervisor::Escalate(Role role, int signal, double now) {
   for (Supervised& child : children_) {
     if (child.role == role) Stop(child, signal);
   }
+  stop_deadline_s_ = now + kKillGraceS;
 }
 
 void Supervisor::AdvanceStop() {
@@ -605,8 +606,7 @@ void Supervisor::AdvanceStop() {
         MLOG(WARNING) << (workers_signal_ == SIGTERM ? "SIGTERM" : "SIGKILL")
                       << " to workers still running: "
                       << Remaining(Role::kWorker);
-        SignalAll(Role::kWorker, workers_signal_);
-        stop_deadline_s_ = now + kKillGraceS;
+        Escalate(Role::kWorker, workers_signal_, now);
       }
       return;
     case Stage::kStopSites:
@@ -618,16 +618,14 @@ void Supervisor::AdvanceStop() {
         MLOG(ERROR) << "site servers did not finish within "
                     << FormatSeconds(kSiteGraceS) << " s: SIGKILL to "
                     << Remaining(Role::kSite);
-        SignalAll(Role::kSite, SIGKILL);
-        stop_deadline_s_ = now + kKillGraceS;
+        Escalate(Role::kSite, SIGKILL, now);
       }
       return;
     case Stage::kStopWanem:
       if (AllDone(Role::kWanem)) {
         stage_ = Stage::kDone;
       } else if (now > stop_deadline_s_) {
-        SignalAll(Role::kWanem, SIGKILL);
-        stop_deadline_s_ = now + kKillGraceS;
+        Escalate(Role::kWanem, SIGKILL, now);
       }
       return;
     case Stage::kKilling:

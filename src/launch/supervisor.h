@@ -273,7 +273,9 @@ class Supervisor {
   void StopWanem();
   bool AllDone(Role role) const;
   std::string Remaining(Role role) const;
-  void SignalAll(Role role, int signal);
+  // Sends `signal` to every child of `role`; they have kKillGraceS from
+  // `now` before the stop goes a step further.
+  void Escalate(Role role, int signal, double now);
 
   const SupervisorOptions options_;
   const Stopwatch* const wall_;

@@ -328,20 +328,10 @@ class ConnectionStream final : public httplib::Stream {
   }
 
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage address{};
-    socklen_t length = sizeof(address);
-    if (::getpeername(sock_, reinterpret_cast<sockaddr*>(&address), &length) ==
-        0) {
-      Describe(address, &ip, &port);
-    }
+    Describe(::getpeername, &ip, &port);
   }
   void get_local_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage address{};
-    socklen_t length = sizeof(address);
-    if (::getsockname(sock_, reinterpret_cast<sockaddr*>(&address), &length) ==
-        0) {
-      Describe(address, &ip, &port);
-    }
+    Describe(::getsockname, &ip, &port);
   }
   int socket() const override { return sock_; }
 
@@ -371,8 +361,15 @@ class ConnectionStream final : public httplib::Stream {
     return -1;
   }
 
-  static void Describe(const sockaddr_storage& address, std::string* ip,
-                       int* port) {
+  // The address of one end of the connection, as `get_name` (getpeername
+  // or getsockname) tells it; *ip and *port stay as they are when it fails.
+  void Describe(int (*get_name)(int, sockaddr*, socklen_t*), std::string* ip,
+                int* port) const {
+    sockaddr_storage address{};
+    socklen_t length = sizeof(address);
+    if (get_name(sock_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      return;
+    }
     char text[INET6_ADDRSTRLEN] = {};
     if (address.ss_family == AF_INET) {
       const auto* v4 = reinterpret_cast<const sockaddr_in*>(&address);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -357,16 +358,30 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   return difference == 0;
 }
 
-Result<std::string> SecretKeyPath(const pb::JobConfig& job,
-                                  std::string_view site,
-                                  std::string_view flag) {
+namespace {
+
+// The secret key file `flag` names, else the one $MERIDIAN_SECRET_KEY
+// names, else <dir>/<site>.key; nullopt when none applies (`dir` empty).
+std::optional<std::string> FindSecretKeyFile(std::string_view flag,
+                                             const std::string& dir,
+                                             std::string_view site) {
   if (!flag.empty()) return std::string(flag);
   if (const char* env = std::getenv(kSecretKeyEnv);
       env != nullptr && env[0] != '\0') {
     return std::string(env);
   }
-  if (!job.security().key_dir().empty()) {
-    return job.security().key_dir() + "/" + std::string(site) + ".key";
+  if (!dir.empty()) return dir + "/" + std::string(site) + ".key";
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<std::string> SecretKeyPath(const pb::JobConfig& job,
+                                  std::string_view site,
+                                  std::string_view flag) {
+  if (std::optional<std::string> path =
+          FindSecretKeyFile(flag, job.security().key_dir(), site)) {
+    return *std::move(path);
   }
   return FailedPreconditionError(
       "site '" + std::string(site) +
@@ -402,16 +417,13 @@ bool WorkerCurveEnabled(const pb::JobConfig& job, int site_index) {
 Result<std::string> WorkerSecretKeyPath(const pb::JobConfig& job,
                                         std::string_view site,
                                         std::string_view flag) {
-  if (!flag.empty()) return std::string(flag);
-  if (const char* env = std::getenv(kSecretKeyEnv);
-      env != nullptr && env[0] != '\0') {
-    return std::string(env);
-  }
   const std::string dir =
       job.security().key_dir().empty()
           ? std::string()
           : job.security().key_dir() + "/" + kWorkerKeySubdir;
-  if (!dir.empty()) return dir + "/" + std::string(site) + ".key";
+  if (std::optional<std::string> path = FindSecretKeyFile(flag, dir, site)) {
+    return *std::move(path);
+  }
   return FailedPreconditionError(
       "the workers of site '" + std::string(site) +
       "' need their CURVE secret key file (worker_curve_public_key is "

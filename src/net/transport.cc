@@ -44,28 +44,42 @@ zmq::message_t CopyFloatFrame(std::span<const float> values) {
   return zmq::message_t(values.data(), values.size_bytes());
 }
 
-Status SendMessage(zmq::socket_t& socket, const pb::Header& header,
-                   std::vector<zmq::message_t> payload,
-                   std::string_view routing_id) {
+namespace {
+
+// Sends the first frames of a message: the routing id (unless empty) and
+// the header, each with `flags`; `more`: payload frames follow. When ZeroMQ
+// does not take a frame: ResourceExhausted with `blocked`. Throws
+// zmq::error_t as socket.send does.
+Status SendHead(zmq::socket_t& socket, const pb::Header& header,
+                std::string_view routing_id, zmq::send_flags flags, bool more,
+                const char* blocked) {
   std::string bytes;
   if (!header.SerializeToString(&bytes)) {
     return InternalError("cannot serialise header " + DescribeHeader(header));
   }
+  if (!routing_id.empty()) {
+    zmq::message_t id(routing_id.data(), routing_id.size());
+    if (!socket.send(std::move(id), zmq::send_flags::sndmore | flags)) {
+      return ResourceExhaustedError(blocked);
+    }
+  }
+  const zmq::send_flags header_flags =
+      more ? zmq::send_flags::sndmore | flags : flags;
+  if (!socket.send(zmq::message_t(bytes.data(), bytes.size()), header_flags)) {
+    return ResourceExhaustedError(blocked);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status SendMessage(zmq::socket_t& socket, const pb::Header& header,
+                   std::vector<zmq::message_t> payload,
+                   std::string_view routing_id) {
   try {
-    if (!routing_id.empty()) {
-      zmq::message_t id(routing_id.data(), routing_id.size());
-      if (!socket.send(std::move(id), zmq::send_flags::sndmore)) {
-        return ResourceExhaustedError(
-            "the peer's queue is full (it does not read)");
-      }
-    }
-    const auto header_flags =
-        payload.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;
-    if (!socket.send(zmq::message_t(bytes.data(), bytes.size()),
-                     header_flags)) {
-      return ResourceExhaustedError(
-          "the peer's queue is full (it does not read)");
-    }
+    MERIDIAN_RETURN_IF_ERROR(SendHead(
+        socket, header, routing_id, zmq::send_flags::none, !payload.empty(),
+        "the peer's queue is full (it does not read)"));
     for (size_t i = 0; i < payload.size(); ++i) {
       const auto flags = i + 1 < payload.size() ? zmq::send_flags::sndmore
                                                 : zmq::send_flags::none;
@@ -81,24 +95,12 @@ Status SendMessage(zmq::socket_t& socket, const pb::Header& header,
 
 Status TrySendMessage(zmq::socket_t& socket, const pb::Header& header,
                       std::string_view routing_id) {
-  std::string bytes;
-  if (!header.SerializeToString(&bytes)) {
-    return InternalError("cannot serialise header " + DescribeHeader(header));
-  }
   try {
-    if (!routing_id.empty()) {
-      zmq::message_t id(routing_id.data(), routing_id.size());
-      if (!socket.send(std::move(id),
-                       zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-        return ResourceExhaustedError("send would block");
-      }
-    }
     // After an accepted first frame the last one is queued with it (a
     // multipart message is atomic).
-    if (!socket.send(zmq::message_t(bytes.data(), bytes.size()),
-                     zmq::send_flags::dontwait)) {
-      return ResourceExhaustedError("send would block");
-    }
+    MERIDIAN_RETURN_IF_ERROR(SendHead(socket, header, routing_id,
+                                      zmq::send_flags::dontwait,
+                                      /*more=*/false, "send would block"));
   } catch (const zmq::error_t& error) {
     return FromZmqError(error, "sending " + DescribeHeader(header));
   }

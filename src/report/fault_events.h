@@ -12,6 +12,7 @@
 #define MERIDIAN_REPORT_FAULT_EVENTS_H_
 
 #include <string>
+#include <string_view>
 
 #include "google/protobuf/repeated_ptr_field.h"
 #include "meridian/core/clock.h"
@@ -20,6 +21,13 @@
 namespace meridian {
 
 inline constexpr int kMaxFaultEvents = 1000;
+
+// Appends `event` to `events` unless they hold kMaxFaultEvents already;
+// the first refusal is logged (naming `whose` events) and sets *capped.
+// Returns its index, or -1 when it was not kept.
+int AppendFaultEvent(pb::FaultEvent event,
+                     google::protobuf::RepeatedPtrField<pb::FaultEvent>* events,
+                     bool* capped, std::string_view whose);
 
 class FaultEventLog {
  public:

@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <optional>
 #include <string>
 #include <utility>
+
+#include "meridian/core/format.h"
 
 namespace meridian {
 namespace {
@@ -66,12 +67,6 @@ LineFit FitForPlateau(const std::vector<LossSample>& points, double c) {
   }
   fit.sse = std::isfinite(sse) ? sse : kInf;
   return fit;
-}
-
-std::string Num(double value) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%g", value);
-  return buffer;
 }
 
 }  // namespace
@@ -156,7 +151,8 @@ Result<FallingSamples> ParseFallingSamples(
   const double range = hi - lo;
   const double size = std::max(std::abs(hi), std::abs(lo));
   if (!(range > kFlatRelativeRange * size) || !(range > 0)) {
-    return FailedPreconditionError("loss is flat (range " + Num(range) + ")");
+    return FailedPreconditionError("loss is flat (range " + FormatReal(range) +
+                                   ")");
   }
   double cov = 0, var = 0;
   for (const LossSample& p : points) {
@@ -165,7 +161,7 @@ Result<FallingSamples> ParseFallingSamples(
   }
   if (!(var > 0) || !(cov < 0)) {
     return FailedPreconditionError("loss does not fall (slope " +
-                                   Num(var > 0 ? cov / var : 0) + ")");
+                                   FormatReal(var > 0 ? cov / var : 0) + ")");
   }
   parsed.lo = lo;
   parsed.range = range;
@@ -244,8 +240,8 @@ Result<LossCurve> FitLossCurve(std::span<const LossSample> samples) {
       std::sqrt(fit.sse / static_cast<double>(falling.points.size()));
   if (curve.rms_residual > kMaxRelativeResidual * falling.range) {
     return FailedPreconditionError("loss is too noisy to fit (RMS residual " +
-                                   Num(curve.rms_residual) + ", range " +
-                                   Num(falling.range) + ")");
+                                   FormatReal(curve.rms_residual) + ", range " +
+                                   FormatReal(falling.range) + ")");
   }
   return curve;
 }

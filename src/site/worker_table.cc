@@ -1,8 +1,9 @@
 #include "site/worker_table.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <utility>
+
+#include "meridian/core/format.h"
 
 namespace meridian {
 namespace {
@@ -177,12 +178,10 @@ WorkerTable::Checked WorkerTable::CheckRequest(const pb::Header& header,
     return checked;
   }
   if (slot.state == SlotState::kDead) {
-    char timeout[32];
-    std::snprintf(timeout, sizeof(timeout), "%g", worker_timeout_s_);
     checked.refusal = {pb::ERROR_UNKNOWN_SENDER,
                        "worker " + slot.Name() +
                            " was declared dead (silent for more than " +
-                           timeout +
+                           FormatReal(worker_timeout_s_) +
                            " s, or not reading its replies): join again "
                            "with HELLO"};
     return checked;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 namespace meridian {
 namespace {
@@ -111,21 +112,28 @@ uint32_t ProposedPeriod(double knob, const pb::SkewScoutConfig& config) {
   return static_cast<uint32_t>(std::lround(clamped));
 }
 
+namespace {
+
+// Each action's name in report.json and checkpoints, read both ways.
+constexpr std::pair<SkewAction, const char*> kSkewActionNames[] = {
+    {SkewAction::kHold, "hold"},
+    {SkewAction::kTighten, "tighten"},
+    {SkewAction::kLoosen, "loosen"},
+};
+
+}  // namespace
+
 const char* SkewActionName(SkewAction action) {
-  switch (action) {
-    case SkewAction::kTighten:
-      return "tighten";
-    case SkewAction::kLoosen:
-      return "loosen";
-    case SkewAction::kHold:
-    default:
-      return "hold";
+  for (const auto& [known, name] : kSkewActionNames) {
+    if (known == action) return name;
   }
+  return "hold";
 }
 
 SkewAction SkewActionFromName(std::string_view name) {
-  if (name == "tighten") return SkewAction::kTighten;
-  if (name == "loosen") return SkewAction::kLoosen;
+  for (const auto& [action, known] : kSkewActionNames) {
+    if (name == known) return action;
+  }
   return SkewAction::kHold;
 }
 

@@ -54,42 +54,35 @@ UpdateCodec::UpdateCodec(UpdateEncoder configured, UpdateEncoder lossless,
 
 EncodedSlices UpdateCodec::Take(ParameterStore& store, size_t acc, double theta,
                                 pb::ThresholdMode mode, Fidelity fidelity) {
-  entries_.clear();
-  entry_values_.clear();
-  store.VisitAccumulator(acc, [&](const KeyRange& range,
-                                  std::span<const float> w,
-                                  std::span<float> a) {
-    TakeSignificant(a, w, theta, mode, range.begin, &entries_, &entry_values_);
-  });
+  entries_.Clear();
+  store.VisitAccumulator(
+      acc,
+      [&](const KeyRange& range, std::span<const float> w, std::span<float> a) {
+        TakeSignificant(a, w, theta, mode, range.begin, &entries_.indices,
+                        &entries_.values);
+      });
   return EncodeEntries(
       store.layout(),
       fidelity == Fidelity::kLossless ? lossless_ : configured_, &store, acc);
 }
 
-void UpdateCodec::TakeWholeModel(std::span<const float> model) {
-  entries_.clear();
-  entry_values_.clear();
-  for (uint64_t i = 0; i < model.size(); ++i) {
-    entries_.push_back(i);
-    entry_values_.push_back(model[i]);
+void UpdateCodec::TakeRange(uint64_t begin, std::span<const float> values) {
+  entries_.Clear();
+  for (uint64_t i = 0; i < values.size(); ++i) {
+    entries_.Add(begin + i, values[i]);
   }
 }
 
 EncodedSlices UpdateCodec::EncodeTravel(const ParameterStore& store,
                                         std::span<const float> model) {
-  TakeWholeModel(model);
+  TakeRange(0, model);
   return EncodeEntries(store.layout(), travel_, /*residuals_to=*/nullptr, 0);
 }
 
 EncodedSlices UpdateCodec::EncodeRange(const ModelLayout& layout,
                                        uint64_t begin,
                                        std::span<const float> values) {
-  entries_.clear();
-  entry_values_.clear();
-  for (uint64_t i = 0; i < values.size(); ++i) {
-    entries_.push_back(begin + i);
-    entry_values_.push_back(values[i]);
-  }
+  TakeRange(begin, values);
   return EncodeEntries(layout, configured_, /*residuals_to=*/nullptr, 0);
 }
 
@@ -98,19 +91,18 @@ EncodedSlices UpdateCodec::EncodeEntries(const ModelLayout& layout,
                                          ParameterStore* residuals_to,
                                          size_t acc) {
   EncodedSlices encoded;
-  encoded.entries = entries_.size();
-  residual_indices_.clear();
-  residual_values_.clear();
+  encoded.entries = entries_.indices.size();
+  residuals_.Clear();
   size_t next = 0;
   for (const TensorInfo& tensor : layout.tensors()) {
     const uint64_t end = tensor.offset + tensor.size;
     local_indices_.clear();
     local_values_.clear();
     const size_t first = next;
-    while (next < entries_.size() && entries_[next] < end) {
+    while (next < entries_.indices.size() && entries_.indices[next] < end) {
       local_indices_.push_back(
-          static_cast<uint32_t>(entries_[next] - tensor.offset));
-      local_values_.push_back(entry_values_[next]);
+          static_cast<uint32_t>(entries_.indices[next] - tensor.offset));
+      local_values_.push_back(entries_.values[next]);
       ++next;
     }
     if (local_indices_.empty()) continue;
@@ -123,15 +115,13 @@ EncodedSlices UpdateCodec::EncodeEntries(const ModelLayout& layout,
       MLOG(ERROR) << "cannot encode the update of '" << tensor.name
                   << "': " << result.status() << "; kept for later";
       for (size_t j = 0; j < local_values_.size(); ++j) {
-        residual_indices_.push_back(entries_[first + j]);
-        residual_values_.push_back(local_values_[j]);
+        residuals_.Add(entries_.indices[first + j], local_values_[j]);
       }
       continue;
     }
     for (size_t j = 0; j < residual_.size(); ++j) {
       if (residual_[j] != 0.0f) {
-        residual_indices_.push_back(entries_[first + j]);
-        residual_values_.push_back(residual_[j]);
+        residuals_.Add(entries_.indices[first + j], residual_[j]);
       }
     }
     pb::TensorSlice slice;
@@ -147,8 +137,8 @@ EncodedSlices UpdateCodec::EncodeEntries(const ModelLayout& layout,
         result->bytes.size());
     encoded.bytes += result->bytes.size();
   }
-  if (!residual_indices_.empty() && residuals_to != nullptr) {
-    residuals_to->AddToAccumulator(acc, residual_indices_, residual_values_);
+  if (!residuals_.indices.empty() && residuals_to != nullptr) {
+    residuals_to->AddToAccumulator(acc, residuals_.indices, residuals_.values);
   }
   return encoded;
 }

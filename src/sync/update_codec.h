@@ -40,12 +40,22 @@ struct EncodedSlices {
   bool empty() const { return slices.empty(); }
 };
 
-// A decoded update: flat parameter indices, ascending and unique, with
-// their values.
-struct DecodedUpdate {
+// Flat parameter indices, ascending and unique, with their values.
+struct SparseEntries {
   std::vector<uint64_t> indices;
   std::vector<float> values;
+
+  void Clear() {
+    indices.clear();
+    values.clear();
+  }
+  void Add(uint64_t index, float value) {
+    indices.push_back(index);
+    values.push_back(value);
+  }
 };
+// An update as DecodeUpdate returns it.
+using DecodedUpdate = SparseEntries;
 
 class UpdateCodec {
  public:
@@ -80,27 +90,28 @@ class UpdateCodec {
  private:
   UpdateCodec(UpdateEncoder configured, UpdateEncoder lossless,
               UpdateEncoder indices, UpdateEncoder travel);
-  // Encodes (entries_, entry_values_) per tensor of `layout`; residuals to
-  // accumulator `acc` of `residuals_to` (null: dropped).
+  // Encodes entries_ per tensor of `layout`; residuals to accumulator
+  // `acc` of `residuals_to` (null: dropped).
   EncodedSlices EncodeEntries(const ModelLayout& layout,
                               UpdateEncoder& encoder,
                               ParameterStore* residuals_to, size_t acc);
-  // Puts every element of `model` in (entries_, entry_values_).
-  void TakeWholeModel(std::span<const float> model);
+  // Puts `values` in entries_ as the flat indices [begin, begin +
+  // values.size()).
+  void TakeRange(uint64_t begin, std::span<const float> values);
 
   UpdateEncoder configured_;
   UpdateEncoder lossless_;
   UpdateEncoder indices_;
   UpdateEncoder travel_;
   UpdateDecoder decoder_;
-  // Scratch, reused.
-  std::vector<uint64_t> entries_;
-  std::vector<float> entry_values_;
+  // Scratch, reused: the entries to encode, one tensor's of them (indices
+  // within the tensor), what its coding lost, and the entries that go back
+  // to the accumulator.
+  SparseEntries entries_;
   std::vector<uint32_t> local_indices_;
   std::vector<float> local_values_;
   std::vector<float> residual_;
-  std::vector<uint64_t> residual_indices_;
-  std::vector<float> residual_values_;
+  SparseEntries residuals_;
 };
 
 // Decodes the slices of `header` (already checked against `layout` and the

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "train/cnn_layer.h"
@@ -327,10 +328,14 @@ class Conv final : public Layer {
     return std::max<int64_t>(1, kChunkFloats / (k_ * output_shape().plane()));
   }
 
-  // cols[(c * K + ki) * K + kj][bb * P + oh * OW + ow] =
-  //   in[c][b0 + bb][oh * s - pad + ki][ow * s - pad + kj] (0 outside).
-  void Im2Col(const float* in, int64_t n, int64_t b0, int64_t nb,
-              float* cols) const {
+  // Visits every row of output positions of the column matrix of samples
+  // [b0, b0 + nb) of n: fn(col, image, shift) for each channel c, kernel
+  // offset (ki, kj), sample bb and output row oh, where `col` is the offset
+  // of the row's OW positions in the matrix, `image` the offset of the
+  // input row oh * s - pad + ki they read in the input (-1: a row of the
+  // padding), and output column ow reads input column ow * s + shift.
+  template <typename Fn>
+  void ForEachPatchRow(int64_t n, int64_t b0, int64_t nb, Fn fn) const {
     const Shape& is = input_shape();
     const Shape& os = output_shape();
     const int64_t positions = os.plane();
@@ -338,31 +343,15 @@ class Conv final : public Layer {
     for (int64_t c = 0; c < is.c; ++c) {
       for (int64_t ki = 0; ki < g_.kernel; ++ki) {
         for (int64_t kj = 0; kj < g_.kernel; ++kj) {
-          float* dst_row = cols + ((c * g_.kernel + ki) * g_.kernel + kj) * ld;
+          const int64_t row = ((c * g_.kernel + ki) * g_.kernel + kj) * ld;
+          const int64_t shift = kj - g_.padding;
           for (int64_t bb = 0; bb < nb; ++bb) {
-            const float* plane = in + (c * n + b0 + bb) * is.plane();
-            float* dst = dst_row + bb * positions;
+            const int64_t plane = (c * n + b0 + bb) * is.plane();
+            const int64_t col = row + bb * positions;
             for (int64_t oh = 0; oh < os.h; ++oh) {
-              float* d = dst + oh * os.w;
               const int64_t ih = oh * g_.stride - g_.padding + ki;
-              if (ih < 0 || ih >= is.h) {
-                std::fill_n(d, os.w, 0.0f);
-                continue;
-              }
-              const float* src = plane + ih * is.w;
-              const int64_t shift = kj - g_.padding;
-              if (g_.stride == 1) {
-                const int64_t lo = std::clamp<int64_t>(-shift, 0, os.w);
-                const int64_t hi = std::clamp<int64_t>(is.w - shift, lo, os.w);
-                std::fill_n(d, lo, 0.0f);
-                std::copy(src + lo + shift, src + hi + shift, d + lo);
-                std::fill(d + hi, d + os.w, 0.0f);
-              } else {
-                for (int64_t ow = 0; ow < os.w; ++ow) {
-                  const int64_t iw = ow * g_.stride + shift;
-                  d[ow] = iw >= 0 && iw < is.w ? src[iw] : 0.0f;
-                }
-              }
+              const bool inside = ih >= 0 && ih < is.h;
+              fn(col + oh * os.w, inside ? plane + ih * is.w : -1, shift);
             }
           }
         }
@@ -370,42 +359,60 @@ class Conv final : public Layer {
     }
   }
 
+  // Stride 1: the output columns [lo, hi) whose input column ow + shift
+  // lies inside the input.
+  std::pair<int64_t, int64_t> UnitStrideColumns(int64_t shift) const {
+    const int64_t out_w = output_shape().w;
+    const int64_t lo = std::clamp<int64_t>(-shift, 0, out_w);
+    return {lo, std::clamp<int64_t>(input_shape().w - shift, lo, out_w)};
+  }
+
+  // cols[(c * K + ki) * K + kj][bb * P + oh * OW + ow] =
+  //   in[c][b0 + bb][oh * s - pad + ki][ow * s - pad + kj] (0 outside).
+  void Im2Col(const float* in, int64_t n, int64_t b0, int64_t nb,
+              float* cols) const {
+    const int64_t in_w = input_shape().w;
+    const int64_t out_w = output_shape().w;
+    ForEachPatchRow(n, b0, nb, [&](int64_t col, int64_t image, int64_t shift) {
+      float* d = cols + col;
+      if (image < 0) {
+        std::fill_n(d, out_w, 0.0f);
+        return;
+      }
+      const float* src = in + image;
+      if (g_.stride == 1) {
+        const auto [lo, hi] = UnitStrideColumns(shift);
+        std::fill_n(d, lo, 0.0f);
+        std::copy(src + lo + shift, src + hi + shift, d + lo);
+        std::fill(d + hi, d + out_w, 0.0f);
+        return;
+      }
+      for (int64_t ow = 0; ow < out_w; ++ow) {
+        const int64_t iw = ow * g_.stride + shift;
+        d[ow] = iw >= 0 && iw < in_w ? src[iw] : 0.0f;
+      }
+    });
+  }
+
   // The adjoint of Im2Col: d_in[...] += d_cols[...] (d_in zeroed before).
   void Col2Im(const float* d_cols, int64_t n, int64_t b0, int64_t nb,
               float* d_in) const {
-    const Shape& is = input_shape();
-    const Shape& os = output_shape();
-    const int64_t positions = os.plane();
-    const int64_t ld = nb * positions;
-    for (int64_t c = 0; c < is.c; ++c) {
-      for (int64_t ki = 0; ki < g_.kernel; ++ki) {
-        for (int64_t kj = 0; kj < g_.kernel; ++kj) {
-          const float* src_row =
-              d_cols + ((c * g_.kernel + ki) * g_.kernel + kj) * ld;
-          for (int64_t bb = 0; bb < nb; ++bb) {
-            float* plane = d_in + (c * n + b0 + bb) * is.plane();
-            const float* src = src_row + bb * positions;
-            for (int64_t oh = 0; oh < os.h; ++oh) {
-              const int64_t ih = oh * g_.stride - g_.padding + ki;
-              if (ih < 0 || ih >= is.h) continue;
-              const float* s = src + oh * os.w;
-              float* d = plane + ih * is.w;
-              const int64_t shift = kj - g_.padding;
-              if (g_.stride == 1) {
-                const int64_t lo = std::clamp<int64_t>(-shift, 0, os.w);
-                const int64_t hi = std::clamp<int64_t>(is.w - shift, lo, os.w);
-                for (int64_t ow = lo; ow < hi; ++ow) d[ow + shift] += s[ow];
-              } else {
-                for (int64_t ow = 0; ow < os.w; ++ow) {
-                  const int64_t iw = ow * g_.stride + shift;
-                  if (iw >= 0 && iw < is.w) d[iw] += s[ow];
-                }
-              }
-            }
-          }
-        }
+    const int64_t in_w = input_shape().w;
+    const int64_t out_w = output_shape().w;
+    ForEachPatchRow(n, b0, nb, [&](int64_t col, int64_t image, int64_t shift) {
+      if (image < 0) return;
+      const float* s = d_cols + col;
+      float* d = d_in + image;
+      if (g_.stride == 1) {
+        const auto [lo, hi] = UnitStrideColumns(shift);
+        for (int64_t ow = lo; ow < hi; ++ow) d[ow + shift] += s[ow];
+        return;
       }
-    }
+      for (int64_t ow = 0; ow < out_w; ++ow) {
+        const int64_t iw = ow * g_.stride + shift;
+        if (iw >= 0 && iw < in_w) d[iw] += s[ow];
+      }
+    });
   }
 
   ConvGeometry g_;

@@ -129,10 +129,11 @@ class GzReader {
   gzFile file_ = nullptr;
 };
 
-// Reads the IDX header of `path` with `num_dims` dimensions after checking
-// its magic number against `magic`.
-Status ReadHeader(GzReader& reader, const std::string& path, uint32_t magic,
-                  const char* kind, int num_dims, std::vector<uint32_t>* dims) {
+// Opens `reader` (on `path`) and reads the IDX header with `num_dims`
+// dimensions after checking its magic number against `magic`.
+Status OpenIdx(GzReader& reader, const std::string& path, uint32_t magic,
+               const char* kind, int num_dims, std::vector<uint32_t>* dims) {
+  MERIDIAN_RETURN_IF_ERROR(reader.Open());
   unsigned char header[16];
   const uint64_t header_bytes = 4 + 4 * static_cast<uint64_t>(num_dims);
   MERIDIAN_ASSIGN_OR_RETURN(const uint64_t got,
@@ -233,10 +234,9 @@ Status WriteGz(const std::string& path,
 
 Result<IdxImages> ReadIdxImages(const std::string& path) {
   GzReader reader(path);
-  MERIDIAN_RETURN_IF_ERROR(reader.Open());
   std::vector<uint32_t> dims;
   MERIDIAN_RETURN_IF_ERROR(
-      ReadHeader(reader, path, kImagesMagic, "image", 3, &dims));
+      OpenIdx(reader, path, kImagesMagic, "image", 3, &dims));
   const uint64_t count = dims[0];
   const uint64_t rows = dims[1];
   const uint64_t cols = dims[2];
@@ -261,10 +261,9 @@ Result<IdxImages> ReadIdxImages(const std::string& path) {
 
 Result<std::vector<uint8_t>> ReadIdxLabels(const std::string& path) {
   GzReader reader(path);
-  MERIDIAN_RETURN_IF_ERROR(reader.Open());
   std::vector<uint32_t> dims;
   MERIDIAN_RETURN_IF_ERROR(
-      ReadHeader(reader, path, kLabelsMagic, "label", 1, &dims));
+      OpenIdx(reader, path, kLabelsMagic, "label", 1, &dims));
   const uint64_t count = dims[0];
   if (count > kMaxCount) {
     return DataLossError(path + ": implausible label count " +

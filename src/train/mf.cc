@@ -35,6 +35,45 @@ constexpr float kRatingOffset = 3.0f;
 // that initial dot products are small whatever the rank.
 constexpr float kFactorInit = 0.1f;
 
+// The rows of one side (users or items) a batch touches, each once, and
+// how many of the batch's ratings touch each. Scratch of one
+// LossAndGradient: each row's slot in rows() is kept per row (-1: not
+// touched) and reset by Finish, so O(batch) per step, O(rows) memory once.
+class TouchedRows {
+ public:
+  explicit TouchedRows(uint32_t rows) : slot_(rows, -1) {}
+
+  // Forgets the last batch's rows (Finish freed their slots).
+  void Clear() {
+    rows_.clear();
+    counts_.clear();
+  }
+  // Gives `row` a slot; false when the batch touched it already.
+  bool Add(uint32_t row) {
+    if (slot_[row] >= 0) return false;
+    slot_[row] = static_cast<int32_t>(rows_.size());
+    rows_.push_back(row);
+    counts_.push_back(0);
+    return true;
+  }
+  // One more rating of the batch touches `row` (added before).
+  void Count(uint32_t row) { ++counts_[static_cast<size_t>(slot_[row])]; }
+  // The rows in the order they were added, and the count of each.
+  const std::vector<uint32_t>& rows() const { return rows_; }
+  uint32_t count(size_t k) const { return counts_[k]; }
+  // The batch is done: rows() ascending from now on (counts no longer
+  // match them), and the slots free for the next batch.
+  void Finish() {
+    std::sort(rows_.begin(), rows_.end());
+    for (uint32_t row : rows_) slot_[row] = -1;
+  }
+
+ private:
+  std::vector<int32_t> slot_;
+  std::vector<uint32_t> rows_;
+  std::vector<uint32_t> counts_;  // by slot
+};
+
 class MatrixFactorization final : public Model {
  public:
   MatrixFactorization(uint32_t users, uint32_t items, uint32_t rank, float l2)
@@ -42,8 +81,8 @@ class MatrixFactorization final : public Model {
         items_(items),
         rank_(rank),
         l2_(l2),
-        user_slot_(users, -1),
-        item_slot_(items, -1) {
+        touched_users_(users),
+        touched_items_(items) {
     // Cannot fail: the names differ and no dimension is 0.
     (void)layout_.Add("user_factors", {users, rank});
     (void)layout_.Add("item_factors", {items, rank});
@@ -125,17 +164,13 @@ class MatrixFactorization final : public Model {
     }
     if (n == 0) return 0;
     // Rows the batch touches, each once, and their gradient zeroed.
-    touched_users_.clear();
-    touched_items_.clear();
-    user_count_.clear();
-    item_count_.clear();
+    touched_users_.Clear();
+    touched_items_.Clear();
     for (int64_t j = 0; j < n; ++j) {
       const auto u = static_cast<uint32_t>(features(0, j));
       const auto i = static_cast<uint32_t>(features(1, j));
-      Touch(u, user_factors_, user_bias_, &user_slot_, &touched_users_,
-            &user_count_, grad);
-      Touch(i, item_factors_, item_bias_, &item_slot_, &touched_items_,
-            &item_count_, grad);
+      Touch(u, user_factors_, user_bias_, &touched_users_, grad);
+      Touch(i, item_factors_, item_bias_, &touched_items_, grad);
     }
     const float l2 = l2_;
     double squared_error = 0;
@@ -148,8 +183,8 @@ class MatrixFactorization final : public Model {
                         static_cast<float>(labels[static_cast<size_t>(j)]);
       squared_error += static_cast<double>(err) * err;
       const float e = err;
-      ++user_count_[static_cast<size_t>(user_slot_[u])];
-      ++item_count_[static_cast<size_t>(item_slot_[i])];
+      touched_users_.Count(u);
+      touched_items_.Count(i);
       float* gu = grad.data() + user_factors_ + uint64_t{u} * rank_;
       float* gv = grad.data() + item_factors_ + uint64_t{i} * rank_;
       for (uint32_t k = 0; k < rank_; ++k) {
@@ -160,21 +195,13 @@ class MatrixFactorization final : public Model {
       grad[item_bias_ + i] += e + l2 * params[item_bias_ + i];
     }
     // Sums to means per row.
-    for (size_t k = 0; k < touched_users_.size(); ++k) {
-      ScaleRow(grad, touched_users_[k], user_factors_, user_bias_,
-               1.0f / static_cast<float>(user_count_[k]));
-    }
-    for (size_t k = 0; k < touched_items_.size(); ++k) {
-      ScaleRow(grad, touched_items_[k], item_factors_, item_bias_,
-               1.0f / static_cast<float>(item_count_[k]));
-    }
+    MeanRows(touched_users_, user_factors_, user_bias_, grad);
+    MeanRows(touched_items_, item_factors_, item_bias_, grad);
     // The ranges, ascending (tensor order, then row order), adjacent bias
     // elements merged; the slots are reset for the next batch.
-    std::sort(touched_users_.begin(), touched_users_.end());
-    std::sort(touched_items_.begin(), touched_items_.end());
-    RowRanges(touched_users_, touched_items_, &ranges_);
-    for (uint32_t u : touched_users_) user_slot_[u] = -1;
-    for (uint32_t i : touched_items_) item_slot_[i] = -1;
+    touched_users_.Finish();
+    touched_items_.Finish();
+    RowRanges(touched_users_.rows(), touched_items_.rows(), &ranges_);
     return static_cast<float>(squared_error / static_cast<double>(n));
   }
 
@@ -250,24 +277,26 @@ class MatrixFactorization final : public Model {
            value == std::floor(value);
   }
 
-  // Gives `row` (of the factor and bias tensors at `factors`, `bias`) a
-  // slot the first time the batch touches it, with a zeroed gradient.
+  // Adds `row` (of the factor and bias tensors at `factors`, `bias`) to
+  // `touched` the first time the batch touches it, with a zeroed gradient.
   void Touch(uint32_t row, uint64_t factors, uint64_t bias,
-             std::vector<int32_t>* slot, std::vector<uint32_t>* touched,
-             std::vector<uint32_t>* count, std::span<float> grad) const {
-    if ((*slot)[row] >= 0) return;
-    (*slot)[row] = static_cast<int32_t>(touched->size());
-    touched->push_back(row);
-    count->push_back(0);
+             TouchedRows* touched, std::span<float> grad) const {
+    if (!touched->Add(row)) return;
     ZeroRow(grad, factors + uint64_t{row} * rank_);
     grad[bias + row] = 0;
   }
 
-  void ScaleRow(std::span<float> grad, uint32_t row, uint64_t factors,
-                uint64_t bias, float scale) const {
-    float* g = grad.data() + factors + uint64_t{row} * rank_;
-    for (uint32_t k = 0; k < rank_; ++k) g[k] *= scale;
-    grad[bias + row] *= scale;
+  // Divides the gradient of every row in `touched` (of the tensors at
+  // `factors`, `bias`) by the number of the batch's ratings of it.
+  void MeanRows(const TouchedRows& touched, uint64_t factors, uint64_t bias,
+                std::span<float> grad) const {
+    for (size_t k = 0; k < touched.rows().size(); ++k) {
+      const uint32_t row = touched.rows()[k];
+      const float scale = 1.0f / static_cast<float>(touched.count(k));
+      float* g = grad.data() + factors + uint64_t{row} * rank_;
+      for (uint32_t d = 0; d < rank_; ++d) g[d] *= scale;
+      grad[bias + row] *= scale;
+    }
   }
 
   void ZeroRow(std::span<float> grad, uint64_t offset) const {
@@ -305,16 +334,9 @@ class MatrixFactorization final : public Model {
   uint64_t item_factors_ = 0;
   uint64_t user_bias_ = 0;
   uint64_t item_bias_ = 0;
-  // Scratch of one LossAndGradient: each row's slot in touched_* (-1: not
-  // touched; reset after every batch, so O(batch) per step, O(users +
-  // items) memory once).
-  std::vector<int32_t> user_slot_;
-  std::vector<int32_t> item_slot_;
-  std::vector<uint32_t> touched_users_;
-  std::vector<uint32_t> touched_items_;
-  // Ratings of the batch per touched row (by slot).
-  std::vector<uint32_t> user_count_;
-  std::vector<uint32_t> item_count_;
+  // Scratch of one LossAndGradient.
+  TouchedRows touched_users_;
+  TouchedRows touched_items_;
   std::vector<ElementRange> ranges_;
 };
 

@@ -13,13 +13,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <limits>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "meridian/core/format.h"
 #include "meridian/train/dataset.h"
 #include "train/random_draws.h"
 
@@ -31,12 +31,6 @@ using Partitions = std::vector<std::vector<uint32_t>>;
 using random_draws::StandardNormal;
 using random_draws::UniformBelow;
 using random_draws::UniformUnit;
-
-std::string FormatReal(double value) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%g", value);
-  return buffer;
-}
 
 // "{0,3,7}".
 std::string FormatClasses(const std::vector<uint32_t>& classes) {

@@ -24,18 +24,6 @@ using google::protobuf::Value;
 
 constexpr std::string_view kMetadataKey = "__metadata__";
 
-struct DTypeName {
-  ElementType type;
-  std::string_view name;
-};
-constexpr DTypeName kDTypes[] = {
-    {ElementType::kF32, "F32"},   {ElementType::kF16, "F16"},
-    {ElementType::kBF16, "BF16"}, {ElementType::kF64, "F64"},
-    {ElementType::kI64, "I64"},   {ElementType::kI32, "I32"},
-    {ElementType::kI16, "I16"},   {ElementType::kI8, "I8"},
-    {ElementType::kU8, "U8"},     {ElementType::kBool, "BOOL"},
-};
-
 // A non-negative integer held exactly by a JSON number (a double).
 std::optional<uint64_t> WholeNumber(const Value& value) {
   if (value.kind_case() != Value::kNumberValue) return std::nullopt;
@@ -155,18 +143,13 @@ std::string JsonString(std::string_view text) {
 
 }  // namespace
 
+// The element types are named as safetensors names them (layout.h).
 std::string_view SafetensorsDType(ElementType type) {
-  for (const DTypeName& entry : kDTypes) {
-    if (entry.type == type) return entry.name;
-  }
-  return "?";
+  return ElementTypeName(type);
 }
 
 std::optional<ElementType> ElementTypeFromSafetensors(std::string_view name) {
-  for (const DTypeName& entry : kDTypes) {
-    if (entry.name == name) return entry.type;
-  }
-  return std::nullopt;
+  return ElementTypeFromName(name);
 }
 
 std::span<const std::byte> TensorFile::Bytes(const FileTensor& tensor) const {

@@ -16,6 +16,14 @@ inline std::string FormatSeconds(double s, int decimals = 1) {
   return buf;
 }
 
+// "0.5", "1e-06", "inf": `value` as printf's %g writes it (six significant
+// digits), for messages and configuration issues.
+inline std::string FormatReal(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", value);
+  return buf;
+}
+
 // A positive, finite setting, or `fallback` (the job file left it unset or
 // zero).
 inline double Positive(double value, double fallback) {

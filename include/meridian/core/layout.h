@@ -21,8 +21,10 @@ namespace meridian {
 enum class ElementType { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8,
                          kBool };
 
-// "F32", "BF16", "I64" ... (the safetensors names).
+// "F32", "BF16", "I64" ... (the safetensors names) and back (nullopt for a
+// name this build does not know).
 std::string_view ElementTypeName(ElementType type);
+std::optional<ElementType> ElementTypeFromName(std::string_view name);
 // Bytes of one element of `type`.
 size_t ElementSize(ElementType type);
 // Whether `type` is a floating-point type (the types a layout may hold:
