@@ -58,6 +58,20 @@ Result<ModelLayout> LayoutFromSpecs(
   return layout;
 }
 
+Check CheckHelloLayout(const pb::Hello& hello, const ModelLayout& site,
+                       std::string_view who) {
+  const std::string theirs = "the " + std::string(who) + "'s model";
+  Result<ModelLayout> layout = LayoutFromSpecs(hello.layout());
+  const std::optional<std::string> difference =
+      layout.ok() ? site.FirstDifference(*layout, "the site's model", theirs)
+                  : layout.status().message();
+  if (!difference) return Check();
+  return Rejection{pb::ERROR_LAYOUT_MISMATCH,
+                   theirs + " differs from the site's: " + *difference +
+                       " (are both built from the same job file and "
+                       "weights?)"};
+}
+
 pb::TensorType TensorTypeOf(ElementType type) {
   switch (type) {
     case ElementType::kF16: return pb::TENSOR_TYPE_F16;
@@ -588,25 +602,17 @@ std::string DescribeHeader(const pb::Header& header) {
     out += '"' + Sanitized(site, kMaxSiteBytes) + '"';
   }
   out += '/';
-  switch (header.sender().role()) {
-    case pb::ROLE_WORKER:
-      out += "worker#" + std::to_string(header.sender().id());
-      break;
-    case pb::ROLE_SITE_SERVER:
-      out += "server";
-      break;
-    case pb::ROLE_LAUNCHER:
-      out += "launcher";
-      break;
-    case pb::ROLE_CLIENT:
-      out += "client";
-      break;
-    case pb::ROLE_EVALUATOR:
-      out += "evaluator";
-      break;
-    case pb::ROLE_UNSPECIFIED:
-      out += "?";
-      break;
+  static constexpr std::pair<pb::Role, std::string_view> kRoleWords[] = {
+      {pb::ROLE_SITE_SERVER, "server"}, {pb::ROLE_LAUNCHER, "launcher"},
+      {pb::ROLE_CLIENT, "client"},      {pb::ROLE_EVALUATOR, "evaluator"},
+      {pb::ROLE_WORKER, "worker#"}};
+  std::string_view role = "?";
+  for (const auto& [value, word] : kRoleWords) {
+    if (value == header.sender().role()) role = word;
+  }
+  out += role;
+  if (header.sender().role() == pb::ROLE_WORKER) {
+    out += std::to_string(header.sender().id());
   }
   out += " seq " + std::to_string(header.sequence());
   if (header.slices_size() > 0) {

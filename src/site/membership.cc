@@ -58,17 +58,9 @@ void Membership::HandleHello(const Envelope& message) {
                       std::to_string(index) + ": site server '" + site_.name() +
                       "' serves " + workers_->Describe()});
   }
-  Result<ModelLayout> layout = LayoutFromSpecs(hello.layout());
-  const std::optional<std::string> difference =
-      layout.ok() ? site_.layout.FirstDifference(*layout, "the site's model",
-                                                 "the worker's model")
-                  : layout.status().message();
-  if (difference) {
-    return endpoint_->Refuse(
-        message,
-        {pb::ERROR_LAYOUT_MISMATCH,
-         "the worker's model differs from the site's: " + *difference +
-             " (are both built from the same job file and weights?)"});
+  if (Check layout = CheckHelloLayout(hello, site_.layout, "worker");
+      !layout.ok()) {
+    return endpoint_->Refuse(message, layout.rejection());
   }
   const uint32_t worker = *found;
   const bool same_process =

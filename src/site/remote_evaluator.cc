@@ -136,17 +136,10 @@ void RemoteEvaluator::HandleHello(const Envelope& message) {
                       site_.name() + "' serves evaluator " + site_.name() +
                       "/0"});
   }
-  Result<ModelLayout> layout = LayoutFromSpecs(message.header.hello().layout());
-  const std::optional<std::string> difference =
-      layout.ok() ? site_.layout.FirstDifference(*layout, "the site's model",
-                                                 "the evaluator's model")
-                  : layout.status().message();
-  if (difference) {
-    return endpoint_->Refuse(
-        message, {pb::ERROR_LAYOUT_MISMATCH,
-                  "the evaluator's model differs from the site's: " +
-                      *difference +
-                      " (are both built from the same job file and weights?)"});
+  if (Check layout =
+          CheckHelloLayout(message.header.hello(), site_.layout, "evaluator");
+      !layout.ok()) {
+    return endpoint_->Refuse(message, layout.rejection());
   }
   const uint64_t incarnation = message.header.hello().incarnation();
   if (session_ && session_->routing_id != message.routing_id) {

@@ -63,18 +63,24 @@ class RemoteEvaluator : public Evaluation {
   // silent evaluator gone, heartbeats a waiting one, hands out work.
   void OnTick();
 
-  // Evaluation.
-  void Start() override;
-  void Stop() override;
-  void RequestLoss() override;
-  std::vector<std::pair<double, Duration>> TakeLossResults() override;
-  bool RequestTravelScore(TravelScore request,
-                          std::vector<float> model) override;
-  std::vector<TravelScore> TakeTravelScores() override;
+  // Evaluation, in the order the tasks are handed out.
   // Asks the evaluator for the final model's metrics and runs the loop
   // until they arrive, the evaluator goes, or worker_timeout_s passes
   // without progress; then tells the evaluator the job is over.
   Status EvaluateFinal(const std::function<Status()>& poll_once) override;
+  // A loss evaluation is a TRAINING_SAMPLE task; its result is the value
+  // of model.loss_metric, stamped with when its snapshot was read.
+  void RequestLoss() override;
+  std::vector<std::pair<double, Duration>> TakeLossResults() override;
+  // Two TRAINING_SAMPLE tasks, the site's own snapshot then `model`;
+  // false while a pair is pending or no evaluator is connected.
+  bool RequestTravelScore(TravelScore request,
+                          std::vector<float> model) override;
+  std::vector<TravelScore> TakeTravelScores() override;
+  // Start() schedules a curve point at once and then every eval_period_s;
+  // after Stop() no more are scheduled.
+  void Start() override;
+  void Stop() override;
   std::string MissingCurveReason() const override;
   std::string Describe() const override { return "evaluator process"; }
   const EvalTimeline& timeline() const override { return timeline_; }

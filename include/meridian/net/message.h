@@ -139,6 +139,12 @@ pb::Header PartialHeader(std::span<const std::byte> frame0);
 Check CheckSlicesAgainstLayout(const pb::Header& header,
                                const ModelLayout& layout, bool whole_model);
 
+// The check of a HELLO's layout (a worker's or an evaluator's) against the
+// site's: accepted, or ERROR_LAYOUT_MISMATCH naming the first differing
+// tensor. `who`: "worker", "evaluator".
+Check CheckHelloLayout(const pb::Hello& hello, const ModelLayout& site,
+                       std::string_view who);
+
 // Every slice of `header` uses `codec` (models are RAW), or `also` when
 // given (worker commits: RAW or ROWS).
 Check CheckCodec(const pb::Header& header, pb::Codec codec,
