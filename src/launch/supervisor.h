@@ -1,8 +1,9 @@
 // The child processes of `meridian run` and their supervision: each
 // child's state across its processes (start, restart after a backoff, the
 // port-in-use retries, the restart limit, fail-fast), the fault events of
-// its outages, and the ordered stop of the job (workers, then site servers
-// with their final flush, then wanem; a second interrupt kills everything).
+// its outages, and the ordered stop of the job (workers and evaluators,
+// then site servers with their final flush, then wanem; a second interrupt
+// kills everything).
 // What a restart means for a role beyond its command (a site server's
 // peers, wanem's routes and counters, the progress line) is left to
 // SupervisorHooks.
@@ -10,9 +11,9 @@
 // Ownership and threads: owned by the launcher's JobRun and used by the
 // thread that called RunJob alone (the monitor loop); not thread-safe.
 // Time is seconds on JobRun's stopwatch.
-// Size: one entry per child (site servers, wanem, workers), fixed once
-// every role has started; an entry lives for the run (a restart replaces
-// its process); per entry at most max_restarts + 1 outage event indices
+// Size: one entry per child (site servers, wanem, workers, evaluators),
+// fixed once every role has started; an entry lives for the run (a restart
+// replaces its process); per entry at most max_restarts + 1 outage event indices
 // (an outage ends when the child is back, and its count of restarts only
 // starts again after a healthy run, which ended the outage before).
 #ifndef MERIDIAN_LAUNCH_SUPERVISOR_H_
