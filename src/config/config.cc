@@ -242,7 +242,7 @@ std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config) {
              "target_metric");
   root.Check(mf || external ||
                  !(std::isfinite(config.target_metric()) &&
-                     config.target_metric() > 0),
+                   config.target_metric() > 0),
              "target_metric",
              "is for models whose metric is not accuracy "
              "(MATRIX_FACTORIZATION); a classifier's target is "

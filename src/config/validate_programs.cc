@@ -18,9 +18,9 @@ namespace {
 
 // A command's program (its first element) must be named; the arguments
 // after it may be anything, empty strings included.
-void ValidateCommand(const google::protobuf::RepeatedPtrField<std::string>&
-                         command,
-                     const IssueReporter& r) {
+void ValidateCommand(
+    const google::protobuf::RepeatedPtrField<std::string>& command,
+    const IssueReporter& r) {
   if (command.empty()) return;
   r.Check(!command.Get(0).empty(), "command",
           "its first element is the program to run (a name looked up in "
@@ -53,8 +53,9 @@ void ValidateExternalModel(const pb::JobConfig& config,
     const std::string& name = model.metrics(i).name();
     const IssueReporter m = r.Nested("metrics", i);
     if (name.empty()) {
-      m.Report("name", "every metric needs a name (what the evaluator "
-                       "reports it as)");
+      m.Report("name",
+               "every metric needs a name (what the evaluator "
+               "reports it as)");
     } else if (!names.insert(name).second) {
       m.Report("name", "duplicate metric name '" + name +
                            "'; metric names must be unique");
@@ -71,9 +72,8 @@ void ValidateExternalModel(const pb::JobConfig& config,
              "policy " + policy +
                  " evaluates the loss, which an EXTERNAL model's evaluator "
                  "reports as model.loss_metric ('" +
-                 model.loss_metric() +
-                 "'); name one of model.metrics (" + listed +
-                 "), or add a metric of that name");
+                 model.loss_metric() + "'); name one of model.metrics (" +
+                 listed + "), or add a metric of that name");
     return;
   }
   for (const pb::MetricConfig& metric : model.metrics()) {
@@ -128,9 +128,9 @@ void ValidatePrograms(const pb::JobConfig& config, const IssueReporter& root) {
     }
     if (!site.has_evaluator()) continue;
     ValidateCommand(site.evaluator().command(), r.Nested("evaluator"));
-    r.Check(HasServer(site) || site.evaluator().command().empty(),
-            "evaluator",
-            "site '" + site.name() + "' has no server of its own (server_site '" +
+    r.Check(HasServer(site) || site.evaluator().command().empty(), "evaluator",
+            "site '" + site.name() +
+                "' has no server of its own (server_site '" +
                 site.server_site() +
                 "'): an evaluator evaluates its site server's model, so it "
                 "belongs to the site that runs one ('" +

@@ -10,8 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <string_view>
 #include <fstream>
+#include <string_view>
 
 namespace meridian {
 
@@ -34,8 +34,7 @@ std::vector<std::string> ChildEnvironment(const SpawnOptions& options) {
     }
     return false;
   };
-  for (char** entry = environ; entry != nullptr && *entry != nullptr;
-       ++entry) {
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     if (!replaced(EntryName(*entry))) entries.emplace_back(*entry);
   }
   entries.insert(entries.end(), options.set_environment.begin(),

@@ -272,7 +272,8 @@ class JobRun final : private SupervisorHooks {
     child.site = s;
     child.argv = std::move(program.argv);
     child.spawn = std::move(program.spawn);
-    child.log_path = options_.out_dir + "/logs/evaluator-" + site.name() + ".log";
+    child.log_path =
+        options_.out_dir + "/logs/evaluator-" + site.name() + ".log";
     return supervisor_.Spawn(std::move(child)).status();
   }
 

@@ -24,13 +24,11 @@ constexpr const char* kDefaultSearchPath = "/bin:/usr/bin";
 // process are removed from what it inherits, so that it never reads a
 // stale one (e.g. `meridian site`'s own $MERIDIAN_SECRET_KEY).
 constexpr const char* kProgramVariables[] = {
-    "MERIDIAN_ROLE",          "MERIDIAN_JOB",
-    "MERIDIAN_SITE",          "MERIDIAN_SITE_INDEX",
-    "MERIDIAN_SITE_COUNT",    "MERIDIAN_WORKER_INDEX",
-    "MERIDIAN_WORKER_COUNT",  "MERIDIAN_CONNECT",
-    "MERIDIAN_WEIGHTS",       "MERIDIAN_SECRET_KEY",
-    "MERIDIAN_SERVER_PUBLIC_KEY", "MERIDIAN_STEP_TIME_S",
-    "MERIDIAN_SEED",          "MERIDIAN_OUT",
+    "MERIDIAN_ROLE", "MERIDIAN_JOB", "MERIDIAN_SITE", "MERIDIAN_SITE_INDEX",
+    "MERIDIAN_SITE_COUNT", "MERIDIAN_WORKER_INDEX", "MERIDIAN_WORKER_COUNT",
+    "MERIDIAN_CONNECT", "MERIDIAN_WEIGHTS", "MERIDIAN_SECRET_KEY",
+    "MERIDIAN_SERVER_PUBLIC_KEY", "MERIDIAN_STEP_TIME_S", "MERIDIAN_SEED",
+    "MERIDIAN_OUT",
     // The site's secret, never a program's.
     "MERIDIAN_CONTROL_TOKEN"};
 
@@ -55,8 +53,8 @@ std::string Describe(const std::vector<std::string>& command) {
 
 std::string FormatDouble(double value) {
   char buffer[64];
-  const auto [end, error] = std::to_chars(buffer, buffer + sizeof(buffer),
-                                          value);
+  const auto [end, error] =
+      std::to_chars(buffer, buffer + sizeof(buffer), value);
   return error == std::errc() ? std::string(buffer, end) : "0";
 }
 
@@ -180,8 +178,7 @@ Result<std::string> FindProgram(const std::string& program,
     const std::string directory = directories.substr(begin, end - begin);
     begin = end + 1;
     const fs::path path =
-        fs::path(working_dir) / (directory.empty() ? "." : directory) /
-        program;
+        fs::path(working_dir) / (directory.empty() ? "." : directory) / program;
     const std::string problem = NotExecutable(path);
     if (problem.empty()) return path.lexically_normal().string();
     if (problem != "does not exist" && unusable.empty()) {
@@ -195,8 +192,7 @@ Result<std::string> FindProgram(const std::string& program,
     return FailedPreconditionError("no executable '" + program + "' in " +
                                    searched + ": " + unusable);
   }
-  return NotFoundError("no '" + program + "' in any directory of " +
-                       searched);
+  return NotFoundError("no '" + program + "' in any directory of " + searched);
 }
 
 Status FindJobPrograms(const pb::JobConfig& job, const std::string& config_path,
@@ -212,8 +208,7 @@ Status FindJobPrograms(const pb::JobConfig& job, const std::string& config_path,
     return Status(found.status().code(),
                   field + ": cannot start " + what + " '" + Describe(command) +
                       "': " + found.status().message() +
-                      "; programs run in the job file's directory " +
-                      job_dir);
+                      "; programs run in the job file's directory " + job_dir);
   };
   for (int s = 0; s < job.site_size(); ++s) {
     if (site_index >= 0 && s != site_index) continue;
@@ -257,8 +252,8 @@ Result<ProgramProcess> WorkerProgram(const pb::JobConfig& job,
 }
 
 Result<ProgramProcess> EvaluatorProgram(const pb::JobConfig& job,
-                                        const ProgramContext& context,
-                                        int site, const std::string& connect) {
+                                        const ProgramContext& context, int site,
+                                        const std::string& connect) {
   MERIDIAN_ASSIGN_OR_RETURN(ProgramProcess process,
                             Resolve(EvaluatorCommand(job, site), context));
   Environment environment(job, context, "evaluator", site);

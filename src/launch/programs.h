@@ -80,8 +80,8 @@ Result<ProgramProcess> WorkerProgram(const pb::JobConfig& job,
 // The evaluator of site `site` (EvaluatorCommand non-empty); `connect` is
 // the site server's worker endpoint.
 Result<ProgramProcess> EvaluatorProgram(const pb::JobConfig& job,
-                                        const ProgramContext& context,
-                                        int site, const std::string& connect);
+                                        const ProgramContext& context, int site,
+                                        const std::string& connect);
 
 }  // namespace meridian
 

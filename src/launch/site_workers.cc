@@ -143,16 +143,14 @@ class SiteChildren {
                           " times already, the limit (fault.max_restarts)";
     } else {
       child.backoff = true;
-      child.next_try_s =
-          wall_.ElapsedSeconds() + child.policy.NextBackoffS();
-      verdict = "restarting it in " +
-                FormatSeconds(child.policy.NextBackoffS()) + " s: restart " +
-                std::to_string(child.policy.next_restart()) + " of " +
-                std::to_string(max_restarts_) +
-                (reset ? " (it had run " +
-                             FormatSeconds(child.policy.last_up_s()) +
-                             " s: its count of restarts starts again)"
-                       : "");
+      child.next_try_s = wall_.ElapsedSeconds() + child.policy.NextBackoffS();
+      verdict =
+          "restarting it in " + FormatSeconds(child.policy.NextBackoffS()) +
+          " s: restart " + std::to_string(child.policy.next_restart()) +
+          " of " + std::to_string(max_restarts_) +
+          (reset ? " (it had run " + FormatSeconds(child.policy.last_up_s()) +
+                       " s: its count of restarts starts again)"
+                 : "");
     }
     const std::string note = child.name + " " + child.ended + " (" + verdict +
                              "); its log " + child.log_path + " ends with:\n" +
@@ -180,8 +178,8 @@ class SiteChildren {
         child.name, child.argv, child.log_path, child.spawn);
     if (!process.ok()) {
       child.done = true;
-      MLOG(ERROR) << child.name << " could not be started again: "
-                  << process.status();
+      MLOG(ERROR) << child.name
+                  << " could not be started again: " << process.status();
       if (failure_.ok()) {
         failure_ = process.status();
         if (options_.stop_site) options_.stop_site();
@@ -191,8 +189,8 @@ class SiteChildren {
     child.process.emplace(std::move(*process));
     child.policy.Up(wall_.ElapsedSeconds());
     MLOG(INFO) << "restarted " << child.name << " (restart "
-               << child.policy.restarts() << " of " << max_restarts_
-               << ", pid " << child.process->pid() << ")";
+               << child.policy.restarts() << " of " << max_restarts_ << ", pid "
+               << child.process->pid() << ")";
   }
 
   const SiteWorkersOptions& options_;
@@ -222,7 +220,8 @@ Result<std::vector<SiteChild>> SiteChildrenOf(const pb::JobConfig& job,
   std::vector<SiteChild> children;
   for (uint32_t w = 0; w < SiteWorkerCount(site); ++w) {
     SiteChild child;
-    child.name = "worker " + std::to_string(w) + " of site '" + site.name() + "'";
+    child.name =
+        "worker " + std::to_string(w) + " of site '" + site.name() + "'";
     child.log_path =
         logs + "worker-" + site.name() + "-" + std::to_string(w) + ".log";
     if (WorkerGroupOf(site, w).command_size() > 0) {
@@ -232,8 +231,8 @@ Result<std::vector<SiteChild>> SiteChildrenOf(const pb::JobConfig& job,
       child.argv = std::move(program.argv);
       child.spawn = std::move(program.spawn);
     } else {
-      child.argv = {self,    "worker",    "--config", options.config_path,
-                    "--site", site.name(), "--index", std::to_string(w)};
+      child.argv = {self,     "worker",    "--config", options.config_path,
+                    "--site", site.name(), "--index",  std::to_string(w)};
     }
     children.push_back(std::move(child));
   }
@@ -262,8 +261,7 @@ Status RunWithSiteWorkers(const pb::JobConfig& job,
   std::filesystem::create_directories(options.out_dir + "/logs", error);
   if (error) {
     return InvalidArgumentError("cannot create log directory '" +
-                                options.out_dir + "/logs': " +
-                                error.message());
+                                options.out_dir + "/logs': " + error.message());
   }
   MERIDIAN_ASSIGN_OR_RETURN(std::vector<SiteChild> first,
                             SiteChildrenOf(job, options, s));

@@ -483,8 +483,8 @@ void Supervisor::Restart(size_t i) {
                          options_.max_restarts, child.name, child.ended);
   hooks_->BeforeRestart(i);
   child.process.reset();
-  Result<ChildProcess> process = ChildProcess::Spawn(
-      child.name, child.argv, child.log_path, child.spawn);
+  Result<ChildProcess> process =
+      ChildProcess::Spawn(child.name, child.argv, child.log_path, child.spawn);
   if (!process.ok()) {
     OnFailure(i, "could not be started: " + process.status().message());
     return;

@@ -13,9 +13,9 @@
 // Time is seconds on JobRun's stopwatch.
 // Size: one entry per child (site servers, wanem, workers, evaluators),
 // fixed once every role has started; an entry lives for the run (a restart
-// replaces its process); per entry at most max_restarts + 1 outage event indices
-// (an outage ends when the child is back, and its count of restarts only
-// starts again after a healthy run, which ended the outage before).
+// replaces its process); per entry at most max_restarts + 1 outage event
+// indices (an outage ends when the child is back, and its count of restarts
+// only starts again after a healthy run, which ended the outage before).
 #ifndef MERIDIAN_LAUNCH_SUPERVISOR_H_
 #define MERIDIAN_LAUNCH_SUPERVISOR_H_
 

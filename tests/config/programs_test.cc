@@ -100,8 +100,7 @@ TEST(ProgramsConfigTest, LossMetricNamesAListedLossWhenThePolicyEvaluatesIt) {
 
     config.mutable_model()->set_loss_metric("xent");
     ExpectOneIssue(config, "model.loss_metric",
-                   {pb::PolicyKind_Name(kind), "'xent'",
-                    "'accuracy', 'loss'"});
+                   {pb::PolicyKind_Name(kind), "'xent'", "'accuracy', 'loss'"});
 
     config.mutable_model()->set_loss_metric("accuracy");
     ExpectOneIssue(config, "model.loss_metric",
@@ -172,9 +171,9 @@ TEST(ProgramsConfigTest, ExternalTargetIsOnTheFirstMetric) {
   pb::JobConfig config = Parse(kExternal);
   EXPECT_TRUE(Issues(config).empty());
   config.mutable_model()->mutable_metrics()->SwapElements(0, 1);
-  ExpectOneIssue(config, "target_accuracy",
-                 {"model.metrics[0], 'loss' (lower is better)",
-                  "target_metric"});
+  ExpectOneIssue(
+      config, "target_accuracy",
+      {"model.metrics[0], 'loss' (lower is better)", "target_metric"});
   config = Parse(kExternal);
   config.mutable_model()->mutable_metrics(0)->set_higher_is_better(false);
   ExpectOneIssue(config, "target_accuracy", {"target_metric"});

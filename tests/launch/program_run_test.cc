@@ -24,8 +24,8 @@
 
 #include "launch/run_test_util.h"
 #include "meridian/job.pb.h"
-#include "meridian/report/report.h"
 #include "meridian/report.pb.h"
+#include "meridian/report/report.h"
 #include "testing/processes.h"
 #include "testing/status_matchers.h"
 #include "testing/test_data.h"
@@ -95,10 +95,8 @@ int FreePort() {
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t length = sizeof(address);
   int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
-          0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) ==
-          0) {
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
     port = ntohs(address.sin_port);
   }
   ::close(fd);
@@ -195,23 +193,18 @@ TEST_F(ProgramRunTest, ProgramsLearnTheirPlaceAndRunToTheEnd) {
   const auto worker = Recorded(dir_ + "/env-worker-0");
   EXPECT_EQ(worker.at("PWD"), dir_);
   const std::map<std::string, std::string> expected = {
-      {"MERIDIAN_ROLE", "worker"},
-      {"MERIDIAN_JOB", path_},
-      {"MERIDIAN_SITE", "site-a"},
-      {"MERIDIAN_SITE_INDEX", "0"},
-      {"MERIDIAN_SITE_COUNT", "1"},
-      {"MERIDIAN_WORKER_INDEX", "0"},
-      {"MERIDIAN_WORKER_COUNT", "2"},
-      {"MERIDIAN_STEP_TIME_S", "0"},
-      {"MERIDIAN_SEED", "3"},
-      {"MERIDIAN_OUT", out_}};
+      {"MERIDIAN_ROLE", "worker"},    {"MERIDIAN_JOB", path_},
+      {"MERIDIAN_SITE", "site-a"},    {"MERIDIAN_SITE_INDEX", "0"},
+      {"MERIDIAN_SITE_COUNT", "1"},   {"MERIDIAN_WORKER_INDEX", "0"},
+      {"MERIDIAN_WORKER_COUNT", "2"}, {"MERIDIAN_STEP_TIME_S", "0"},
+      {"MERIDIAN_SEED", "3"},         {"MERIDIAN_OUT", out_}};
   for (const auto& [name, value] : expected) {
     ASSERT_EQ(worker.count(name), 1u) << name;
     EXPECT_EQ(worker.at(name), value) << name;
   }
   EXPECT_EQ(worker.at("MERIDIAN_CONNECT").rfind("tcp://127.0.0.1:", 0), 0u);
-  for (const char* absent : {"MERIDIAN_WEIGHTS", "MERIDIAN_CONTROL_TOKEN",
-                             "MERIDIAN_SECRET_KEY"}) {
+  for (const char* absent :
+       {"MERIDIAN_WEIGHTS", "MERIDIAN_CONTROL_TOKEN", "MERIDIAN_SECRET_KEY"}) {
     EXPECT_EQ(worker.count(absent), 0u) << absent;
   }
   const auto evaluator = Recorded(dir_ + "/env-evaluator-site-a");
@@ -230,8 +223,8 @@ TEST_F(ProgramRunTest, ProgramsLearnTheirPlaceAndRunToTheEnd) {
   }
   EXPECT_TRUE(report.events().empty());
   EXPECT_TRUE(std::filesystem::exists(out_ + "/logs/evaluator-site-a.log"));
-  EXPECT_TRUE(Contains(ReadFile(out_ + "/logs/worker-site-a-1.log"),
-                       "joined; plan"));
+  EXPECT_TRUE(
+      Contains(ReadFile(out_ + "/logs/worker-site-a-1.log"), "joined; plan"));
 }
 
 TEST_F(ProgramRunTest, ProgramThatExitsAtOnceFailsPastTheRestartLimit) {
@@ -246,7 +239,8 @@ TEST_F(ProgramRunTest, ProgramThatExitsAtOnceFailsPastTheRestartLimit) {
   ASSERT_EQ(result.exit_code, 1) << result.output;
   const std::string name =
       "worker 0 of site 'site-a' (sh -c 'echo cannot load the model >&2; "
-      "exit 3' " + dir_ + ")";
+      "exit 3' " +
+      dir_ + ")";
   EXPECT_TRUE(Contains(result.output,
                        name + " exited with status 3 (not restarted: it was "
                               "restarted 2 times already, the limit"))
@@ -342,8 +336,8 @@ TEST_F(ProgramRunTest, ResumeStartsTheProgramsAgainInTheirPlace) {
     run.Wait();
   }
   std::filesystem::remove(dir_ + "/env-worker-0");
-  const CommandResult resumed = RunCommand(std::string(MERIDIAN_BINARY) +
-                                           " run --resume " + out_);
+  const CommandResult resumed =
+      RunCommand(std::string(MERIDIAN_BINARY) + " run --resume " + out_);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const auto worker = Recorded(dir_ + "/env-worker-0");
   EXPECT_EQ(worker.at("MERIDIAN_JOB"), path_);

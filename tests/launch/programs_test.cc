@@ -2,6 +2,8 @@
 // found (as execvp would, from the job file's directory), the MERIDIAN_*
 // environment each process gets, and a child started with that directory
 // and environment (a real /bin/sh).
+#include "launch/programs.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -14,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "launch/programs.h"
 #include "meridian/config/config.h"
 #include "meridian/core/process.h"
 #include "meridian/launch/launcher.h"
@@ -65,8 +66,7 @@ TEST_F(FindProgramTest, RelativePathEntriesAreRelativeToTheWorkingDirectory) {
   Touch(dir_ + "/here", 0755);
   EXPECT_EQ(Found(FindProgram("tool", dir_, "bin")), dir_ + "/bin/tool");
   // An empty entry is the working directory, as for execvp.
-  EXPECT_EQ(Found(FindProgram("here", dir_, "/nonexistent:")),
-            dir_ + "/here");
+  EXPECT_EQ(Found(FindProgram("here", dir_, "/nonexistent:")), dir_ + "/here");
 }
 
 TEST_F(FindProgramTest, PathsWithASlashAreRelativeToTheWorkingDirectory) {
@@ -78,8 +78,7 @@ TEST_F(FindProgramTest, PathsWithASlashAreRelativeToTheWorkingDirectory) {
   EXPECT_EQ(Found(FindProgram(dir_ + "/scripts/train.sh", "/elsewhere", "")),
             dir_ + "/scripts/train.sh");
   // PATH is not searched for them.
-  Result<std::string> missing =
-      FindProgram("./sh", dir_, "/bin:/usr/bin");
+  Result<std::string> missing = FindProgram("./sh", dir_, "/bin:/usr/bin");
   EXPECT_THAT(missing, StatusIs(StatusCode::kNotFound));
   EXPECT_TRUE(Contains(missing.status().message(),
                        dir_ + "/sh does not exist (relative paths are "
@@ -111,8 +110,8 @@ TEST_F(FindProgramTest, ErrorsSayWhereItLookedAndWhatWasWrong) {
   // PATH unset: execvp's default.
   EXPECT_EQ(Found(FindProgram("sh", dir_, nullptr)), "/bin/sh");
   Result<std::string> unset = FindProgram("no-such-trainer", dir_, nullptr);
-  EXPECT_TRUE(Contains(unset.status().message(),
-                       "PATH unset, so '/bin:/usr/bin'"))
+  EXPECT_TRUE(
+      Contains(unset.status().message(), "PATH unset, so '/bin:/usr/bin'"))
       << unset.status();
 }
 
@@ -137,7 +136,8 @@ pb::JobConfig TwoSiteJob() {
     site { name: "b" server_site: "a"
            workers { count: 1 command: ["sh", "train.sh"] } }
     evaluator { command: ["sh", "evaluate.sh"] }
-  )", "job");
+  )",
+                                             "job");
   EXPECT_OK(job);
   return *job;
 }
@@ -168,9 +168,9 @@ TEST(ProgramEnvironmentTest, WorkersLearnTheirPlaceInTheJob) {
                 {"MERIDIAN_OUT", "/run/out"}}));
   // What does not apply is removed from what the child inherits: no stale
   // weights or keys, never the site's control token.
-  for (const char* name : {"MERIDIAN_WEIGHTS", "MERIDIAN_SECRET_KEY",
-                           "MERIDIAN_SERVER_PUBLIC_KEY",
-                           "MERIDIAN_CONTROL_TOKEN"}) {
+  for (const char* name :
+       {"MERIDIAN_WEIGHTS", "MERIDIAN_SECRET_KEY", "MERIDIAN_SERVER_PUBLIC_KEY",
+        "MERIDIAN_CONTROL_TOKEN"}) {
     EXPECT_NE(std::find(worker->spawn.unset_environment.begin(),
                         worker->spawn.unset_environment.end(), name),
               worker->spawn.unset_environment.end())

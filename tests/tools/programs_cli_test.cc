@@ -39,8 +39,7 @@ std::string WriteProgramJob(const std::vector<std::string>& command) {
   for (const std::string& arg : command) {
     job.mutable_site(0)->mutable_workers(0)->add_command(arg);
   }
-  const std::string path =
-      testing::MakeTempDir("programs-cli") + "/job.pbtxt";
+  const std::string path = testing::MakeTempDir("programs-cli") + "/job.pbtxt";
   EXPECT_OK(testing::WriteJobFile(job, path));
   return path;
 }
@@ -89,8 +88,8 @@ TEST(ProgramsCliTest, RelativeProgramsAreLookedUpNextToTheJobFile) {
 TEST(ProgramsCliTest, SiteWithWorkersRefusesAMissingProgram) {
   const std::string path = WriteProgramJob({"no-such-trainer"});
   const CommandResult result =
-      Meridian("site --config " + path + " --site site-a --with-workers --out " +
-               DirOf(path));
+      Meridian("site --config " + path +
+               " --site site-a --with-workers --out " + DirOf(path));
   EXPECT_FALSE(result.crashed);
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(Contains(result.output,
@@ -150,15 +149,18 @@ TEST(ProgramsCliTest, WorkerTakesItsPlaceFromTheEnvironment) {
       << result.output;
   result = testing::RunCommand(
       "MERIDIAN_JOB=/nonexistent/job.pbtxt MERIDIAN_SITE=a "
-      "MERIDIAN_WORKER_INDEX=x " + std::string(MERIDIAN_BINARY) + " worker");
+      "MERIDIAN_WORKER_INDEX=x " +
+      std::string(MERIDIAN_BINARY) + " worker");
   EXPECT_EQ(result.exit_code, 2) << result.output;
-  EXPECT_TRUE(Contains(result.output, "MERIDIAN_WORKER_INDEX must be a whole "
-                                      "number >= 0, got 'x'"))
+  EXPECT_TRUE(Contains(result.output,
+                       "MERIDIAN_WORKER_INDEX must be a whole "
+                       "number >= 0, got 'x'"))
       << result.output;
   // The variables name the job file; a flag wins over its variable.
   result = testing::RunCommand(
       "MERIDIAN_JOB=/nonexistent/job.pbtxt MERIDIAN_SITE=a "
-      "MERIDIAN_WORKER_INDEX=0 " + std::string(MERIDIAN_BINARY) +
+      "MERIDIAN_WORKER_INDEX=0 " +
+      std::string(MERIDIAN_BINARY) +
       " worker --config /nonexistent/flag.pbtxt");
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(Contains(result.output, "/nonexistent/flag.pbtxt"))

@@ -56,8 +56,9 @@ struct RunOptions {
 //     built-in workers are (logs OUT/logs/worker-<site>-<i>.log and
 //     OUT/logs/evaluator-<site>.log).
 //   - the job stops in order: workers and evaluators (told by their sites,
-//     else SIGTERM), then site servers (SIGTERM: they finish, flush to their peers and
-//     write their summaries), then wanem after its final counters are read.
+//     else SIGTERM), then site servers (SIGTERM: they finish, flush to their
+//     peers and write their summaries), then wanem after its final counters are
+//     read.
 // Every child is stopped before this returns, whatever happens. report.json
 // is written in every case (with the summaries that exist, and outcome
 // "failed: ..." when the job failed); the error is then returned too.
