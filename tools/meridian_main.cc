@@ -116,8 +116,10 @@ std::string DefaultOutDir(const pb::JobConfig& job) {
 
 // An EXTERNAL model's initial weights must be a safetensors file that
 // parses (config cannot read it: it sits below train in the layer order).
-// The site servers check it again when they start.
-bool CheckWeightsFile(const std::string& path, const pb::JobConfig& job) {
+// The site servers check it again when they start. `summary`: the tensors
+// the sites serve, "name[d0,d1]" (":TYPE" when not F32), in data order.
+bool CheckWeightsFile(const std::string& path, const pb::JobConfig& job,
+                      std::string* summary) {
   if (job.model().kind() != pb::EXTERNAL || job.model().weights().empty()) {
     return true;
   }
@@ -127,18 +129,41 @@ bool CheckWeightsFile(const std::string& path, const pb::JobConfig& job) {
                  weights.status().message().c_str());
     return false;
   }
+  for (const FileTensor& tensor : weights->tensors) {
+    if (!IsFloating(tensor.type)) continue;  // stays with each worker
+    *summary += (summary->empty() ? "" : " ") + tensor.name + "[";
+    for (size_t d = 0; d < tensor.shape.size(); ++d) {
+      *summary += (d > 0 ? "," : "") + std::to_string(tensor.shape[d]);
+    }
+    *summary += "]";
+    if (tensor.type != ElementType::kF32) {
+      *summary += ":" + std::string(ElementTypeName(tensor.type));
+    }
+  }
+  if (summary->empty()) {
+    std::fprintf(stderr,
+                 "%s: model.weights: %s holds no floating-point tensor: "
+                 "nothing for the sites to serve\n",
+                 path.c_str(), job.model().weights().c_str());
+    return false;
+  }
   return true;
 }
 
 int Validate(const std::string& path) {
   pb::JobConfig job;
+  std::string weights;
   if (!LoadJob(path, &job) || !CheckModelFitsData(job) ||
-      !CheckWeightsFile(path, job)) {
+      !CheckWeightsFile(path, job, &weights)) {
     return kExitBadInput;
   }
   std::printf("%s: OK (%d sites, %u workers, %s)\n", path.c_str(),
               job.site_size(), TotalWorkerCount(job),
               pb::PolicyKind_Name(job.policy().kind()).c_str());
+  if (!weights.empty()) {
+    std::printf("model.weights %s: %s\n", job.model().weights().c_str(),
+                weights.c_str());
+  }
   return 0;
 }
 

@@ -98,14 +98,16 @@ TEST(ProgramsCliTest, SiteWithWorkersRefusesAMissingProgram) {
       << result.output;
 }
 
-// A safetensors file of one F32 tensor [2].
+// A safetensors file of one F16 tensor [2] and an integer one (which the
+// sites do not serve).
 void WriteWeights(const std::string& path) {
   const std::string header =
-      R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+      R"({"w":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},)"
+      R"("n":{"dtype":"I64","shape":[1],"data_offsets":[4,12]}})";
   std::string bytes(8, '\0');
   const uint64_t size = header.size();
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(size >> (8 * i));
-  bytes += header + std::string(8, '\0');
+  bytes += header + std::string(12, '\0');
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
@@ -134,10 +136,27 @@ model {
   EXPECT_TRUE(Contains(result.output, dir + "/initial.safetensors"))
       << result.output;
 
+  // Integer tensors only: nothing the sites could serve.
+  std::string bytes(8, '\0');
+  const std::string header =
+      R"({"n":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})";
+  for (int i = 0; i < 8; ++i) {
+    bytes[i] = static_cast<char>(uint64_t{header.size()} >> (8 * i));
+  }
+  std::ofstream(dir + "/initial.safetensors", std::ios::binary)
+      << bytes + header + std::string(8, '\0');
+  result = Meridian("validate " + path);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(Contains(result.output, "holds no floating-point tensor"))
+      << result.output;
+
   WriteWeights(dir + "/initial.safetensors");
   result = Meridian("validate " + path);
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_TRUE(Contains(result.output, "OK")) << result.output;
+  EXPECT_TRUE(Contains(
+      result.output, "model.weights " + dir + "/initial.safetensors: w[2]:F16"))
+      << result.output;
 }
 
 TEST(ProgramsCliTest, WorkerTakesItsPlaceFromTheEnvironment) {
