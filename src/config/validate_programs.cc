@@ -117,6 +117,23 @@ void ValidateWorkerPrograms(const pb::JobConfig& config,
   }
 }
 
+// A built-in model is evaluated by its site server, which takes no
+// evaluator process.
+void ValidateBuiltInEvaluators(const pb::JobConfig& config,
+                               const IssueReporter& root) {
+  const std::string why =
+      "a built-in model (" + pb::ModelKind_Name(config.model().kind()) +
+      ") is evaluated by its site server itself, which takes no evaluator "
+      "process; evaluator programs are for model.kind EXTERNAL";
+  root.Check(config.evaluator().command().empty(), "evaluator", why);
+  for (int s = 0; s < config.site_size(); ++s) {
+    const pb::SiteConfig& site = config.site(s);
+    root.Nested("site", s).Check(
+        !HasServer(site) || site.evaluator().command().empty(), "evaluator",
+        why);
+  }
+}
+
 }  // namespace
 
 void ValidatePrograms(const pb::JobConfig& config, const IssueReporter& root) {
@@ -137,7 +154,10 @@ void ValidatePrograms(const pb::JobConfig& config, const IssueReporter& root) {
                 site.server_site() + "')");
   }
   ValidateCommand(config.evaluator().command(), root.Nested("evaluator"));
-  if (config.model().kind() != pb::EXTERNAL) return;
+  if (config.model().kind() != pb::EXTERNAL) {
+    ValidateBuiltInEvaluators(config, root);
+    return;
+  }
   ValidateExternalModel(config, root);
   ValidateExternalTarget(config, root);
   ValidateWorkerPrograms(config, root);

@@ -126,15 +126,21 @@ TEST(ProgramsConfigTest, ExternalWorkersNeedAProgram) {
   ExpectOneIssue(config, "site[1].workers[0].command", {"EXTERNAL"});
 }
 
-TEST(ProgramsConfigTest, BuiltInModelsMayUsePrograms) {
+TEST(ProgramsConfigTest, BuiltInModelsMayUseWorkerProgramsButNoEvaluator) {
   pb::JobConfig config = Parse(R"(
     site { name: "a" workers { count: 1 command: ["python3", "mlp.py"] }
                      workers { count: 1 } }
-    evaluator { command: ["python3", "evaluate.py"] }
     model { kind: MLP hidden: 16 }
   )");
   EXPECT_TRUE(Issues(config).empty())
       << ::testing::PrintToString(Issues(config));
+  config.mutable_evaluator()->add_command("python3");
+  ExpectOneIssue(config, "evaluator",
+                 {"built-in model (MLP)", "evaluated by its site server",
+                  "model.kind EXTERNAL"});
+  config.clear_evaluator();
+  config.mutable_site(0)->mutable_evaluator()->add_command("python3");
+  ExpectOneIssue(config, "site[0].evaluator", {"built-in model (MLP)"});
 }
 
 TEST(ProgramsConfigTest, ProgramNameMustBeNonEmpty) {
