@@ -6,7 +6,9 @@
 // before joining meets the site's join timeout and min_workers rule; a
 // killed child of `--with-workers` is restarted and does not fail the
 // site. The programs are small shell scripts (the built-in worker, started
-// as a program from the variables alone, does the training). Slow tier.
+// as a program from the variables alone, does the training), and for an
+// external model a PyTorch worker and evaluator on the Python package
+// (ExternalModelTest). Slow tier.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -51,13 +53,6 @@ constexpr char kWorkerScript[] =
     "env | grep '^MERIDIAN_' | sort > \"env-worker-$MERIDIAN_WORKER_INDEX\"\n"
     "pwd >> \"env-worker-$MERIDIAN_WORKER_INDEX\"\n"
     "exec \"$1\" worker\n";
-// An evaluator program: records its place, then waits for its site's
-// summary (the site has ended) and leaves.
-constexpr char kEvaluatorScript[] =
-    "env | grep '^MERIDIAN_' | sort > \"env-evaluator-$MERIDIAN_SITE\"\n"
-    "while [ ! -e \"$MERIDIAN_OUT/site-$MERIDIAN_SITE.json\" ]; do\n"
-    "  sleep 0.1\n"
-    "done\n";
 // A program that never joins (it stops on SIGTERM).
 constexpr char kHang[] = "while :; do sleep 0.1; done";
 
@@ -118,7 +113,6 @@ class ProgramRunTest : public ::testing::Test {
     path_ = dir_ + "/job.pbtxt";
     out_ = dir_ + "/out";
     std::ofstream(dir_ + "/worker.sh") << kWorkerScript;
-    std::ofstream(dir_ + "/evaluator.sh") << kEvaluatorScript;
   }
 
   void TearDown() override {
@@ -179,16 +173,12 @@ TEST_F(ProgramRunTest, ProgramsLearnTheirPlaceAndRunToTheEnd) {
   // as an explicit command, from the variables alone.
   AddGroup(&job, 1, {"sh", "worker.sh", MERIDIAN_BINARY, dir_});
   AddGroup(&job, 1, {MERIDIAN_BINARY, "worker"})->set_step_time_s(0.01);
-  job.mutable_evaluator()->add_command("sh");
-  job.mutable_evaluator()->add_command("evaluator.sh");
-  job.mutable_evaluator()->add_command(dir_);
   WriteJob(job);
   // Stale variables of the launcher's environment do not reach them.
   const CommandResult result =
       Run("MERIDIAN_WEIGHTS=/stale MERIDIAN_CONTROL_TOKEN=secret "
           "MERIDIAN_WORKER_INDEX=9");
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_TRUE(Contains(result.output, "1 evaluators")) << result.output;
 
   const auto worker = Recorded(dir_ + "/env-worker-0");
   EXPECT_EQ(worker.at("PWD"), dir_);
@@ -207,10 +197,6 @@ TEST_F(ProgramRunTest, ProgramsLearnTheirPlaceAndRunToTheEnd) {
        {"MERIDIAN_WEIGHTS", "MERIDIAN_CONTROL_TOKEN", "MERIDIAN_SECRET_KEY"}) {
     EXPECT_EQ(worker.count(absent), 0u) << absent;
   }
-  const auto evaluator = Recorded(dir_ + "/env-evaluator-site-a");
-  EXPECT_EQ(evaluator.at("MERIDIAN_ROLE"), "evaluator");
-  EXPECT_EQ(evaluator.at("MERIDIAN_CONNECT"), worker.at("MERIDIAN_CONNECT"));
-  EXPECT_EQ(evaluator.count("MERIDIAN_WORKER_INDEX"), 0u);
 
   // Both trained to the end, each as its own worker.
   const pb::RunReport report = ReadReport();
@@ -222,7 +208,6 @@ TEST_F(ProgramRunTest, ProgramsLearnTheirPlaceAndRunToTheEnd) {
     EXPECT_EQ(summary->incarnations(), 1u) << i;
   }
   EXPECT_TRUE(report.events().empty());
-  EXPECT_TRUE(std::filesystem::exists(out_ + "/logs/evaluator-site-a.log"));
   EXPECT_TRUE(
       Contains(ReadFile(out_ + "/logs/worker-site-a-1.log"), "joined; plan"));
 }
@@ -347,6 +332,185 @@ TEST_F(ProgramRunTest, ResumeStartsTheProgramsAgainInTheirPlace) {
   EXPECT_EQ(EventsOf(report, pb::JOB_RESUMED, "job").size(), 1u);
 }
 
+// ---- an external model: Python programs
+// ---------------------------------------
+
+// The user's model: a linear classifier of two features (is x0 > 0?),
+// trained by meridian.Session. `train.py --write-weights` writes the
+// initial weights every site reads.
+constexpr char kTrainPy[] = R"(import os
+import sys
+
+import meridian
+import torch
+from torch import nn
+
+
+def record(path):  # this process's place in the job, and its directory
+    with open(path, "w") as f:
+        for name in sorted(os.environ):
+            if name.startswith("MERIDIAN_"):
+                f.write("%s=%s\n" % (name, os.environ[name]))
+        f.write(os.getcwd() + "\n")
+
+
+def net():
+    torch.manual_seed(0)
+    return nn.Linear(2, 2)
+
+
+def data(n, seed):
+    x = torch.randn(n, 2, generator=torch.Generator().manual_seed(seed))
+    return x, (x[:, 0] > 0).long()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    if "--write-weights" in sys.argv:
+        meridian.save_initial_weights(net(), "initial.safetensors")
+        sys.exit(0)
+    record("env-worker-" + os.environ["MERIDIAN_WORKER_INDEX"])
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = data(256, 1 + int(os.environ["MERIDIAN_WORKER_INDEX"]))
+    batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, 256, 32)]
+    with meridian.Session(model, optimizer) as session:
+        for bx, by in session.batches(batches):
+            loss = nn.functional.cross_entropy(model(bx), by)
+            optimizer.zero_grad()
+            loss.backward()
+            session.step(loss)
+)";
+// Its evaluator: accuracy and loss on held-out points.
+constexpr char kEvaluatePy[] = R"(import os
+
+import meridian
+import torch
+from torch import nn
+
+from train import data, net, record
+
+torch.set_num_threads(1)
+record("env-evaluator-" + os.environ["MERIDIAN_SITE"])
+x, y = data(500, 99)
+
+
+def score(model):
+    with torch.no_grad():
+        logits = model(x)
+    return ({"accuracy": (logits.argmax(1) == y).float().mean().item(),
+             "loss": nn.functional.cross_entropy(logits, y).item()}, len(y))
+
+
+meridian.Evaluator(net()).serve(validation=score, training_sample=score)
+)";
+
+class ExternalModelTest : public ProgramRunTest {
+ protected:
+  // Debian's python3 (with PyTorch) and the package meridian.
+  static std::string Python() {
+    return std::string("PYTHONPATH=") + MERIDIAN_PYTHON_PATH +
+           " OMP_NUM_THREADS=1 ";
+  }
+
+  void SetUp() override {
+    ProgramRunTest::SetUp();
+    std::ofstream(dir_ + "/train.py") << kTrainPy;
+    std::ofstream(dir_ + "/evaluate.py") << kEvaluatePy;
+    const CommandResult written =
+        RunCommand("cd " + dir_ + " && " + Python() + MERIDIAN_PYTHON3 +
+                   " train.py --write-weights");
+    ASSERT_EQ(written.exit_code, 0) << written.output;
+  }
+
+  // One site of the external model: `workers` Python workers and the
+  // evaluator, every program named with dir_ (the orphan check).
+  pb::JobConfig ExternalJob(uint32_t workers, double budget_s) {
+    pb::JobConfig job = Job(budget_s);
+    job.clear_data();
+    pb::ModelConfig* model = job.mutable_model();
+    model->Clear();
+    model->set_kind(pb::EXTERNAL);
+    model->set_weights("initial.safetensors");
+    model->add_metrics()->set_name("accuracy");
+    pb::MetricConfig* loss = model->add_metrics();
+    loss->set_name("loss");
+    loss->set_higher_is_better(false);
+    job.mutable_server()->set_eval_period_s(1);
+    job.mutable_policy()->set_local_steps(4);
+    AddGroup(&job, workers, {MERIDIAN_PYTHON3, "train.py", dir_})
+        ->set_step_time_s(0.01);
+    for (const std::string& arg :
+         {std::string(MERIDIAN_PYTHON3), std::string("evaluate.py"), dir_}) {
+      job.mutable_evaluator()->add_command(arg);
+    }
+    return job;
+  }
+};
+
+TEST_F(ExternalModelTest, PythonWorkersAndEvaluatorTrainItUnderRun) {
+  WriteJob(ExternalJob(2, 8));
+  const CommandResult result = Run(Python());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(Contains(result.output, "2 workers, 1 evaluators"))
+      << result.output;
+
+  const std::string weights = dir_ + "/initial.safetensors";
+  const auto worker = Recorded(dir_ + "/env-worker-1");
+  EXPECT_EQ(worker.at("MERIDIAN_ROLE"), "worker");
+  EXPECT_EQ(worker.at("MERIDIAN_WORKER_INDEX"), "1");
+  EXPECT_EQ(worker.at("MERIDIAN_WORKER_COUNT"), "2");
+  EXPECT_EQ(worker.at("MERIDIAN_WEIGHTS"), weights);
+  EXPECT_EQ(worker.at("MERIDIAN_STEP_TIME_S"), "0.01");
+  EXPECT_EQ(worker.at("PWD"), dir_);
+  const auto evaluator = Recorded(dir_ + "/env-evaluator-site-a");
+  EXPECT_EQ(evaluator.at("MERIDIAN_ROLE"), "evaluator");
+  EXPECT_EQ(evaluator.at("MERIDIAN_JOB"), path_);
+  EXPECT_EQ(evaluator.at("MERIDIAN_SITE"), "site-a");
+  EXPECT_EQ(evaluator.at("MERIDIAN_WEIGHTS"), weights);
+  EXPECT_EQ(evaluator.at("MERIDIAN_CONNECT"), worker.at("MERIDIAN_CONNECT"));
+  EXPECT_EQ(evaluator.at("MERIDIAN_OUT"), out_);
+  EXPECT_EQ(evaluator.count("MERIDIAN_WORKER_INDEX"), 0u);
+  EXPECT_EQ(evaluator.at("PWD"), dir_);
+
+  // Both workers trained the site's replica, and the evaluator scored it.
+  const pb::RunReport report = ReadReport();
+  EXPECT_EQ(report.outcome().rfind("time budget", 0), 0u) << report.outcome();
+  EXPECT_EQ(report.metric(), "accuracy");
+  for (uint32_t i : {0u, 1u}) {
+    const pb::WorkerSummary* summary = WorkerOf(report, i);
+    ASSERT_NE(summary, nullptr) << i;
+    EXPECT_GT(summary->commits_applied(), 0u) << i;
+  }
+  EXPECT_GT(report.final_metric(), 0.8) << "x0 > 0 is linearly separable";
+  EXPECT_TRUE(report.events().empty());
+  EXPECT_TRUE(std::filesystem::exists(out_ + "/logs/evaluator-site-a.log"));
+}
+
+TEST_F(ExternalModelTest, PythonProgramsUnderSiteWithWorkers) {
+  pb::JobConfig job = ExternalJob(1, 5);
+  job.mutable_site(0)->set_address("tcp://127.0.0.1:" +
+                                   std::to_string(FreePort()));
+  WriteJob(job);
+  const CommandResult result =
+      RunCommand(Python() + MERIDIAN_BINARY + " site --config " + path_ +
+                 " --site site-a --with-workers --metrics none --out " + out_);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto evaluator = Recorded(dir_ + "/env-evaluator-site-a");
+  EXPECT_EQ(evaluator.at("MERIDIAN_ROLE"), "evaluator");
+  EXPECT_EQ(evaluator.at("MERIDIAN_CONNECT"), job.site(0).address());
+  EXPECT_EQ(evaluator.at("MERIDIAN_OUT"), out_);
+  const auto worker = Recorded(dir_ + "/env-worker-0");
+  EXPECT_EQ(worker.at("MERIDIAN_CONNECT"), job.site(0).address());
+  pb::SiteSummary summary;
+  ASSERT_OK(ReadJsonFile(out_ + "/site-site-a.json", &summary));
+  ASSERT_EQ(summary.workers_size(), 1);
+  EXPECT_GT(summary.workers(0).commits_applied(), 0u);
+  EXPECT_GT(summary.final_metric(), 0.8) << "the evaluator's final point";
+  EXPECT_FALSE(Contains(result.output, "restarting it")) << result.output;
+  EXPECT_TRUE(std::filesystem::exists(out_ + "/logs/evaluator-site-a.log"));
+}
+
 // ---- `meridian site --with-workers` -----------------------------------------
 
 class SiteWithWorkersTest : public ProgramRunTest {
@@ -368,9 +532,6 @@ class SiteWithWorkersTest : public ProgramRunTest {
 TEST_F(SiteWithWorkersTest, KilledWorkerIsRestartedAndTheSiteSucceeds) {
   pb::JobConfig job = SiteJob(12);
   AddGroup(&job, 2, {});
-  job.mutable_evaluator()->add_command("sh");
-  job.mutable_evaluator()->add_command("evaluator.sh");
-  job.mutable_evaluator()->add_command(dir_);
   WriteJob(job);
   BackgroundCommand site(SiteCommand());
   const std::string log = out_ + "/logs/worker-site-a-1.log";
@@ -402,11 +563,6 @@ TEST_F(SiteWithWorkersTest, KilledWorkerIsRestartedAndTheSiteSucceeds) {
   ASSERT_OK(ReadJsonFile(out_ + "/site-site-a.json", &summary));
   ASSERT_EQ(summary.workers_size(), 2);
   EXPECT_EQ(summary.workers(1).incarnations(), 2u);
-  // The evaluator program got its place here too.
-  const auto evaluator = Recorded(dir_ + "/env-evaluator-site-a");
-  EXPECT_EQ(evaluator.at("MERIDIAN_ROLE"), "evaluator");
-  EXPECT_EQ(evaluator.at("MERIDIAN_CONNECT"), job.site(0).address());
-  EXPECT_EQ(evaluator.at("MERIDIAN_OUT"), out_);
 }
 
 TEST_F(SiteWithWorkersTest, ProgramPastTheRestartLimitStopsTheSite) {

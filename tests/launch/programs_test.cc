@@ -136,6 +136,8 @@ pb::JobConfig TwoSiteJob() {
     site { name: "b" server_site: "a"
            workers { count: 1 command: ["sh", "train.sh"] } }
     evaluator { command: ["sh", "evaluate.sh"] }
+    model { kind: EXTERNAL weights: "/models/initial.safetensors"
+            metrics { name: "accuracy" } }
   )",
                                              "job");
   EXPECT_OK(job);
@@ -163,14 +165,14 @@ TEST(ProgramEnvironmentTest, WorkersLearnTheirPlaceInTheJob) {
                 {"MERIDIAN_WORKER_INDEX", "2"},
                 {"MERIDIAN_WORKER_COUNT", "3"},
                 {"MERIDIAN_CONNECT", "tcp://127.0.0.1:7100"},
+                {"MERIDIAN_WEIGHTS", "/models/initial.safetensors"},
                 {"MERIDIAN_STEP_TIME_S", "0.25"},
                 {"MERIDIAN_SEED", "77"},
                 {"MERIDIAN_OUT", "/run/out"}}));
   // What does not apply is removed from what the child inherits: no stale
-  // weights or keys, never the site's control token.
-  for (const char* name :
-       {"MERIDIAN_WEIGHTS", "MERIDIAN_SECRET_KEY", "MERIDIAN_SERVER_PUBLIC_KEY",
-        "MERIDIAN_CONTROL_TOKEN"}) {
+  // keys, never the site's control token.
+  for (const char* name : {"MERIDIAN_SECRET_KEY", "MERIDIAN_SERVER_PUBLIC_KEY",
+                           "MERIDIAN_CONTROL_TOKEN"}) {
     EXPECT_NE(std::find(worker->spawn.unset_environment.begin(),
                         worker->spawn.unset_environment.end(), name),
               worker->spawn.unset_environment.end())
@@ -217,8 +219,6 @@ TEST(ProgramEnvironmentTest, EvaluatorsHaveNoWorkerVariables) {
 
 TEST(ProgramEnvironmentTest, ExternalWeightsAndCurveKeys) {
   pb::JobConfig job = TwoSiteJob();
-  job.mutable_model()->set_kind(pb::EXTERNAL);
-  job.mutable_model()->set_weights("/models/initial.safetensors");
   job.mutable_security()->set_key_dir("keys");  // relative to the launcher
   Result<CurveKeyPair> site = GenerateCurveKeyPair();
   Result<CurveKeyPair> workers = GenerateCurveKeyPair();
