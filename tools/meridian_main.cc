@@ -15,6 +15,7 @@
 
 #include "meridian/sync/addresses.h"
 #include "meridian/config/config.h"
+#include "meridian/core/format.h"
 #include "meridian/train/dataset.h"
 #include "meridian/launch/launcher.h"
 #include "meridian/launch/run_manifest.h"
@@ -217,8 +218,25 @@ void PrintRunSummary(const pb::RunReport& report, const std::string& out_dir) {
     std::printf("reached target %s %.4f at %.1f s of training\n", metric,
                 report.target_metric(), report.time_to_target_s());
   } else if (report.target_metric() > 0) {
-    std::printf("did not reach target %s %.4f (%s)\n", metric,
-                report.target_metric(), report.outcome().c_str());
+    // A site that reached the target may have ended the job for the others
+    // (stop_at_target): name who reached it, and when.
+    std::string reached, not_reached;
+    for (const pb::SiteSummary& site : report.sites()) {
+      std::string& list = site.reached_target() ? reached : not_reached;
+      if (!list.empty()) list += ", ";
+      list += site.name();
+      if (site.reached_target()) {
+        list += " at " + FormatSeconds(site.time_to_target_s()) + " s";
+      }
+    }
+    if (reached.empty()) {
+      std::printf("did not reach target %s %.4f (%s)\n", metric,
+                  report.target_metric(), report.outcome().c_str());
+    } else {
+      std::printf("target %s %.4f reached by %s of training; not by %s\n",
+                  metric, report.target_metric(), reached.c_str(),
+                  not_reached.c_str());
+    }
   }
   if (report.metric() == "accuracy") {
     std::printf("final accuracy %.4f, loss %.4f, wall time %.1f s\n",
