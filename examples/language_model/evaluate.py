@@ -4,7 +4,6 @@ fixed sample of the site's own training texts (the intra-site policy's
 loss evaluations, SkewScout's scores)."""
 import meridian
 import torch
-from meridian.client import EvaluatorClient
 
 import brown
 import lm
@@ -19,11 +18,6 @@ validation = lm.spread(lm.windows(held_out, tok, args.model.context), args.eval_
 site, sites, _, _ = lm.place()
 own = lm.texts_of(texts, brown.site_texts(list(texts), sites, site, args.split))
 sample = lm.spread(lm.windows(own, tok, args.model.context), args.sample_windows)
-# Workaround: today's site servers refuse the STATUS_REQUEST probe that
-# Evaluator.serve() sends before it joins (ERROR_UNEXPECTED, "not a request an
-# evaluator makes"); join() alone waits for a server that is not up yet.
-# Remove once the site server answers an evaluator's probe.
-EvaluatorClient.wait_for_server = lambda client: None
 meridian.Evaluator(GPT(args.model)).serve(
     validation=lambda model: (lm.evaluate(model, validation), len(validation)),
     training_sample=lambda model: (lm.evaluate(model, sample), len(sample)))

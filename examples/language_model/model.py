@@ -23,7 +23,7 @@ from torch import nn
 class Config:
     vocab_size: int = 1024
     context: int = 128
-    width: int = 192
+    width: int = 128
     layers: int = 4
     heads: int = 4
 
