@@ -174,8 +174,8 @@ def block(command, job, budget, runs, floor):
         "| | validation perplexity | validation loss (nats) | worker steps "
         "| s per step | load average before |",
         "|---|---|---|---|---|---|",
-        "| single site, %d runs | %s | %s | %s | %s | %s |" % (
-            len(runs), median_range([r["perplexity"] for r in runs], "%.1f"),
+        "| single site (%d run%s) | %s | %s | %s | %s | %s |" % (
+            len(runs), "" if len(runs) == 1 else "s", median_range([r["perplexity"] for r in runs], "%.1f"),
             median_range([r["loss"] for r in runs], "%.3f"),
             median_range([r["steps"] for r in runs], "%d"),
             median_range([r["step_s"] for r in runs], "%.2f"),
@@ -184,10 +184,11 @@ def block(command, job, budget, runs, floor):
             on_windows, math.log(on_windows)),
         "",
         "Medians of the runs (range in parentheses); the perplexity is per "
-        "token of the %d-token BPE, of the site's final model at the end of "
+        "token of the %s-token BPE, of the site's final model at the end of "
         "the budget, on the evaluator's validation windows (the unigram "
-        "model's on every validation token: %.1f). The single site is %.1fx "
-        "better than the unigram floor." % (vocab, on_all, on_windows / ppl),
+        "model's on every validation token: %.1f). The unigram floor's "
+        "perplexity is %.1f times the single site's." % (
+            format(vocab, ","), on_all, on_windows / ppl),
     ]
     return "\n".join(lines)
 
