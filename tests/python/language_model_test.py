@@ -291,7 +291,12 @@ class TwoSitesTest(unittest.TestCase):
             site.name = name
             site.address = "tcp://127.0.0.1:0"
             site.mirror_address = "tcp://127.0.0.1:%d" % free_port()
-            site.workers.add().count = 1
+            group = site.workers.add()
+            group.count = 1
+            # The programs this test starts itself (the sites run without
+            # --with-workers); the job names them as a user's job does.
+            group.command.extend(["python3", "train.py"])
+        job.evaluator.command.extend(["python3", "evaluate.py"])
         job.model.kind = job_pb2.EXTERNAL
         job.model.weights = os.path.join(self.dir, "initial.safetensors")
         for name in ("perplexity", "loss"):
