@@ -133,6 +133,14 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
     lost_commits += site.recovery().lost_commits();
   }
   report.set_lost_commits(lost_commits);
+  report.set_flush_complete(true);
+  for (const pb::SiteSummary& site : sites) {
+    if (!site.has_sync() || site.sync().flushed()) continue;
+    report.set_flush_complete(false);
+    pb::UnflushedSite* unflushed = report.add_unflushed();
+    unflushed->set_site(site.name());
+    *unflushed->mutable_peers() = site.sync().unflushed_peers();
+  }
   report.set_reached_target(all_reached);
   report.set_time_to_target_s(all_reached ? last_target_time : -1);
   if (!sites.empty()) {
@@ -141,6 +149,19 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
     report.set_final_loss(loss / sites.size());
   }
   return report;
+}
+
+std::string DescribeUnflushed(const pb::RunReport& report) {
+  std::string text;
+  for (const pb::UnflushedSite& site : report.unflushed()) {
+    if (!text.empty()) text += "; ";
+    text += site.site() + " with ";
+    for (int i = 0; i < site.peers_size(); ++i) {
+      text += (i == 0 ? "" : ", ") + site.peers(i);
+    }
+    if (site.peers_size() == 0) text += "its peers";
+  }
+  return text;
 }
 
 void AddFaultEvents(const std::vector<pb::FaultEvent>& launcher_events,

@@ -76,12 +76,18 @@ void OutboundChannel::Pump(double now) {
     SendHello(now);
     if (hello_pending_) return;  // ZeroMQ would block: later
   }
-  if (!retained_.empty()) {
+  if (next_to_send_ < next_sequence_ && !retained_.empty()) {
     const uint64_t first = retained_.front().sequence;
     next_to_send_ = std::max(next_to_send_, first);
+    // What a heartbeat or an acknowledgement waits behind on the link: at
+    // most the window and one message.
+    uint64_t backlog = backlog_bytes();
+    const uint64_t window = this->window();
     while (next_to_send_ < next_sequence_) {
       RetainedMessage& message = retained_[next_to_send_ - first];
+      if (backlog >= window && message.bytes > kSmallMessageBytes) break;
       if (!SendRetained(message, now)) return;
+      backlog += message.bytes;
       if (message.sent_s < 0) message.sent_s = now;
       last_sent_sequence_ = message.sequence;
       ++next_to_send_;
@@ -160,6 +166,20 @@ bool OutboundChannel::Saturated(double now) const {
 uint64_t OutboundChannel::window() const {
   return std::max<uint64_t>(kMinWindowBytes,
                             static_cast<uint64_t>(kWindowS * link_.rate()));
+}
+
+uint64_t OutboundChannel::max_message_bytes() const {
+  return std::max<uint64_t>(kMinMessageBytes,
+                            static_cast<uint64_t>(kMessageS * link_.rate()));
+}
+
+uint64_t OutboundChannel::unacknowledged_bytes(uint64_t sequence) const {
+  uint64_t bytes = 0;
+  for (const RetainedMessage& message : retained_) {
+    if (message.sequence > sequence) break;
+    if (message.sequence > applied_sequence_) bytes += message.bytes;
+  }
+  return bytes;
 }
 
 uint64_t OutboundChannel::backlog_bytes() const {

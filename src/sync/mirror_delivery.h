@@ -17,6 +17,15 @@
 //   - both directions stay alive: the sender sends a HEARTBEAT when nothing
 //     went out for an interval, the receiver acknowledges at least every
 //     interval, so each side notices a silent peer.
+// A slow link is not a dead peer. ZeroMQ delivers only whole messages, so
+// what proves a peer alive is its next whole message, and nothing it sends
+// overtakes what it queued before on the link. So the channel keeps both
+// short: a message carries at most max_message_bytes() (about a quarter
+// second of what the link delivers; the sync engine cuts updates to it),
+// and at most window() (two seconds of it) is on its way in ZeroMQ and on
+// the link ahead of a heartbeat or an acknowledgement (Pump); the rest
+// waits in the retention. On a link that delivers at all, a message of
+// the peer then arrives every max_message_bytes() / rate seconds.
 // MIRROR_HELLO (layout, incarnation, first sequence number) and the
 // HEARTBEAT / MIRROR_ACK control messages are outside the numbering.
 //
@@ -34,6 +43,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,8 +140,10 @@ class OutboundChannel {
                    double now);
 
   // Sends what is waiting, in order, while ZeroMQ takes it without
-  // blocking; a HEARTBEAT when nothing went out for an interval. Call on
-  // every turn of the event loop.
+  // blocking and the link's backlog is under window() (a message of at
+  // most kSmallMessageBytes, a clock, goes regardless); a HEARTBEAT when
+  // nothing went out for an interval. Call on every turn of the event
+  // loop.
   void Pump(double now);
 
   // An acknowledgement from the peer (received on this channel's socket).
@@ -143,15 +155,25 @@ class OutboundChannel {
   bool full() const {
     return retained_bytes_ >= options_.retention_limit_bytes;
   }
-  // Flow control: more is on the way than the link delivered in
-  // kWindowS (window(), at least kMinWindowBytes). Create no new message
-  // then: the changes wait, and merge, in the peer's accumulator, and the
-  // link's queue — what a heartbeat waits behind — stays short, so a slow
-  // link is not mistaken for a dead peer.
+  // Flow control: more is on the way (handed to ZeroMQ or waiting in the
+  // retention, not acknowledged) than the link delivered in kWindowS
+  // (window(), at least kMinWindowBytes). Create no new message then: the
+  // changes wait, and merge, in the peer's accumulator, and the link's
+  // queue — what a heartbeat waits behind — stays short, so a slow link
+  // is not mistaken for a dead peer.
   static constexpr double kWindowS = 2.0;
   static constexpr uint64_t kMinWindowBytes = 16 * 1024;
-  bool congested() const { return backlog_bytes() > window(); }
+  bool congested() const { return unacknowledged_bytes() > window(); }
   uint64_t window() const;
+  // Messages this small are handed to ZeroMQ whatever the backlog: a
+  // clock announcement follows the update it covers at once.
+  static constexpr uint64_t kSmallMessageBytes = 1024;
+  // The most a message should carry (bytes): what the link delivers in
+  // kMessageS at its measured rate, at least kMinMessageBytes. While a
+  // flush crosses, the peer hears from this site at least that often.
+  static constexpr double kMessageS = 0.25;
+  static constexpr uint64_t kMinMessageBytes = 8 * 1024;
+  uint64_t max_message_bytes() const;
   // The link's delivery rate as acknowledgements show it (bytes/s; the
   // recent peak, decaying 10% per half second), 0 before any.
   double delivery_rate() const { return link_.rate(); }
@@ -179,6 +201,10 @@ class OutboundChannel {
   // Bytes of messages handed to ZeroMQ and not yet acknowledged as
   // applied: what the link has not delivered yet.
   uint64_t backlog_bytes() const;
+  // Bytes of the messages up to `sequence` (default: all) not
+  // acknowledged as applied, handed to ZeroMQ or not.
+  uint64_t unacknowledged_bytes(
+      uint64_t sequence = std::numeric_limits<uint64_t>::max()) const;
   // Cumulative bytes of messages the peer acknowledged as applied.
   uint64_t delivered_bytes() const { return link_.delivered_bytes(); }
   // Bytes handed to ZeroMQ (headers and payloads, resends included;
