@@ -1,6 +1,7 @@
 #include "sync/mirror_delivery.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "meridian/core/log.h"
 #include "meridian/net/message.h"
@@ -17,15 +18,22 @@ constexpr double kAckSpacingS = 0.05;
 
 // ---- LinkDelivery -----------------------------------------------------------
 
-void LinkDelivery::Acknowledged(double now) {
-  if (rate_start_s_ < 0) rate_start_s_ = now;
-  if (now - rate_start_s_ >= 0.5) {
-    const double sample =
-        static_cast<double>(rate_bytes_) / (now - rate_start_s_);
-    rate_ = std::max(sample, 0.9 * rate_);
+void LinkDelivery::Acknowledged(double now, bool in_flight) {
+  if (rate_start_s_ < 0) {
+    rate_start_s_ = now;
+    idle_ = !in_flight;
+    return;
+  }
+  const double elapsed = now - rate_start_s_;
+  if (elapsed >= 0.5) {
+    const double sample = static_cast<double>(rate_bytes_) / elapsed;
+    rate_ = idle_ ? std::max(sample, rate_ * std::pow(0.9, elapsed / 0.5))
+                  : sample;
     rate_bytes_ = 0;
     rate_start_s_ = now;
+    idle_ = false;
   }
+  if (!in_flight) idle_ = true;
 }
 
 // ---- OutboundChannel --------------------------------------------------------
@@ -120,7 +128,6 @@ void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
       }
     }
   }
-  link_.Acknowledged(now);
   if (ack.resend()) {
     // The receiver may have lost what it applied (it restarted from an
     // older checkpoint): trust it, and go back to what it has.
@@ -131,6 +138,7 @@ void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
   durable_sequence_ = std::max(
       durable_sequence_, std::min(ack.durable_sequence(), applied_sequence_));
   Forget(options_.wait_for_durable ? durable_sequence_ : applied_sequence_);
+  link_.Acknowledged(now, backlog_bytes() > 0);
   if (ack.resend()) {
     ++resend_requests_;
     const uint64_t from = applied_sequence_ + 1;

@@ -81,9 +81,14 @@ struct RetainedMessage {
 };
 
 // What the acknowledgements of one channel show of its link: the bytes
-// delivered, the delivery rate (the recent peak, decaying 10% per half
-// second) and the shortest round trip. Part of an OutboundChannel; fixed
-// size.
+// delivered, the delivery rate and the shortest round trip. The rate is
+// sampled every half second of acknowledgements: a sample taken while
+// messages were on their way all along (the link was busy) is what the
+// link delivers now, and replaces the rate at once, so a link slowed at
+// run time shows its new rate within a second; a sample with idle time in
+// it only says the link delivers at least that much, so the rate is then
+// the larger of the sample and the recent peak, decaying 10% per half
+// second. Part of an OutboundChannel; fixed size.
 class LinkDelivery {
  public:
   // The peer acknowledged a message of `bytes` as applied.
@@ -97,9 +102,9 @@ class LinkDelivery {
       min_round_trip_s_ = seconds;
     }
   }
-  // An acknowledgement arrived at `now`: the rate takes a sample every
-  // half second.
-  void Acknowledged(double now);
+  // An acknowledgement arrived at `now` and was counted (Delivered);
+  // `in_flight`: messages handed to ZeroMQ are still not acknowledged.
+  void Acknowledged(double now, bool in_flight);
 
   double rate() const { return rate_; }
   double min_round_trip_s() const { return min_round_trip_s_; }
@@ -110,6 +115,7 @@ class LinkDelivery {
   double min_round_trip_s_ = -1;  // send to acknowledgement, shortest seen
   uint64_t rate_bytes_ = 0;       // delivered since rate_start_s_
   double rate_start_s_ = -1;
+  bool idle_ = true;  // nothing was in flight at some point since then
   uint64_t delivered_bytes_ = 0;
 };
 
