@@ -30,7 +30,8 @@ Status ReadJsonFile(const std::string& path,
 //   lost_commits: the sites' recovery.lost_commits, summed;
 //   flush_complete: every site's sync.flushed (true without sync), and
 //   unflushed the sites whose final flush did not complete, with the
-//   peers (sync.unflushed_peers).
+//   peers (sync.unflushed_peers); a site of the job without a summary
+//   counts as unflushed (no peers named) when the others synced.
 pb::RunReport BuildRunReport(const pb::JobConfig& job,
                              const std::vector<pb::SiteSummary>& sites,
                              double wall_s, const std::string& outcome);
