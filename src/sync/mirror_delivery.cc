@@ -138,7 +138,9 @@ void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
   durable_sequence_ = std::max(
       durable_sequence_, std::min(ack.durable_sequence(), applied_sequence_));
   Forget(options_.wait_for_durable ? durable_sequence_ : applied_sequence_);
-  link_.Acknowledged(now, backlog_bytes() > 0);
+  // In flight: at least a message's worth, so a trickle of clock
+  // announcements (the sender, not the link, limiting it) counts as idle.
+  link_.Acknowledged(now, backlog_bytes() >= kMinMessageBytes);
   if (ack.resend()) {
     ++resend_requests_;
     const uint64_t from = applied_sequence_ + 1;

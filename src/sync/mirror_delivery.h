@@ -83,12 +83,12 @@ struct RetainedMessage {
 // What the acknowledgements of one channel show of its link: the bytes
 // delivered, the delivery rate and the shortest round trip. The rate is
 // sampled every half second of acknowledgements: a sample taken while
-// messages were on their way all along (the link was busy) is what the
-// link delivers now, and replaces the rate at once, so a link slowed at
-// run time shows its new rate within a second; a sample with idle time in
-// it only says the link delivers at least that much, so the rate is then
-// the larger of the sample and the recent peak, decaying 10% per half
-// second. Part of an OutboundChannel; fixed size.
+// messages were on their way all along (the link, not the sender, limited
+// it) is what the link delivers now, and replaces the rate at once, so a
+// link slowed at run time shows its new rate within a second; a sample
+// with idle time in it only says the link delivers at least that much, so
+// the rate is then the larger of the sample and the recent peak, decaying
+// 10% per half second. Part of an OutboundChannel; fixed size.
 class LinkDelivery {
  public:
   // The peer acknowledged a message of `bytes` as applied.
@@ -103,7 +103,8 @@ class LinkDelivery {
     }
   }
   // An acknowledgement arrived at `now` and was counted (Delivered);
-  // `in_flight`: messages handed to ZeroMQ are still not acknowledged.
+  // `in_flight`: enough handed to ZeroMQ is still not acknowledged to
+  // keep the link busy (the channel: at least kMinMessageBytes).
   void Acknowledged(double now, bool in_flight);
 
   double rate() const { return rate_; }
