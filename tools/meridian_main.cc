@@ -40,9 +40,14 @@ namespace meridian {
 namespace {
 
 // Exit codes: 0 success, 1 the job or role failed, 2 bad input (flags or
-// job file), 130 interrupted.
+// job file), 3 (`meridian run`) the final flush incomplete, 130
+// interrupted.
 constexpr int kExitFailure = 1;
 constexpr int kExitBadInput = 2;
+// `meridian run`: the job ran, but some site's final flush did not
+// complete (report.json flush_complete false): the replicas differ until
+// `meridian run --resume OUT` completes it.
+constexpr int kExitFlushIncomplete = 3;
 constexpr int kExitInterrupted = 130;
 
 // Loads and validates the job file, printing every problem, then applies
@@ -269,6 +274,12 @@ void PrintRunSummary(const pb::RunReport& report, const std::string& out_dir) {
     }
     std::printf("\n");
   }
+  if (!report.flush_complete()) {
+    std::printf(
+        "FINAL FLUSH INCOMPLETE (%s): the replicas differ; run `meridian run "
+        "--resume %s` once the sites can reach each other to complete it\n",
+        DescribeUnflushed(report).c_str(), out_dir.c_str());
+  }
   std::printf("report: %s/report.json\ntimeline: %s/timeline.csv\n",
               out_dir.c_str(), out_dir.c_str());
 }
@@ -335,7 +346,8 @@ int Run(const RunFlags& flags) {
     return stop->load() ? kExitInterrupted : kExitFailure;
   }
   PrintRunSummary(*report, out_dir);
-  return stop->load() ? kExitInterrupted : 0;
+  if (stop->load()) return kExitInterrupted;
+  return report->flush_complete() ? 0 : kExitFlushIncomplete;
 }
 
 // `meridian top`.
@@ -851,7 +863,8 @@ void AddJobCommands(CLI::App* app, Flags* flags, Commands* commands) {
       "--resume", flags->run.resume,
       "continue the run in this directory (its run.json names the job "
       "file) after every process of it was killed: site servers from their "
-      "checkpoints, workers fresh");
+      "checkpoints, workers fresh; after a run whose final flush was "
+      "incomplete (exit 3), completes the flush");
   commands->run->add_flag(
       "--fail-fast", flags->run.fail_fast,
       "stop the job at the first failure of any child (no restarts)");

@@ -675,6 +675,11 @@ class JobRun final : private SupervisorHooks {
     pb::RunReport report =
         BuildRunReport(job_, summaries, wall_.ElapsedSeconds(), outcome);
     manifest_.CompleteReport(&report);
+    if (!report.flush_complete()) {
+      MLOG(WARNING) << "final flush incomplete (" << DescribeUnflushed(report)
+                    << "): the replicas differ; `meridian run --resume "
+                    << options_.out_dir << "` completes it";
+    }
     MERIDIAN_RETURN_IF_ERROR(
         WriteJsonFile(report, options_.out_dir + "/report.json"));
     MERIDIAN_RETURN_IF_ERROR(

@@ -53,6 +53,14 @@ std::string FormatSiteProgress(const SiteProgressView& site) {
   if (status.peers_unreachable() > 0) {
     line += "  peers unreachable " + std::to_string(status.peers_unreachable());
   }
+  // A finished site's last status may still show its flush under way.
+  if (status.flushing() && !site.finished) {
+    std::snprintf(buf, sizeof(buf),
+                  "  final flush: %.2f MB to deliver, %u peer(s) to hear from",
+                  static_cast<double>(status.flush_bytes_left()) / 1e6,
+                  status.flush_peers_left());
+    line += buf;
+  }
   if (site.finished) line += "  finished";
   return line;
 }

@@ -31,8 +31,9 @@ struct SiteProgressView {
 };
 
 // "train 12.0 s  acc 0.9012 ..." (with "  workers dead 1", "  peers
-// unreachable 1" when non-zero), "restarting (attempt 2)", "down (no answer
-// for 7 s)", "starting" or "1/4 workers joined".
+// unreachable 1" when non-zero, "  final flush: 0.42 MB to deliver, 1
+// peer(s) to hear from" while it flushes), "restarting (attempt 2)", "down
+// (no answer for 7 s)", "starting" or "1/4 workers joined".
 std::string FormatSiteProgress(const SiteProgressView& site);
 
 // (site name, FormatSiteProgress) per site.

@@ -40,10 +40,12 @@ inline constexpr auto kReadyTimeout = std::chrono::seconds(120);
 inline constexpr double kReadyTimeoutS = 120.0;
 // The ordered stop. Workers get this long to leave (told by their sites,
 // or after SIGTERM); site servers, after SIGTERM, this long to finish:
-// drain their workers (fault: 5 s), send their final flush and wait up to
-// 60 s for their peers' (kSyncFinishTimeoutS of the site server), evaluate
-// once more and write their summary. Anyone still running after SIGTERM
-// and kKillGraceS more gets SIGKILL.
+// drain their workers (fault: 5 s), send their final flush and wait for
+// their peers' (FinalFlush, src/sync/final_flush.h: 60 s + bytes / rate,
+// longer while the link delivers; a flush cut short here is reported and
+// `--resume` completes it), evaluate once more and write their summary.
+// A site that ends its job itself is waited for without a limit. Anyone
+// still running after SIGTERM and kKillGraceS more gets SIGKILL.
 inline constexpr double kWorkerGraceS = 15.0;
 inline constexpr double kSiteGraceS = 100.0;
 inline constexpr double kKillGraceS = 10.0;

@@ -65,6 +65,39 @@ Status ReadJsonFile(const std::string& path,
   return Status::Ok();
 }
 
+namespace {
+
+// report->flush_complete and unflushed (see BuildRunReport).
+void SetFlushVerdict(const pb::JobConfig& job,
+                     const std::vector<pb::SiteSummary>& sites,
+                     pb::RunReport* report) {
+  report->set_flush_complete(true);
+  for (const pb::SiteSummary& site : sites) {
+    if (!site.has_sync() || site.sync().flushed()) continue;
+    report->set_flush_complete(false);
+    pb::UnflushedSite* unflushed = report->add_unflushed();
+    unflushed->set_site(site.name());
+    *unflushed->mutable_peers() = site.sync().unflushed_peers();
+  }
+  // A site of a syncing job that wrote no summary (killed) cannot say
+  // whether its flush completed: it counts as not.
+  const bool syncs = std::any_of(
+      sites.begin(), sites.end(),
+      [](const pb::SiteSummary& site) { return site.has_sync(); });
+  for (const pb::SiteConfig& config : job.site()) {
+    if (!syncs || std::any_of(sites.begin(), sites.end(),
+                              [&](const pb::SiteSummary& site) {
+                                return site.name() == config.name();
+                              })) {
+      continue;
+    }
+    report->set_flush_complete(false);
+    report->add_unflushed()->set_site(config.name());
+  }
+}
+
+}  // namespace
+
 pb::RunReport BuildRunReport(const pb::JobConfig& job,
                              const std::vector<pb::SiteSummary>& sites,
                              double wall_s, const std::string& outcome) {
@@ -133,6 +166,7 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
     lost_commits += site.recovery().lost_commits();
   }
   report.set_lost_commits(lost_commits);
+  SetFlushVerdict(job, sites, &report);
   report.set_reached_target(all_reached);
   report.set_time_to_target_s(all_reached ? last_target_time : -1);
   if (!sites.empty()) {
@@ -141,6 +175,19 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
     report.set_final_loss(loss / sites.size());
   }
   return report;
+}
+
+std::string DescribeUnflushed(const pb::RunReport& report) {
+  std::string text;
+  for (const pb::UnflushedSite& site : report.unflushed()) {
+    if (!text.empty()) text += "; ";
+    text += site.site() + " with ";
+    for (int i = 0; i < site.peers_size(); ++i) {
+      text += (i == 0 ? "" : ", ") + site.peers(i);
+    }
+    if (site.peers_size() == 0) text += "its peers";
+  }
+  return text;
 }
 
 void AddFaultEvents(const std::vector<pb::FaultEvent>& launcher_events,

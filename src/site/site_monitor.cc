@@ -89,6 +89,12 @@ void SiteMonitor::FillStatus(pb::SiteStatus* status) const {
     status->set_wan_bytes_sent(sync->bytes_sent());
     status->set_slowest_peer_clock(sync->slowest_peer_clock());
     status->set_peers_unreachable(sync->unreachable_peers());
+    const SyncEngine::FlushProgress flush = sync->flush_progress();
+    if (flush.active) {
+      status->set_flushing(true);
+      status->set_flush_bytes_left(flush.bytes_left);
+      status->set_flush_peers_left(flush.peers_left);
+    }
   }
   if (std::optional<pb::EvalPoint> last = sources_.evaluator->timeline().Last()) {
     *status->mutable_last_eval() = *last;

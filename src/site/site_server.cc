@@ -89,9 +89,6 @@
 namespace meridian {
 namespace {
 
-// How long a finishing site waits for its peers' final flushes.
-constexpr double kSyncFinishTimeoutS = 60.0;
-
 // M of the MEAN apply rule: the workers whose updates end up summed in
 // this site's model. When sites exchange every change (GAIA, DENSE), that is
 // every worker of the job, so a job divides its updates the same way
@@ -232,6 +229,9 @@ class SiteServer::Impl {
   // The final evaluation, the summary and the final model, the final
   // checkpoint and metrics.
   void Finish();
+  // Resumed a job this site had finished: once told its peers (SET_PEERS
+  // under --await-peers), completes a final flush that was incomplete.
+  Status CompleteFlush();
 
   // ---- between turns of the event loop -------------------------------------
   // Hands finished loss evaluations to the policy, and the scores of
@@ -439,7 +439,9 @@ Status SiteServer::Impl::Run() {
   // the process (tests): then each thread names its own site.
   ThreadLogRole log_role(site_.name() + "/server");
   if (durability_->resumed_finished()) {
-    // Resumed a job this site had finished: report it again.
+    // Resumed a job this site had finished: complete its final flush if
+    // it was not, and report it again.
+    MERIDIAN_RETURN_IF_ERROR(CompleteFlush());
     Finish();
     return Status::Ok();
   }
@@ -452,9 +454,34 @@ Status SiteServer::Impl::Run() {
   MERIDIAN_RETURN_IF_ERROR(Serve());
   MERIDIAN_RETURN_IF_ERROR(Drain());
   // Every accepted commit is in; what the peers have not got yet goes out
-  // losslessly, and theirs comes in, before the final evaluation.
-  if (sync_) sync_->Finish(kSyncFinishTimeoutS);
+  // losslessly, and theirs comes in, before the final evaluation. The
+  // loop keeps answering status requests meanwhile.
+  if (sync_) sync_->Finish([this] { return loop_->PollOnce(); });
   Finish();
+  return Status::Ok();
+}
+
+Status SiteServer::Impl::CompleteFlush() {
+  if (!sync_) return Status::Ok();
+  const double deadline = site_.Now() + site_.timeouts.join_timeout_s;
+  while (AwaitingPeers() && !StopRequested()) {
+    if (site_.Now() > deadline) {
+      return DeadlineExceededError("site server '" + site_.name() +
+                                   "' was told to wait for SET_PEERS "
+                                   "(--await-peers) and got none within " +
+                                   FormatSeconds(site_.timeouts.join_timeout_s,
+                                                 0) +
+                                   " s");
+    }
+    MERIDIAN_RETURN_IF_ERROR(loop_->PollOnce());
+  }
+  if (sync_->flush_complete() || StopRequested()) return Status::Ok();
+  MLOG(INFO) << "the final flush was incomplete when this site stopped: "
+                "completing it";
+  if (Status status = sync_->Connect(); !status.ok()) {
+    MLOG(ERROR) << "cannot reach the peer sites: " << status;
+  }
+  sync_->Finish([this] { return loop_->PollOnce(); });
   return Status::Ok();
 }
 

@@ -53,20 +53,21 @@ void ChangeSender::SendSignificant(Peer& peer, double theta) {
   }
   SendWithBarrier(outbox_.codec().Take(*context_.store, peer.acc, theta,
                                        context_.sync.threshold_mode(),
-                                       UpdateCodec::Fidelity::kConfigured),
+                                       UpdateCodec::Fidelity::kConfigured,
+                                       peer.out.max_message_bytes()),
                   peer);
 }
 
-void ChangeSender::SendWithBarrier(const EncodedSlices& update, Peer& peer) {
-  if (update.empty()) return;
+void ChangeSender::SendWithBarrier(const std::vector<EncodedSlices>& update,
+                                   Peer& peer) {
+  uint64_t entries = 0;
+  for (const EncodedSlices& part : update) entries += part.entries;
   const double fraction = context_.sync.selective_barrier_fraction();
-  if (fraction > 0 &&
-      static_cast<double>(update.entries) >
-          fraction * static_cast<double>(context_.store->num_elements())) {
-    outbox_.SendUpdate(outbox_.codec().IndicesOnly(update), pb::MIRROR_INDICES,
-                       /*average=*/false, peer);
-  }
-  outbox_.SendUpdate(update, pb::MIRROR_UPDATE, /*average=*/false, peer);
+  const bool barrier =
+      fraction > 0 &&
+      static_cast<double>(entries) >
+          fraction * static_cast<double>(context_.store->num_elements());
+  outbox_.SendParts(update, barrier, peer);
 }
 
 void ChangeSender::AnnounceClocks() {
@@ -117,10 +118,13 @@ void ChangeSender::FlushAndSendFinal(const std::vector<Peer*>& targets) {
     PeerSending& sending = peer->sending;
     if (sending.final_sent) continue;
     if (context_.UsesAccumulators()) {
-      const EncodedSlices update = outbox_.codec().Take(
-          *context_.store, peer->acc, 0.0, context_.sync.threshold_mode(),
-          UpdateCodec::Fidelity::kLossless);
-      outbox_.SendUpdate(update, pb::MIRROR_UPDATE, /*average=*/false, *peer);
+      // In messages the link carries in a fraction of a second each (the
+      // channel paces them), so the peer keeps hearing from this site.
+      outbox_.SendParts(outbox_.codec().Take(*context_.store, peer->acc, 0.0,
+                                             context_.sync.threshold_mode(),
+                                             UpdateCodec::Fidelity::kLossless,
+                                             peer->out.max_message_bytes()),
+                        /*indices_first=*/false, *peer);
     }
     ++sending.announced;
     pb::Header header = MakeHeader(pb::MIRROR_CLOCK, context_.self, 0);

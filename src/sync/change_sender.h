@@ -65,7 +65,9 @@ class ChangeSender {
  private:
   void SendSignificantToPeers(double theta);
   void SendSignificant(Peer& peer, double theta);
-  void SendWithBarrier(const EncodedSlices& update, Peer& peer);
+  // The messages of one update (UpdateCodec::Take), with the selective
+  // barrier's indices before each when the update is large enough.
+  void SendWithBarrier(const std::vector<EncodedSlices>& update, Peer& peer);
   // The clock a channel should have announced by now (see .cc).
   int64_t DueClock(const Peer& peer) const;
 

@@ -1,6 +1,7 @@
 #include "sync/mirror_delivery.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "meridian/core/log.h"
 #include "meridian/net/message.h"
@@ -17,15 +18,22 @@ constexpr double kAckSpacingS = 0.05;
 
 // ---- LinkDelivery -----------------------------------------------------------
 
-void LinkDelivery::Acknowledged(double now) {
-  if (rate_start_s_ < 0) rate_start_s_ = now;
-  if (now - rate_start_s_ >= 0.5) {
-    const double sample =
-        static_cast<double>(rate_bytes_) / (now - rate_start_s_);
-    rate_ = std::max(sample, 0.9 * rate_);
+void LinkDelivery::Acknowledged(double now, bool in_flight) {
+  if (rate_start_s_ < 0) {
+    rate_start_s_ = now;
+    idle_ = !in_flight;
+    return;
+  }
+  const double elapsed = now - rate_start_s_;
+  if (elapsed >= 0.5) {
+    const double sample = static_cast<double>(rate_bytes_) / elapsed;
+    rate_ = idle_ ? std::max(sample, rate_ * std::pow(0.9, elapsed / 0.5))
+                  : sample;
     rate_bytes_ = 0;
     rate_start_s_ = now;
+    idle_ = false;
   }
+  if (!in_flight) idle_ = true;
 }
 
 // ---- OutboundChannel --------------------------------------------------------
@@ -76,12 +84,18 @@ void OutboundChannel::Pump(double now) {
     SendHello(now);
     if (hello_pending_) return;  // ZeroMQ would block: later
   }
-  if (!retained_.empty()) {
+  if (next_to_send_ < next_sequence_ && !retained_.empty()) {
     const uint64_t first = retained_.front().sequence;
     next_to_send_ = std::max(next_to_send_, first);
+    // What a heartbeat or an acknowledgement waits behind on the link: at
+    // most the window and one message.
+    uint64_t backlog = backlog_bytes();
+    const uint64_t window = this->window();
     while (next_to_send_ < next_sequence_) {
       RetainedMessage& message = retained_[next_to_send_ - first];
+      if (backlog >= window && message.bytes > kSmallMessageBytes) break;
       if (!SendRetained(message, now)) return;
+      backlog += message.bytes;
       if (message.sent_s < 0) message.sent_s = now;
       last_sent_sequence_ = message.sequence;
       ++next_to_send_;
@@ -114,7 +128,6 @@ void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
       }
     }
   }
-  link_.Acknowledged(now);
   if (ack.resend()) {
     // The receiver may have lost what it applied (it restarted from an
     // older checkpoint): trust it, and go back to what it has.
@@ -125,6 +138,9 @@ void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
   durable_sequence_ = std::max(
       durable_sequence_, std::min(ack.durable_sequence(), applied_sequence_));
   Forget(options_.wait_for_durable ? durable_sequence_ : applied_sequence_);
+  // In flight: at least a message's worth, so a trickle of clock
+  // announcements (the sender, not the link, limiting it) counts as idle.
+  link_.Acknowledged(now, backlog_bytes() >= kMinMessageBytes);
   if (ack.resend()) {
     ++resend_requests_;
     const uint64_t from = applied_sequence_ + 1;
@@ -160,6 +176,20 @@ bool OutboundChannel::Saturated(double now) const {
 uint64_t OutboundChannel::window() const {
   return std::max<uint64_t>(kMinWindowBytes,
                             static_cast<uint64_t>(kWindowS * link_.rate()));
+}
+
+uint64_t OutboundChannel::max_message_bytes() const {
+  return std::max<uint64_t>(kMinMessageBytes,
+                            static_cast<uint64_t>(kMessageS * link_.rate()));
+}
+
+uint64_t OutboundChannel::unacknowledged_bytes(uint64_t sequence) const {
+  uint64_t bytes = 0;
+  for (const RetainedMessage& message : retained_) {
+    if (message.sequence > sequence) break;
+    if (message.sequence > applied_sequence_) bytes += message.bytes;
+  }
+  return bytes;
 }
 
 uint64_t OutboundChannel::backlog_bytes() const {

@@ -17,6 +17,15 @@
 //   - both directions stay alive: the sender sends a HEARTBEAT when nothing
 //     went out for an interval, the receiver acknowledges at least every
 //     interval, so each side notices a silent peer.
+// A slow link is not a dead peer. ZeroMQ delivers only whole messages, so
+// what proves a peer alive is its next whole message, and nothing it sends
+// overtakes what it queued before on the link. So the channel keeps both
+// short: a message carries at most max_message_bytes() (about a quarter
+// second of what the link delivers; the sync engine cuts updates to it),
+// and at most window() (two seconds of it) is on its way in ZeroMQ and on
+// the link ahead of a heartbeat or an acknowledgement (Pump); the rest
+// waits in the retention. On a link that delivers at all, a message of
+// the peer then arrives every max_message_bytes() / rate seconds.
 // MIRROR_HELLO (layout, incarnation, first sequence number) and the
 // HEARTBEAT / MIRROR_ACK control messages are outside the numbering.
 //
@@ -34,6 +43,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,9 +81,14 @@ struct RetainedMessage {
 };
 
 // What the acknowledgements of one channel show of its link: the bytes
-// delivered, the delivery rate (the recent peak, decaying 10% per half
-// second) and the shortest round trip. Part of an OutboundChannel; fixed
-// size.
+// delivered, the delivery rate and the shortest round trip. The rate is
+// sampled every half second of acknowledgements: a sample taken while
+// messages were on their way all along (the link, not the sender, limited
+// it) is what the link delivers now, and replaces the rate at once, so a
+// link slowed at run time shows its new rate within a second; a sample
+// with idle time in it only says the link delivers at least that much, so
+// the rate is then the larger of the sample and the recent peak, decaying
+// 10% per half second. Part of an OutboundChannel; fixed size.
 class LinkDelivery {
  public:
   // The peer acknowledged a message of `bytes` as applied.
@@ -87,9 +102,10 @@ class LinkDelivery {
       min_round_trip_s_ = seconds;
     }
   }
-  // An acknowledgement arrived at `now`: the rate takes a sample every
-  // half second.
-  void Acknowledged(double now);
+  // An acknowledgement arrived at `now` and was counted (Delivered);
+  // `in_flight`: enough handed to ZeroMQ is still not acknowledged to
+  // keep the link busy (the channel: at least kMinMessageBytes).
+  void Acknowledged(double now, bool in_flight);
 
   double rate() const { return rate_; }
   double min_round_trip_s() const { return min_round_trip_s_; }
@@ -100,6 +116,7 @@ class LinkDelivery {
   double min_round_trip_s_ = -1;  // send to acknowledgement, shortest seen
   uint64_t rate_bytes_ = 0;       // delivered since rate_start_s_
   double rate_start_s_ = -1;
+  bool idle_ = true;  // nothing was in flight at some point since then
   uint64_t delivered_bytes_ = 0;
 };
 
@@ -130,8 +147,10 @@ class OutboundChannel {
                    double now);
 
   // Sends what is waiting, in order, while ZeroMQ takes it without
-  // blocking; a HEARTBEAT when nothing went out for an interval. Call on
-  // every turn of the event loop.
+  // blocking and the link's backlog is under window() (a message of at
+  // most kSmallMessageBytes, a clock, goes regardless); a HEARTBEAT when
+  // nothing went out for an interval. Call on every turn of the event
+  // loop.
   void Pump(double now);
 
   // An acknowledgement from the peer (received on this channel's socket).
@@ -143,15 +162,25 @@ class OutboundChannel {
   bool full() const {
     return retained_bytes_ >= options_.retention_limit_bytes;
   }
-  // Flow control: more is on the way than the link delivered in
-  // kWindowS (window(), at least kMinWindowBytes). Create no new message
-  // then: the changes wait, and merge, in the peer's accumulator, and the
-  // link's queue — what a heartbeat waits behind — stays short, so a slow
-  // link is not mistaken for a dead peer.
+  // Flow control: more is on the way (handed to ZeroMQ or waiting in the
+  // retention, not acknowledged) than the link delivered in kWindowS
+  // (window(), at least kMinWindowBytes). Create no new message then: the
+  // changes wait, and merge, in the peer's accumulator, and the link's
+  // queue — what a heartbeat waits behind — stays short, so a slow link
+  // is not mistaken for a dead peer.
   static constexpr double kWindowS = 2.0;
   static constexpr uint64_t kMinWindowBytes = 16 * 1024;
-  bool congested() const { return backlog_bytes() > window(); }
+  bool congested() const { return unacknowledged_bytes() > window(); }
   uint64_t window() const;
+  // Messages this small are handed to ZeroMQ whatever the backlog: a
+  // clock announcement follows the update it covers at once.
+  static constexpr uint64_t kSmallMessageBytes = 1024;
+  // The most a message should carry (bytes): what the link delivers in
+  // kMessageS at its measured rate, at least kMinMessageBytes. While a
+  // flush crosses, the peer hears from this site at least that often.
+  static constexpr double kMessageS = 0.25;
+  static constexpr uint64_t kMinMessageBytes = 8 * 1024;
+  uint64_t max_message_bytes() const;
   // The link's delivery rate as acknowledgements show it (bytes/s; the
   // recent peak, decaying 10% per half second), 0 before any.
   double delivery_rate() const { return link_.rate(); }
@@ -179,6 +208,10 @@ class OutboundChannel {
   // Bytes of messages handed to ZeroMQ and not yet acknowledged as
   // applied: what the link has not delivered yet.
   uint64_t backlog_bytes() const;
+  // Bytes of the messages up to `sequence` (default: all) not
+  // acknowledged as applied, handed to ZeroMQ or not.
+  uint64_t unacknowledged_bytes(
+      uint64_t sequence = std::numeric_limits<uint64_t>::max()) const;
   // Cumulative bytes of messages the peer acknowledged as applied.
   uint64_t delivered_bytes() const { return link_.delivered_bytes(); }
   // Bytes handed to ZeroMQ (headers and payloads, resends included;

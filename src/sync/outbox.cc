@@ -121,6 +121,19 @@ void Outbox::SendUpdate(const EncodedSlices& update, pb::MessageType type,
   }
 }
 
+void Outbox::SendParts(const std::vector<EncodedSlices>& parts,
+                       bool indices_first, Peer& peer) {
+  const double window_start = peer.sending.window_start_unix_s;
+  for (const EncodedSlices& part : parts) {
+    if (indices_first) {
+      SendUpdate(codec_.IndicesOnly(part), pb::MIRROR_INDICES,
+                 /*average=*/false, peer);
+    }
+    peer.sending.window_start_unix_s = window_start;
+    SendUpdate(part, pb::MIRROR_UPDATE, /*average=*/false, peer);
+  }
+}
+
 uint64_t Outbox::bytes_sent() const {
   uint64_t total = 0;
   for (const auto& peer : peers_.all()) total += peer->out.bytes_sent();

@@ -54,6 +54,13 @@ class Outbox {
                   bool average, Peer& peer, int64_t outer_round = 0,
                   uint32_t next_period = 0);
 
+  // The messages of one update to `peer` (UpdateCodec::Take), each a
+  // MIRROR_UPDATE preceded by its MIRROR_INDICES when `indices_first` (the
+  // selective barrier: the indices of a part are released by its values).
+  // Every part carries the same window of changes (update ages).
+  void SendParts(const std::vector<EncodedSlices>& parts, bool indices_first,
+                 Peer& peer);
+
   UpdateCodec& codec() { return codec_; }
   // See SyncEngine::SetOutgoingLog.
   void SetLog(SyncEngine::OutgoingLog log) { log_ = std::move(log); }

@@ -191,8 +191,9 @@ void PeerTable::NoteServiceTurn(double now) {
 
 void PeerTable::CheckLiveness(Peer& peer, double now) {
   // Also while finishing: the final flush stops waiting for a peer that
-  // went silent.
-  if (!peer.live.reachable || !training_) return;
+  // went silent. Not once the exchange with it is complete: it may end
+  // its process.
+  if (!peer.live.reachable || !training_ || Flushed(peer)) return;
   const double silent_s = SilentFor(peer);
   if (silent_s <= context_.fault.peer_timeout_s()) return;
   peer.live.reachable = false;
@@ -238,17 +239,27 @@ bool PeerTable::AllFlushed() const {
                      [&](const auto& peer) { return Flushed(*peer); });
 }
 
+bool PeerTable::Exchanged(const Peer& peer) const {
+  return peer.receiving.final_received &&
+         (!peer.sending.final_sent ||
+          peer.out.Delivered(peer.sending.final_sequence));
+}
+
 bool PeerTable::Done(const std::vector<int>& sites) const {
   for (int site : sites) {
     const Peer* peer = At(site);
     if (peer == nullptr || !peer->live.reachable) continue;
-    if (!peer->receiving.final_received) return false;
-    if (peer->sending.final_sent &&
-        !peer->out.Delivered(peer->sending.final_sequence)) {
-      return false;
-    }
+    if (!Exchanged(*peer)) return false;
   }
   return true;
+}
+
+std::vector<std::string> PeerTable::Unflushed() const {
+  std::vector<std::string> names;
+  for (const auto& peer : peers_) {
+    if (!Flushed(*peer)) names.push_back(peer->name);
+  }
+  return names;
 }
 
 // ---- reporting --------------------------------------------------------------

@@ -197,10 +197,14 @@ class PeerTable {
   // arrived and ours was acknowledged.
   bool Flushed(const Peer& peer) const;
   bool AllFlushed() const;
-  // Whether Finish may stop waiting for `sites`: each is flushed (for the
-  // sites this one has sent its final to) or has sent its final, or is
-  // unreachable (waiting would only hold everyone else's results).
+  // Whether nothing is left to wait for from `peer`: its final flush
+  // arrived, and ours, if sent, was acknowledged.
+  bool Exchanged(const Peer& peer) const;
+  // Whether Finish may stop waiting for `sites`: each has Exchanged(), or
+  // is unreachable (waiting would only hold everyone else's results).
   bool Done(const std::vector<int>& sites) const;
+  // The peers whose final exchange is not complete (Flushed), by name.
+  std::vector<std::string> Unflushed() const;
 
   // ---- reporting ----------------------------------------------------------
   // Faults seen with peers (unreachable and back, restarted, resends).

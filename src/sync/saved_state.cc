@@ -56,6 +56,9 @@ void SavedState::SavePeer(const Peer& peer, pb::PeerCheckpoint* saved) const {
   saved->set_in_applied(peer.in.applied());
   saved->set_clock(parts_.peers->ClockOf(peer));
   saved->set_unreachable_s(peer.live.unreachable_total_s);
+  saved->set_final_sent(peer.sending.final_sent);
+  saved->set_final_sequence(peer.sending.final_sequence);
+  saved->set_final_received(peer.receiving.final_received);
 }
 
 Result<uint64_t> SavedState::Restore(const pb::SyncCheckpoint& state,
@@ -100,6 +103,9 @@ Status SavedState::RestorePeer(const pb::PeerCheckpoint& saved) {
   }
   MERIDIAN_RETURN_IF_ERROR(peers.clocks().Reset(peer->name, saved.clock()));
   peer->live.unreachable_total_s = saved.unreachable_s();
+  peer->sending.final_sent = saved.final_sent();
+  peer->sending.final_sequence = saved.final_sequence();
+  peer->receiving.final_received = saved.final_received();
   return Status::Ok();
 }
 

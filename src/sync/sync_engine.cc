@@ -19,10 +19,12 @@
 
 #include "meridian/compression/compression.h"
 #include "meridian/config/config.h"
+#include "meridian/core/format.h"
 #include "meridian/core/log.h"
 #include "meridian/net/message.h"
 #include "meridian/sync/addresses.h"
 #include "sync/change_sender.h"
+#include "sync/final_flush.h"
 #include "sync/inbox.h"
 #include "sync/mirror_socket.h"
 #include "sync/outbox.h"
@@ -83,7 +85,8 @@ class SyncEngine::Impl {
   void NoteHeld(double seconds) { gate_->NoteHeld(seconds); }
   std::string DescribeWait(int64_t local_clock) const;
   const std::string& finished_peer() const { return inbox_->finished_peer(); }
-  bool Finish(double timeout_s);
+  bool Finish(const std::function<Status()>& poll);
+  SyncEngine::FlushProgress flush_progress() const;
   double theta() const { return threshold_->last(); }
   std::optional<double> skew_knob() const;
   uint64_t bytes_sent() const { return outbox_->bytes_sent(); }
@@ -100,6 +103,8 @@ class SyncEngine::Impl {
   void Service();
   void PollOnce();
   void LogStart() const;
+  // Final flushes to `targets`, timed by flush_.
+  void SendFinal(const std::vector<Peer*>& targets);
 
   SyncContext context_;
   std::unique_ptr<PeerTable> peers_;
@@ -112,7 +117,7 @@ class SyncEngine::Impl {
   std::unique_ptr<ReadGate> gate_;
   std::unique_ptr<Inbox> inbox_;
   std::unique_ptr<SavedState> saved_;
-  bool flushed_ = false;
+  std::unique_ptr<FinalFlush> flush_;
 };
 
 Status SyncEngine::Impl::Init(const SyncEngineOptions& options) {
@@ -164,6 +169,7 @@ Status SyncEngine::Impl::Init(const SyncEngineOptions& options) {
   gate_ = std::make_unique<ReadGate>(context_, *peers_, outer_.get());
   inbox_ = std::make_unique<Inbox>(context_, *peers_, *mirror_, *sender_,
                                    *skew_, outer_.get(), *gate_);
+  flush_ = std::make_unique<FinalFlush>(context_, *peers_);
   saved_ = std::make_unique<SavedState>(
       context_,
       SyncParts{peers_.get(), mirror_.get(), outbox_.get(), inbox_.get(),
@@ -293,30 +299,45 @@ void SyncEngine::Impl::PollOnce() {
   HandleReadable(items);
 }
 
-bool SyncEngine::Impl::Finish(double timeout_s) {
+void SyncEngine::Impl::SendFinal(const std::vector<Peer*>& targets) {
+  sender_->FlushAndSendFinal(targets);
+  flush_->Sent(targets, context_.Now());
+}
+
+bool SyncEngine::Impl::Finish(const std::function<Status()>& poll) {
   inbox_->SetFinishing();
-  const double deadline = context_.Now() + timeout_s;
+  const double started = context_.Now();
+  flush_->Start(started);
+  auto turn = [&] {
+    if (!poll) return PollOnce();
+    if (Status status = poll(); !status.ok()) {
+      MLOG(WARNING) << "final flush: " << status;
+      PollOnce();
+    }
+  };
   auto wait_for = [&](const std::vector<int>& sites) {
-    while (!peers_->Done(sites) && context_.Now() < deadline) PollOnce();
+    while (!peers_->Done(sites) && flush_->Waiting(sites, context_.Now())) {
+      turn();
+    }
     return peers_->Done(sites);
   };
   const SyncRole& role = context_.role;
   bool complete = true;
   switch (role.kind) {
     case SyncRole::Kind::kMesh:
-      sender_->FlushAndSendFinal(peers_->Select(role.mesh));
+      SendFinal(peers_->Select(role.mesh));
       complete = wait_for(role.mesh);
       break;
     case SyncRole::Kind::kMember:
-      sender_->FlushAndSendFinal(peers_->Select({role.hub}));
+      SendFinal(peers_->Select({role.hub}));
       complete = wait_for({role.hub});
       break;
     case SyncRole::Kind::kHub: {
       // Members first: their last changes must reach the other hubs.
       complete = wait_for(role.members);
-      sender_->FlushAndSendFinal(peers_->Select(role.hubs));
+      SendFinal(peers_->Select(role.hubs));
       complete = wait_for(role.hubs) && complete;
-      sender_->FlushAndSendFinal(peers_->Select(role.members));
+      SendFinal(peers_->Select(role.members));
       complete = wait_for(role.members) && complete;
       break;
     }
@@ -324,8 +345,9 @@ bool SyncEngine::Impl::Finish(double timeout_s) {
   // Acknowledge what arrived last (peers wait for it); the mirror socket
   // lingers long enough to deliver it.
   Service();
-  flushed_ = complete && peers_->AllFlushed();
-  if (!flushed_) {
+  flush_->End(context_.Now());
+  const bool flushed = complete && peers_->AllFlushed();
+  if (!flushed) {
     std::string missing;
     for (const auto& peer : peers_->all()) {
       if (!peers_->Flushed(*peer)) {
@@ -333,11 +355,27 @@ bool SyncEngine::Impl::Finish(double timeout_s) {
                    (peer->live.reachable ? "" : " (unreachable)");
       }
     }
-    MLOG(WARNING) << "final flush incomplete with [" << missing
-                  << "] after up to " << timeout_s
-                  << " s: their last changes or ours may be missing there";
+    MLOG(WARNING) << "final flush incomplete with [" << missing << "] after "
+                  << FormatSeconds(context_.Now() - started)
+                  << " s: their last changes or ours are missing there, "
+                     "so the replicas differ; `meridian run --resume DIR` "
+                     "(or `meridian site ... --resume`) completes it once "
+                     "they can reach each other";
   }
-  return flushed_;
+  return flushed;
+}
+
+SyncEngine::FlushProgress SyncEngine::Impl::flush_progress() const {
+  SyncEngine::FlushProgress progress;
+  progress.active = flush_->active();
+  if (!progress.active) return progress;
+  progress.bytes_left = flush_->bytes_left();
+  for (const auto& peer : peers_->all()) {
+    if (peer->live.reachable && !peers_->Exchanged(*peer)) {
+      ++progress.peers_left;
+    }
+  }
+  return progress;
 }
 
 std::optional<double> SyncEngine::Impl::skew_knob() const {
@@ -358,7 +396,11 @@ pb::SyncSummary SyncEngine::Impl::Summary() const {
   inbox_->FillSummary(&summary);
   summary.set_rejected(static_cast<double>(mirror_->rejected()));
   summary.set_blocked_s(gate_->held_s());
-  summary.set_flushed(flushed_);
+  summary.set_flushed(peers_->AllFlushed());
+  for (const std::string& peer : peers_->Unflushed()) {
+    summary.add_unflushed_peers(peer);
+  }
+  flush_->FillSummary(&summary);
   peers_->FillSummary(&summary);
   skew_->FillSummary(&summary);
   if (outer_) outer_->FillSummary(&summary);
@@ -413,7 +455,13 @@ bool SyncEngine::peer_finished() const {
 const std::string& SyncEngine::finished_peer() const {
   return impl_->finished_peer();
 }
-bool SyncEngine::Finish(double timeout_s) { return impl_->Finish(timeout_s); }
+bool SyncEngine::Finish(const std::function<Status()>& poll) {
+  return impl_->Finish(poll);
+}
+bool SyncEngine::flush_complete() const { return impl_->peers().AllFlushed(); }
+SyncEngine::FlushProgress SyncEngine::flush_progress() const {
+  return impl_->flush_progress();
+}
 double SyncEngine::theta() const { return impl_->theta(); }
 std::optional<double> SyncEngine::skew_knob() const {
   return impl_->skew_knob();

@@ -122,9 +122,31 @@ class SyncEngine {
   const std::string& finished_peer() const;
 
   // End of the job: sends everything still unsent (losslessly) in the order
-  // the topology needs and waits, up to `timeout_s`, for every peer's final
-  // flush, applying what arrives. Returns whether every final arrived.
-  bool Finish(double timeout_s);
+  // the topology needs and waits for every peer's final flush, applying
+  // what arrives, and for the peers to acknowledge this site's: as long
+  // as each peer is reachable and its link delivers (the bound is in
+  // final_flush.h: 60 s + the flush's bytes / the link's measured rate,
+  // and longer while it still makes progress). `poll`: one turn of the
+  // site's event loop, which must poll this engine's sockets
+  // (AddPollItems, HandleReadable) and may serve others meanwhile (status
+  // requests); empty: the engine polls its own sockets. Returns whether
+  // the exchange with every peer is complete (flush_complete()). A site
+  // resumed from a checkpoint taken after an incomplete flush calls it
+  // again after Connect(): its final flushes go out again from the
+  // checkpoint's channels, and its peers' arrive.
+  bool Finish(const std::function<Status()>& poll = {});
+  // Whether the final exchange with every peer is complete: each peer's
+  // final flush arrived and acknowledged ours (also as a checkpoint
+  // restored it).
+  bool flush_complete() const;
+  // While Finish runs: the bytes of this site's final flushes the peers
+  // have not acknowledged, and the peers it still waits for.
+  struct FlushProgress {
+    bool active = false;
+    uint64_t bytes_left = 0;
+    uint32_t peers_left = 0;
+  };
+  FlushProgress flush_progress() const;
 
   double theta() const;
   // SkewScout's knob in effect: θ, the top-k density, or the agreed

@@ -52,8 +52,11 @@ UpdateCodec::UpdateCodec(UpdateEncoder configured, UpdateEncoder lossless,
       indices_(std::move(indices)),
       travel_(std::move(travel)) {}
 
-EncodedSlices UpdateCodec::Take(ParameterStore& store, size_t acc, double theta,
-                                pb::ThresholdMode mode, Fidelity fidelity) {
+std::vector<EncodedSlices> UpdateCodec::Take(ParameterStore& store, size_t acc,
+                                             double theta,
+                                             pb::ThresholdMode mode,
+                                             Fidelity fidelity,
+                                             uint64_t max_message_bytes) {
   entries_.Clear();
   store.VisitAccumulator(
       acc,
@@ -61,9 +64,11 @@ EncodedSlices UpdateCodec::Take(ParameterStore& store, size_t acc, double theta,
         TakeSignificant(a, w, theta, mode, range.begin, &entries_.indices,
                         &entries_.values);
       });
-  return EncodeEntries(
-      store.layout(),
-      fidelity == Fidelity::kLossless ? lossless_ : configured_, &store, acc);
+  return SplitIntoMessages(
+      EncodeEntries(store.layout(),
+                    fidelity == Fidelity::kLossless ? lossless_ : configured_,
+                    &store, acc, max_message_bytes),
+      max_message_bytes);
 }
 
 void UpdateCodec::TakeRange(uint64_t begin, std::span<const float> values) {
@@ -89,58 +94,116 @@ EncodedSlices UpdateCodec::EncodeRange(const ModelLayout& layout,
 EncodedSlices UpdateCodec::EncodeEntries(const ModelLayout& layout,
                                          UpdateEncoder& encoder,
                                          ParameterStore* residuals_to,
-                                         size_t acc) {
+                                         size_t acc, uint64_t max_slice_bytes) {
   EncodedSlices encoded;
   encoded.entries = entries_.indices.size();
   residuals_.Clear();
   size_t next = 0;
   for (const TensorInfo& tensor : layout.tensors()) {
     const uint64_t end = tensor.offset + tensor.size;
-    local_indices_.clear();
-    local_values_.clear();
     const size_t first = next;
     while (next < entries_.indices.size() && entries_.indices[next] < end) {
-      local_indices_.push_back(
-          static_cast<uint32_t>(entries_.indices[next] - tensor.offset));
-      local_values_.push_back(entries_.values[next]);
       ++next;
     }
-    if (local_indices_.empty()) continue;
-    residual_.assign(local_values_.size(), 0.0f);
-    Result<EncodedUpdate> result = encoder.EncodeSparse(
-        tensor.size, local_indices_, local_values_, residual_);
-    if (!result.ok()) {
-      // Cannot happen for finite values; keep the change rather than lose
-      // it.
-      MLOG(ERROR) << "cannot encode the update of '" << tensor.name
-                  << "': " << result.status() << "; kept for later";
-      for (size_t j = 0; j < local_values_.size(); ++j) {
-        residuals_.Add(entries_.indices[first + j], local_values_[j]);
-      }
-      continue;
-    }
-    for (size_t j = 0; j < residual_.size(); ++j) {
-      if (residual_[j] != 0.0f) {
-        residuals_.Add(entries_.indices[first + j], residual_[j]);
-      }
-    }
-    pb::TensorSlice slice;
-    slice.set_tensor(tensor.name);
-    slice.set_offset(0);
-    slice.set_length(tensor.size);
-    slice.set_dtype(pb::DTYPE_FLOAT32);
-    slice.set_codec(pb::CODEC_PIPELINE);
-    slice.set_payload_bytes(result->bytes.size());
-    encoded.slices.push_back(slice);
-    encoded.frames.emplace_back(
-        reinterpret_cast<const char*>(result->bytes.data()),
-        result->bytes.size());
-    encoded.bytes += result->bytes.size();
+    if (first == next) continue;
+    EncodeSlice(tensor, first, next, /*whole=*/true, encoder, max_slice_bytes,
+                &encoded);
   }
   if (!residuals_.indices.empty() && residuals_to != nullptr) {
     residuals_to->AddToAccumulator(acc, residuals_.indices, residuals_.values);
   }
   return encoded;
+}
+
+void UpdateCodec::EncodeSlice(const TensorInfo& tensor, size_t first,
+                              size_t last, bool whole, UpdateEncoder& encoder,
+                              uint64_t max_bytes, EncodedSlices* out) {
+  // The whole tensor (what every update carried before updates were cut),
+  // or a part of it from its first entry to its last.
+  const uint64_t begin = whole ? tensor.offset : entries_.indices[first];
+  const uint64_t length =
+      whole ? tensor.size : entries_.indices[last - 1] - begin + 1;
+  local_indices_.clear();
+  local_values_.clear();
+  for (size_t i = first; i < last; ++i) {
+    local_indices_.push_back(static_cast<uint32_t>(entries_.indices[i] - begin));
+    local_values_.push_back(entries_.values[i]);
+  }
+  residual_.assign(local_values_.size(), 0.0f);
+  Result<EncodedUpdate> result =
+      encoder.EncodeSparse(length, local_indices_, local_values_, residual_);
+  if (!result.ok()) {
+    // Cannot happen for finite values; keep the change rather than lose
+    // it.
+    MLOG(ERROR) << "cannot encode the update of '" << tensor.name
+                << "': " << result.status() << "; kept for later";
+    for (size_t i = first; i < last; ++i) {
+      residuals_.Add(entries_.indices[i], entries_.values[i]);
+    }
+    return;
+  }
+  const uint64_t bytes = result->bytes.size();
+  if (max_bytes > 0 && bytes > max_bytes && last - first > 1) {
+    // Too large for one message: parts of about 80% of the limit (a part
+    // that still exceeds it is cut again), each encoded on its own.
+    const uint64_t target = std::max<uint64_t>(1, max_bytes * 4 / 5);
+    const size_t parts = static_cast<size_t>(
+        std::min<uint64_t>(last - first, std::max<uint64_t>(
+                                             2, (bytes + target - 1) / target)));
+    const size_t count = last - first;
+    for (size_t p = 0; p < parts; ++p) {
+      const size_t from = first + count * p / parts;
+      const size_t to = first + count * (p + 1) / parts;
+      if (from < to) {
+        EncodeSlice(tensor, from, to, /*whole=*/false, encoder, max_bytes, out);
+      }
+    }
+    return;
+  }
+  for (size_t j = 0; j < residual_.size(); ++j) {
+    if (residual_[j] != 0.0f) {
+      residuals_.Add(entries_.indices[first + j], residual_[j]);
+    }
+  }
+  pb::TensorSlice slice;
+  slice.set_tensor(tensor.name);
+  slice.set_offset(begin - tensor.offset);
+  slice.set_length(length);
+  slice.set_dtype(pb::DTYPE_FLOAT32);
+  slice.set_codec(pb::CODEC_PIPELINE);
+  slice.set_payload_bytes(bytes);
+  out->slices.push_back(slice);
+  out->slice_entries.push_back(last - first);
+  out->frames.emplace_back(reinterpret_cast<const char*>(result->bytes.data()),
+                           bytes);
+  out->bytes += bytes;
+}
+
+std::vector<EncodedSlices> SplitIntoMessages(EncodedSlices update,
+                                             uint64_t max_bytes) {
+  std::vector<EncodedSlices> messages;
+  if (update.empty()) return messages;
+  if (max_bytes == 0 || update.bytes <= max_bytes) {
+    messages.push_back(std::move(update));
+    return messages;
+  }
+  EncodedSlices current;
+  for (size_t i = 0; i < update.slices.size(); ++i) {
+    const uint64_t bytes = update.frames[i].size();
+    if (!current.empty() && current.bytes + bytes > max_bytes) {
+      messages.push_back(std::move(current));
+      current = EncodedSlices();
+    }
+    const uint64_t entries =
+        i < update.slice_entries.size() ? update.slice_entries[i] : 0;
+    current.slices.push_back(std::move(update.slices[i]));
+    current.frames.push_back(std::move(update.frames[i]));
+    current.slice_entries.push_back(entries);
+    current.entries += entries;
+    current.bytes += bytes;
+  }
+  messages.push_back(std::move(current));
+  return messages;
 }
 
 EncodedSlices UpdateCodec::IndicesOnly(const EncodedSlices& update) {
@@ -161,6 +224,8 @@ EncodedSlices UpdateCodec::IndicesOnly(const EncodedSlices& update) {
     pb::TensorSlice copy = slice;
     copy.set_payload_bytes(result->bytes.size());
     indices.slices.push_back(copy);
+    indices.slice_entries.push_back(
+        i < update.slice_entries.size() ? update.slice_entries[i] : 0);
     indices.frames.emplace_back(
         reinterpret_cast<const char*>(result->bytes.data()),
         result->bytes.size());

@@ -31,10 +31,12 @@
 
 namespace meridian {
 
-// One encoded update: a slice and a payload frame per tensor that changed.
+// One encoded update: a slice and a payload frame per tensor that changed
+// (or per part of a tensor, when an update is cut to a message size).
 struct EncodedSlices {
   std::vector<pb::TensorSlice> slices;
   std::vector<std::string> frames;
+  std::vector<uint64_t> slice_entries;  // parameters each slice changes
   uint64_t entries = 0;  // parameters it changes
   uint64_t bytes = 0;    // payload bytes, summed over frames
   bool empty() const { return slices.empty(); }
@@ -66,9 +68,15 @@ class UpdateCodec {
   static Result<UpdateCodec> Create(const pb::SyncConfig& sync);
 
   // Takes what passes `theta` (under `mode`) out of accumulator `acc` of
-  // `store` and encodes it; lossy residuals go back into `acc`.
-  EncodedSlices Take(ParameterStore& store, size_t acc, double theta,
-                     pb::ThresholdMode mode, Fidelity fidelity);
+  // `store` and encodes it; lossy residuals go back into `acc`. The update
+  // comes as messages of at most `max_message_bytes` of payload each (0:
+  // one message): an update that fits is one message of whole-tensor
+  // slices; a larger one is cut into parts of tensors, each encoded on its
+  // own (SplitIntoMessages). Empty when nothing passes.
+  std::vector<EncodedSlices> Take(ParameterStore& store, size_t acc,
+                                  double theta, pb::ThresholdMode mode,
+                                  Fidelity fidelity,
+                                  uint64_t max_message_bytes = 0);
   // The whole of `model` for SkewScout to score elsewhere, its values coded
   // with sync.skewscout.travel_value_coding; the coding's error is
   // dropped (the copy is never applied).
@@ -90,11 +98,20 @@ class UpdateCodec {
  private:
   UpdateCodec(UpdateEncoder configured, UpdateEncoder lossless,
               UpdateEncoder indices, UpdateEncoder travel);
-  // Encodes entries_ per tensor of `layout`; residuals to accumulator
-  // `acc` of `residuals_to` (null: dropped).
+  // Encodes entries_ per tensor of `layout`, no slice over
+  // `max_slice_bytes` (0: no limit) unless it holds one entry; residuals to
+  // accumulator `acc` of `residuals_to` (null: dropped).
   EncodedSlices EncodeEntries(const ModelLayout& layout,
                               UpdateEncoder& encoder,
-                              ParameterStore* residuals_to, size_t acc);
+                              ParameterStore* residuals_to, size_t acc,
+                              uint64_t max_slice_bytes = 0);
+  // Appends entries_[first, last) of `tensor` to `out` as one slice (the
+  // whole tensor when `whole`, else from its first entry to its last), or,
+  // when that encodes to more than `max_bytes` (0: no limit), as parts
+  // encoded on their own; residuals go to residuals_.
+  void EncodeSlice(const TensorInfo& tensor, size_t first, size_t last,
+                   bool whole, UpdateEncoder& encoder, uint64_t max_bytes,
+                   EncodedSlices* out);
   // Puts `values` in entries_ as the flat indices [begin, begin +
   // values.size()).
   void TakeRange(uint64_t begin, std::span<const float> values);
@@ -113,6 +130,12 @@ class UpdateCodec {
   std::vector<float> residual_;
   SparseEntries residuals_;
 };
+
+// `update` as messages of at most `max_bytes` of payload each (0: one):
+// consecutive slices go together while they fit; a slice larger than
+// `max_bytes` (one entry) is a message of its own.
+std::vector<EncodedSlices> SplitIntoMessages(EncodedSlices update,
+                                             uint64_t max_bytes);
 
 // Decodes the slices of `header` (already checked against `layout` and the
 // codec: CheckSlicesAgainstLayout, CheckCodec), one payload frame each,

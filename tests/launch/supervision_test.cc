@@ -92,6 +92,28 @@ TEST(SupervisionUnitTest, ProgressShowsRestartsSilenceAndFaultCounts) {
   EXPECT_EQ(FormatSiteProgress(view), "restarting (attempt 2)");
 }
 
+// While a site flushes, its line says how much is left; once it finished,
+// its last status's flush is not shown.
+TEST(SupervisionUnitTest, ProgressShowsAFinalFlushUnderWay) {
+  pb::SiteStatus status;
+  status.set_elapsed_s(60);
+  status.set_workers_joined(2);
+  status.set_workers_expected(2);
+  status.set_flushing(true);
+  status.set_flush_bytes_left(420000);
+  status.set_flush_peers_left(1);
+  SiteProgressView view;
+  view.status = &status;
+  const std::string line = FormatSiteProgress(view);
+  EXPECT_NE(line.find("final flush: 0.42 MB to deliver, 1 peer(s) to hear "
+                      "from"),
+            std::string::npos)
+      << line;
+  view.finished = true;
+  EXPECT_EQ(FormatSiteProgress(view).find("final flush"), std::string::npos)
+      << FormatSiteProgress(view);
+}
+
 pb::FaultEvent Event(pb::FaultKind kind, const std::string& site,
                      double unix_s) {
   pb::FaultEvent event;

@@ -369,5 +369,35 @@ TEST(InboundChannelTest, AcknowledgesOnChangeAndEveryInterval) {
   EXPECT_EQ(in.Admit(1, 1.5), InboundChannel::Admission::kDuplicate);
 }
 
+// The rate is what the link delivered while it was busy; a sample with
+// idle time in it only raises the decaying peak.
+TEST(LinkDeliveryTest, ABusyLinkShowsItsNewRateAtOnce) {
+  LinkDelivery link;
+  link.Acknowledged(0.0, /*in_flight=*/true);
+  link.Delivered(100000);
+  link.Acknowledged(0.5, true);
+  EXPECT_DOUBLE_EQ(link.rate(), 200000);
+  // Slowed to 6 kB/s, messages on their way all along: the next sample.
+  link.Delivered(3000);
+  link.Acknowledged(1.0, true);
+  EXPECT_DOUBLE_EQ(link.rate(), 6000);
+}
+
+TEST(LinkDeliveryTest, AnIdleLinkKeepsItsPeakDecaying) {
+  LinkDelivery link;
+  link.Acknowledged(0.0, true);
+  link.Delivered(100000);
+  link.Acknowledged(0.5, true);
+  ASSERT_DOUBLE_EQ(link.rate(), 200000);
+  // Drained: the next half second says only "at least 2 kB/s".
+  link.Delivered(1000);
+  link.Acknowledged(0.7, /*in_flight=*/false);
+  link.Acknowledged(1.0, false);
+  EXPECT_DOUBLE_EQ(link.rate(), 180000);
+  // Two seconds later (acknowledgements being rare): 0.9 per half second.
+  link.Acknowledged(3.0, false);
+  EXPECT_NEAR(link.rate(), 180000 * 0.9 * 0.9 * 0.9 * 0.9, 1e-6);
+}
+
 }  // namespace
 }  // namespace meridian

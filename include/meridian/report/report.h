@@ -27,10 +27,18 @@ Status ReadJsonFile(const std::string& path,
 //   time_to_target_s: when the last site reached it (-1 if one did not);
 //   final_accuracy / final_loss: mean over sites;
 //   workers: every site's workers, site by site;
-//   lost_commits: the sites' recovery.lost_commits, summed.
+//   lost_commits: the sites' recovery.lost_commits, summed;
+//   flush_complete: every site's sync.flushed (true without sync), and
+//   unflushed the sites whose final flush did not complete, with the
+//   peers (sync.unflushed_peers); a site of the job without a summary
+//   counts as unflushed (no peers named) when the others synced.
 pb::RunReport BuildRunReport(const pb::JobConfig& job,
                              const std::vector<pb::SiteSummary>& sites,
                              double wall_s, const std::string& outcome);
+
+// The sites whose final flush did not complete, with their peers: "us
+// with ap; ap with us" (empty when it completed).
+std::string DescribeUnflushed(const pb::RunReport& report);
 
 // Sets report->events: every site summary's events (report->sites) and
 // `launcher_events`, ordered by unix_s (ties keep that order), each with
