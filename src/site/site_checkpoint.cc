@@ -68,6 +68,10 @@ Result<std::unique_ptr<SiteCheckpointer>> SiteCheckpointer::Open(
           recovered.applied.push_back(message.applied_commit());
           continue;
         }
+        if (message.site_restarted()) {
+          ++recovered.restarts_logged;
+          continue;
+        }
         recovered.logged.push_back(std::move(message));
       }
       self->next_number_ = std::max(self->next_number_, durable + 1);
@@ -109,6 +113,16 @@ Status SiteCheckpointer::Log(const pb::LoggedMessage& message) {
 Status SiteCheckpointer::LogApplied(const pb::AppliedCommit& commit) {
   pb::LoggedMessage record;
   *record.mutable_applied_commit() = commit;
+  return LogUnsynced(record);
+}
+
+Status SiteCheckpointer::LogRestart() {
+  pb::LoggedMessage record;
+  record.set_site_restarted(true);
+  return LogUnsynced(record);
+}
+
+Status SiteCheckpointer::LogUnsynced(const pb::LoggedMessage& record) {
   const std::string bytes = record.SerializeAsString();
   return log_->AppendUnsynced(std::span<const std::byte>(
       reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()));

@@ -50,6 +50,8 @@ class SiteCheckpointer {
     std::vector<pb::LoggedMessage> logged;  // sent after the checkpoint
     // Commits applied after the checkpoint (LogApplied), in order.
     std::vector<pb::AppliedCommit> applied;
+    // Restarts from this checkpoint before this one (LogRestart).
+    uint32_t restarts_logged = 0;
     std::string path;
     std::vector<std::string> notes;  // refused newer files, torn log tail
   };
@@ -77,6 +79,9 @@ class SiteCheckpointer {
   // on its own: a power loss may lose the newest ones, which costs only
   // the count of lost commits). A restart reads them back (Recovered).
   Status LogApplied(const pb::AppliedCommit& commit);
+  // Appends that the site restarted (unsynced, as LogApplied): the next
+  // restart counts it even when no checkpoint came between.
+  Status LogRestart();
 
   // Whether to take a checkpoint at `now` (seconds on the loop's clock): a
   // period has passed since the last one, or `wanted` (a peer's messages
@@ -118,6 +123,8 @@ class SiteCheckpointer {
  private:
   explicit SiteCheckpointer(SiteCheckpointOptions options)
       : options_(std::move(options)) {}
+  // Appends a bookkeeping record, never fsync'ed on its own.
+  Status LogUnsynced(const pb::LoggedMessage& record);
 
   SiteCheckpointOptions options_;
   std::optional<Recovered> recovered_;

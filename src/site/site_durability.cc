@@ -118,7 +118,12 @@ Status SiteDurability::Recover(const SiteCheckpointer::Recovered& recovered) {
                             meta.time_to_target_s());
   parts_.events->Restore(meta.events());
   recovery_ = meta.recovery();
-  recovery_.set_restarts(recovery_.restarts() + 1);
+  recovery_.set_restarts(recovery_.restarts() + recovered.restarts_logged +
+                         1);
+  if (Status logged = checkpointer_->LogRestart(); !logged.ok()) {
+    MLOG(ERROR) << "cannot log the restart (a crash before the next "
+                << "checkpoint would count one restart fewer): " << logged;
+  }
   recovery_.set_checkpoint_t_s(meta.training_s());
   recovery_.set_lost_clock_from(meta.clock());
   recovery_.set_lost_clock_to(clock);
