@@ -70,7 +70,7 @@ Status Committer::Adopt(const Envelope& reply, uint64_t version,
 void Committer::KeepAnswered(uint64_t commit_id, const pb::Header& reply) {
   const pb::DurablePoint* point = DurablePointOf(reply);
   if (!keep_ || point == nullptr) return;
-  undurable_.Add(commit_id, change_, *point);
+  undurable_.Add(commit_id, &change_, *point);
 }
 
 std::pair<pb::Header, std::vector<zmq::message_t>> Committer::BuildReplay(

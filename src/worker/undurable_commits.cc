@@ -6,15 +6,15 @@
 
 namespace meridian {
 
-void UndurableCommits::Add(uint64_t commit_id, std::span<const float> change,
+void UndurableCommits::Add(uint64_t commit_id, std::vector<float>* change,
                            const pb::DurablePoint& point) {
   Kept kept;
   kept.first_id = commit_id;
   kept.last_id = commit_id;
-  kept.sum = std::move(spare_);
-  spare_ = {};
-  kept.sum.assign(change.begin(), change.end());
+  kept.sum = std::move(*change);
   kept.sum.resize(num_elements_);
+  *change = std::move(spare_);
+  spare_ = {};
   kept_.push_back(std::move(kept));
   OnDurablePoint(point);
 }

@@ -28,7 +28,6 @@
 
 #include <cstdint>
 #include <deque>
-#include <span>
 #include <vector>
 
 #include "meridian/wire.pb.h"
@@ -50,10 +49,12 @@ class UndurableCommits {
       : num_elements_(num_elements) {}
 
   // Commit `commit_id` (above every kept one) was answered with `point`
-  // (its reply's durable point): the site applied `change` (params - base,
-  // the model's size). The point must come with it: a checkpoint taken
-  // just before this commit arrived is listed there first.
-  void Add(uint64_t commit_id, std::span<const float> change,
+  // (its reply's durable point): the site applied `*change` (params -
+  // base, the model's size). Takes the buffer without a copy and hands a
+  // recycled one (any size, contents undefined) back in `*change`. The
+  // point must come with it: a checkpoint taken just before this commit
+  // arrived is listed there first.
+  void Add(uint64_t commit_id, std::vector<float>* change,
            const pb::DurablePoint& point);
   // The durable point of a reply: drops what it holds, merges what no
   // pending checkpoint separates.

@@ -18,13 +18,18 @@ pb::DurablePoint Point(uint64_t durable, std::initializer_list<uint64_t> pending
   return point;
 }
 
-std::vector<float> Change(float value) { return {value, 2 * value}; }
+// A change of two floats, kept by the caller until Add takes it.
+std::vector<float> change_buffer;
+std::vector<float>* Changed(float value) {
+  change_buffer = {value, 2 * value};
+  return &change_buffer;
+}
 
 TEST(UndurableCommitsTest, SumsCommitsNoPendingCheckpointSeparates) {
   UndurableCommits kept(2);
-  kept.Add(1, Change(1), Point(0, {}));
-  kept.Add(2, Change(2), Point(0, {}));
-  kept.Add(3, Change(4), Point(0, {}));
+  kept.Add(1, Changed(1), Point(0, {}));
+  kept.Add(2, Changed(2), Point(0, {}));
+  kept.Add(3, Changed(4), Point(0, {}));
   ASSERT_EQ(kept.kept().size(), 1u);
   EXPECT_EQ(kept.kept()[0].first_id, 1u);
   EXPECT_EQ(kept.kept()[0].last_id, 3u);
@@ -37,13 +42,13 @@ TEST(UndurableCommitsTest, SumsCommitsNoPendingCheckpointSeparates) {
 // it is durable, 1..2 go.
 TEST(UndurableCommitsTest, PendingCheckpointSeparatesAndDurableDrops) {
   UndurableCommits kept(2);
-  kept.Add(1, Change(1), Point(0, {}));
-  kept.Add(2, Change(2), Point(0, {}));
-  kept.Add(3, Change(4), Point(0, {2}));
+  kept.Add(1, Changed(1), Point(0, {}));
+  kept.Add(2, Changed(2), Point(0, {}));
+  kept.Add(3, Changed(4), Point(0, {2}));
   ASSERT_EQ(kept.kept().size(), 2u);
   EXPECT_EQ(kept.kept()[0].last_id, 2u);
   EXPECT_EQ(kept.kept()[1].first_id, 3u);
-  kept.Add(4, Change(8), Point(0, {2}));
+  kept.Add(4, Changed(8), Point(0, {2}));
   ASSERT_EQ(kept.kept().size(), 2u);
   EXPECT_EQ(kept.kept()[1].last_id, 4u);
   EXPECT_EQ(kept.kept()[1].sum, (std::vector<float>{12, 24}));
@@ -59,7 +64,7 @@ TEST(UndurableCommitsTest, BoundMergesTheOldestAndCountsIt) {
   UndurableCommits kept(2);
   for (uint64_t id = 1; id <= 8; ++id) {
     // Every id listed as pending: nothing may be summed.
-    kept.Add(id, Change(1), Point(0, {1, 2, 3, 4, 5, 6, 7}));
+    kept.Add(id, Changed(1), Point(0, {1, 2, 3, 4, 5, 6, 7}));
   }
   EXPECT_EQ(kept.kept().size(), UndurableCommits::kMaxKept);
   EXPECT_GT(kept.forced_merges(), 0u);
