@@ -242,7 +242,10 @@ TEST(WanemE2eTest, OneLinkFormShapesAndTakesRunTimeChanges) {
   EXPECT_EQ(testing::RecvBytes(peer, data.size(), 20000), data);
   const double seconds = SecondsSince(start);
   sender.join();
-  EXPECT_NEAR(seconds, 0.52, 0.1);
+  // 0.5 s of bytes plus 20 ms: never sooner (the shaper's promise, up to
+  // its first burst); later only by what a busy machine adds.
+  EXPECT_GE(seconds, 0.45);
+  EXPECT_LT(seconds, 1.2);
 
   CommandResult set =
       Meridian("wanem ctl --control " + wanem.endpoint() +
@@ -253,7 +256,9 @@ TEST(WanemE2eTest, OneLinkFormShapesAndTakesRunTimeChanges) {
   EXPECT_EQ(testing::RecvBytes(peer, data.size(), 20000), data);
   const double seconds2 = SecondsSince(start2);
   sender2.join();
-  EXPECT_NEAR(seconds2, 0.07, 0.05) << "10x faster after the change";
+  // 0.05 s of bytes plus 20 ms at the new rate.
+  EXPECT_GE(seconds2, 0.045);
+  EXPECT_LT(seconds2, seconds / 3) << "10x faster after the change";
   EXPECT_NE(wanem.Log().find("client->server: set 80mbit 20ms"),
             std::string::npos)
       << wanem.Log();
