@@ -6,6 +6,9 @@
 //   BM_TakeSignificant/<pct>   Gaia's significance filter over 1 MiB of
 //                              accumulator, <pct>% of its rows significant
 //   BM_GradientStep            one worker step of a 784-256-10 MLP, batch 64
+//   BM_KeepAnsweredCommit      what a worker spends per commit keeping it
+//                              for a replay (same MLP): a small fraction
+//                              of a step
 //   ModelStep/<model>/batch:B  one step of each CNN preset, the MLP and
 //                              matrix factorisation (mf), for workload_speed
 //   BM_ZmqRawRoundTrip         1 MiB each way over a raw DEALER/ROUTER pair:
@@ -68,6 +71,7 @@
 #include "meridian/net/transport.h"
 #include "meridian/wire.pb.h"
 #include "testing/test_data.h"
+#include "worker/undurable_commits.h"
 
 namespace meridian {
 namespace {
@@ -303,6 +307,31 @@ void BM_GradientStep(benchmark::State& state) {
   RunModelStep(state, DefaultMlp(), kBatch);
 }
 BENCHMARK(BM_GradientStep)->UseRealTime();
+
+// What keeping answered commits for a replay costs a worker per commit
+// (UndurableCommits, at a site that keeps checkpoints): the change since
+// the base (params - base), copied in and summed with the commits since
+// the durable point, for the 784-256-10 MLP (203,530 floats). Steady
+// state: a pending checkpoint 10 commits back, the durable one 50 back.
+void BM_KeepAnsweredCommit(benchmark::State& state) {
+  constexpr size_t kFloats = 784 * 256 + 256 + 256 * 10 + 10;
+  std::vector<float> params(kFloats, 1.5f), base(kFloats, 1.0f), change;
+  UndurableCommits kept(kFloats);
+  uint64_t id = 0;
+  for (auto _ : state) {
+    ++id;
+    change.resize(kFloats);
+    for (size_t k = 0; k < kFloats; ++k) change[k] = params[k] - base[k];
+    pb::DurablePoint point;
+    point.set_commit_id(id > 50 ? id - 50 : 0);
+    if (id > 10) point.add_pending(id - 10);
+    kept.Add(id, &change, point);
+    benchmark::DoNotOptimize(kept.kept().back().sum.data());
+  }
+  state.SetBytesProcessed(state.iterations() *
+                          static_cast<int64_t>(kFloats * sizeof(float)));
+}
+BENCHMARK(BM_KeepAnsweredCommit)->UseRealTime();
 
 // ModelStep/<model>/batch:<B>: every CNN preset and the default MLP, one
 // thread, for bench/scenarios/workload_speed (which runs PyTorch on the

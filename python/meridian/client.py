@@ -52,6 +52,7 @@ import zmq
 from . import report_pb2, wire_pb2
 from .errors import (Cancelled, LayoutMismatch, ProtocolError, ServerError,
                      ServerGone)
+from ._undurable import UndurableCommits, durable_point
 from .layout import Layout, tensor_slice
 from .protocol import (all_finite, as_float32_le, check_model_slices, decode,
                        describe, encode, error_name, make_header)
@@ -547,6 +548,11 @@ class WorkerClient(_Channel):
             site=site, role=wire_pb2.ROLE_WORKER, id=index), **kwargs)
         self.layout = layout
         self.last_commit_id = 0    # of the last COMMIT sent (1, 2, 3 ...)
+        # Answered commits the site holds in no durable checkpoint yet,
+        # replayed after a rejoin (docs/worker-protocol.md §14); kept only
+        # while the site's replies carry durable points.
+        self._undurable = UndurableCommits()
+        self._keeps = False
 
     @classmethod
     def from_job(cls, job, site: str, index: int, layout: Layout,
@@ -593,7 +599,9 @@ class WorkerClient(_Channel):
                   self.endpoint, self._self.site, self._self.id,
                   self.incarnation)
         try:
-            return self._welcome()
+            welcome = self._welcome()
+            self._note_point(welcome.header)
+            return welcome
         except ServerGone as gone:
             return self.rejoin(str(gone), time.monotonic() -
                                self.server_timeout_s)
@@ -604,11 +612,71 @@ class WorkerClient(_Channel):
         ServerGone once the server has been absent for give_up_s since
         `absent_since` (monotonic; default now); ServerError when the
         HELLO is refused."""
-        welcome = self._join_with_backoff(self._welcome, why, absent_since)
-        _LOG.info("the site applied this process's commits up to id %d",
-                  welcome.last_commit_id)
+        while True:
+            welcome = self._join_with_backoff(self._welcome, why,
+                                              absent_since)
+            _LOG.info("the site applied this process's commits up to id %d",
+                      welcome.last_commit_id)
+            why = self._replay(welcome)
+            if not why:
+                break
+            absent_since = time.monotonic()
         welcome.rejoined = True
+        self._note_point(welcome.header)
         return welcome
+
+    def _note_point(self, header) -> None:
+        point = durable_point(header)
+        self._keeps = point is not None
+        if point is None:
+            self._undurable.clear()
+        else:
+            self._undurable.on_point(point)
+
+    def _replay(self, welcome: Reply) -> str:
+        """Replays the kept commits above the WELCOME's last_commit_id,
+        each sum as one COMMIT with replay_first_id. Returns why to rejoin
+        again ('' when done). A replay refused or impossible is logged and
+        dropped: the site counts it lost."""
+        point = durable_point(welcome.header)
+        if point is None:
+            self._undurable.clear()
+            return ""
+        applied = welcome.last_commit_id
+        for kept in list(self._undurable.kept):
+            if kept.last_id <= applied:
+                continue
+            span = "%d to %d" % (kept.first_id, kept.last_id)
+            if kept.first_id <= applied or welcome.stop:
+                _LOG.error("commits %s were answered but the site lost them "
+                           "in a restart, and they cannot be replayed (%s)",
+                           span, "the job is over" if welcome.stop else
+                           "it holds commits up to %d" % applied)
+                continue
+            header = wire_pb2.Header(type=wire_pb2.COMMIT)
+            for t in self.layout.tensors:
+                header.slices.append(tensor_slice(t))
+            header.commit.base_version = welcome.version
+            header.commit.commit_id = kept.last_id
+            header.commit.replay_first_id = kept.first_id
+            payloads = [kept.sum[t.offset:t.offset + t.size]
+                        for t in self.layout.tensors]
+            try:
+                reply = self._call(header, payloads)
+            except ServerGone as gone:
+                return str(gone)
+            why = self._rejoin_reason(reply)
+            if why:
+                return why
+            answer, _ = reply
+            if answer.type == wire_pb2.ERROR:
+                _LOG.error("the site refused the replay of commits %s, which "
+                           "it had answered before a restart: %s", span,
+                           answer.error.message)
+                continue
+            _LOG.info("replayed commits %s, answered before the site "
+                      "restarted and missing from its checkpoint", span)
+        return ""
 
     def _model_reply(self, reply, payload, ranges=None,
                      check_finite: bool = True) -> Reply:
@@ -666,6 +734,9 @@ class WorkerClient(_Channel):
             commit_id = self.last_commit_id
         else:
             self.last_commit_id = max(self.last_commit_id, commit_id)
+        change = (np.concatenate([np.asarray(p, dtype=np.float32).ravel()
+                                  for p in payloads])
+                  if self._keeps else None)
 
         def build(base):
             header = wire_pb2.Header(type=wire_pb2.COMMIT, clock=clock)
@@ -698,6 +769,7 @@ class WorkerClient(_Channel):
             if commit_id <= welcome.last_commit_id:
                 _LOG.info("commit %d was applied before the connection was "
                           "lost", commit_id)
+                self._keep(commit_id, change, welcome.header)
                 return welcome
             _LOG.info("commit %d was not applied (the site applied up to "
                       "%d): sending it again on model version %d", commit_id,
@@ -706,7 +778,17 @@ class WorkerClient(_Channel):
         reply, payload = reply
         if reply.type == wire_pb2.ERROR:
             raise self._refused(header, reply, commit_id)
-        return self._model_reply(reply, payload, check_finite=check_finite)
+        answer = self._model_reply(reply, payload, check_finite=check_finite)
+        self._keep(commit_id, change, reply)
+        return answer
+
+    def _keep(self, commit_id: int, change: Optional[np.ndarray],
+              header) -> None:
+        # Kept until a durable point covers it (replayed after a restart).
+        point = durable_point(header)
+        if change is None or point is None:
+            return
+        self._undurable.add(commit_id, change, point)
 
     def pull(self, ranges: Optional[Sequence] = None) -> Reply:
         """PULL: the current model (no ranges: whole, Reply.arrays and

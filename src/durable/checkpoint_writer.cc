@@ -79,6 +79,7 @@ void CheckpointWriter::Run() {
     if (status.ok()) {
       durable_sequence_.store(checkpoint->sequence, std::memory_order_release);
     }
+    settled_sequence_.store(checkpoint->sequence, std::memory_order_release);
     const double took_s = std::chrono::duration<double>(
                               std::chrono::steady_clock::now() - started)
                               .count();

@@ -59,6 +59,12 @@ class CheckpointWriter {
   uint64_t durable_sequence() const {
     return durable_sequence_.load(std::memory_order_acquire);
   }
+  // The sequence of the last checkpoint whose write ended, written or
+  // failed (0: none yet). Lock-free. A submitted checkpoint at or below it
+  // that is not durable never will be (failed, or replaced by a newer).
+  uint64_t settled_sequence() const {
+    return settled_sequence_.load(std::memory_order_acquire);
+  }
 
   // The error of the most recent write if it failed; OK if it succeeded or
   // nothing was written yet.
@@ -80,6 +86,7 @@ class CheckpointWriter {
   const std::string dir_;
   const std::function<Status(const std::string&, const Checkpoint&)> write_;
   std::atomic<uint64_t> durable_sequence_;
+  std::atomic<uint64_t> settled_sequence_{0};
 
   mutable Mutex mu_;
   // Signalled when a checkpoint is submitted, a write ends, or stop_ is set.

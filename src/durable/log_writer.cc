@@ -121,6 +121,14 @@ Status LogWriter::CheckUsable() const {
 }
 
 Status LogWriter::Append(std::span<const std::byte> payload) {
+  return AppendRecord(payload, options_.fsync_each_append);
+}
+
+Status LogWriter::AppendUnsynced(std::span<const std::byte> payload) {
+  return AppendRecord(payload, /*sync=*/false);
+}
+
+Status LogWriter::AppendRecord(std::span<const std::byte> payload, bool sync) {
   MERIDIAN_RETURN_IF_ERROR(CheckUsable());
   if (payload.size() > std::numeric_limits<uint32_t>::max()) {
     return InvalidArgumentError("log record of " +
@@ -146,7 +154,7 @@ Status LogWriter::Append(std::span<const std::byte> payload) {
     return status;
   }
   size_ += sizeof(header) + payload.size();
-  if (options_.fsync_each_append && ::fdatasync(fd_) != 0) {
+  if (sync && ::fdatasync(fd_) != 0) {
     // After a failed fsync the kernel may have dropped the dirty pages:
     // what is in the file is no longer known.
     broken_ = ErrnoStatus(errno, "fdatasync " + Quoted(path_));

@@ -55,6 +55,10 @@ class LogWriter {
   // later appends may succeed; if even that cut fails, every later Append
   // and Rotate fails (FailedPrecondition with the original error).
   Status Append(std::span<const std::byte> payload);
+  // The same, never fsync'ed on its own (whatever fsync_each_append says):
+  // durable once a later Append, Sync() or Rotate() syncs the segment. For
+  // records whose loss in a power failure costs only bookkeeping.
+  Status AppendUnsynced(std::span<const std::byte> payload);
 
   // Makes every record appended so far durable (fdatasync).
   Status Sync();
@@ -80,6 +84,8 @@ class LogWriter {
   // Cuts a torn tail off segment `newest` (the newest existing one), so
   // that a torn record never sits in an older segment.
   Status RepairNewest(uint64_t newest);
+  // Append's body; `sync`: fdatasync after the write.
+  Status AppendRecord(std::span<const std::byte> payload, bool sync);
   // FailedPrecondition (naming the original error) once broken_ is set.
   Status CheckUsable() const;
   // Creates segment `segment` (header written to a temporary file,

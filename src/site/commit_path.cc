@@ -62,6 +62,9 @@ void CommitPath::HandleCommit(const Envelope& message) {
   if (!parsed.ok()) return endpoint_->Refuse(message, parsed.rejection());
   WorkerCommit& commit = *parsed;
   const pb::Commit& fields = *commit.fields;
+  if (fields.replay_first_id() != 0) {
+    return HandleReplay(message, *worker, commit);
+  }
   if (workers_->IsDuplicate(*worker, fields.commit_id())) {
     return AnswerDuplicate(*worker, fields, std::move(commit.reads));
   }
@@ -72,18 +75,78 @@ void CommitPath::HandleCommit(const Envelope& message) {
                                        ", newer than the site's " +
                                        std::to_string(store_->version())});
   }
-  durability_->NoteLostCommits(*worker, fields.commit_id());
+  durability_->NoteFirstCommit(*worker, fields.commit_id());
   counters_->staleness.Add(store_->version() - fields.base_version());
   TakeRequest(*worker, fields, std::move(commit.reads));
   if (phase_->finished()) {
     // The job is over, but the worker's last update is real work: apply
     // it so that nothing accepted is lost, then tell it to stop.
     Apply(commit.update);
-    workers_->RecordApplied(*worker, fields.commit_id());
+    RecordApplied(*worker, fields.commit_id());
     replies_->SendReply(*worker);
     return;
   }
   Decide(message, *worker, commit);
+}
+
+Parsed<CommitPath::ReplayRange> CommitPath::ParseReplay(
+    const pb::Commit& fields) {
+  if (fields.replay_first_id() > fields.commit_id()) {
+    return Rejection{pb::ERROR_MALFORMED,
+                     "replay_first_id " +
+                         std::to_string(fields.replay_first_id()) +
+                         " is above the commit_id " +
+                         std::to_string(fields.commit_id())};
+  }
+  return ReplayRange{fields.replay_first_id(), fields.commit_id()};
+}
+
+void CommitPath::HandleReplay(const Envelope& message, uint32_t worker,
+                              WorkerCommit& commit) {
+  const pb::Commit& fields = *commit.fields;
+  Parsed<ReplayRange> parsed = ParseReplay(fields);
+  if (!parsed.ok()) return endpoint_->Refuse(message, parsed.rejection());
+  const ReplayRange range = *parsed;
+  const uint64_t applied = (*workers_)[worker].last_commit_id;
+  if (range.last <= applied) {
+    // Applied before (the replay's answer was lost): answered, not again.
+    return AnswerDuplicate(worker, fields, std::move(commit.reads));
+  }
+  if (range.first <= applied) {
+    // Part of it is in the model already, and a sum cannot be split.
+    return endpoint_->Refuse(
+        message,
+        {pb::ERROR_STALE,
+         "replay of commits " + std::to_string(range.first) + " to " +
+             std::to_string(range.last) + ", but commits up to " +
+             std::to_string(applied) +
+             " are applied already: not applied (some would be twice)"});
+  }
+  // The sum of commits the site answered before it crashed: the worker's
+  // own, already past every policy check once. Applied at once, outside
+  // the policy's rounds and clock (the site's clock was restored to what
+  // its peers had seen of these commits).
+  //
+  // The arithmetic with the sync (src/sync/saved_state.h): the restart
+  // took the updates that had left for the peers after the checkpoint
+  // back out of their accumulators (acc = acc_checkpoint - sent); applying
+  // the replayed change R adds it to the model and to every accumulator
+  // as any commit does, so acc = acc_checkpoint + R - sent, what the
+  // accumulators held before the crash when every lost commit comes back:
+  // each change reaches every replica once.
+  durability_->NoteFirstCommit(worker, range.first);
+  durability_->NoteReplayed(worker, range.first, range.last);
+  TakeRequest(worker, fields, std::move(commit.reads));
+  store_->Apply(Segments(commit.update));
+  counters_->commits += range.last - range.first + 1;
+  workers_->RecordReplayed(worker, range.first, range.last);
+  durability_->NoteApplied(worker, range.last);
+  replies_->Answer(worker);
+}
+
+void CommitPath::RecordApplied(uint32_t worker, uint64_t commit_id) {
+  workers_->RecordApplied(worker, commit_id);
+  durability_->NoteApplied(worker, commit_id);
 }
 
 void CommitPath::AnswerDuplicate(uint32_t worker, const pb::Commit& fields,
@@ -119,7 +182,7 @@ void CommitPath::Decide(const Envelope& message, uint32_t worker,
   PolicyDecision decision = policy_->OnCommit(event);
   switch (decision.update) {
     case PolicyDecision::Update::kApply: {
-      workers_->RecordApplied(worker, fields.commit_id());
+      RecordApplied(worker, fields.commit_id());
       auto released =
           std::find(decision.release.begin(), decision.release.end(), worker);
       if (released != decision.release.end() && !decision.flush_aggregate &&
@@ -134,7 +197,7 @@ void CommitPath::Decide(const Envelope& message, uint32_t worker,
     }
     case PolicyDecision::Update::kAggregate:
       // Applied with its round (FinishJob flushes an open one).
-      workers_->RecordApplied(worker, fields.commit_id());
+      RecordApplied(worker, fields.commit_id());
       policy_->Aggregate(Segments(commit.update));
       ++counters_->commits;
       break;

@@ -3,7 +3,9 @@
 // layout (ParseCommit), then what the site makes of it (an id applied
 // already, a base newer than the model, the policy's verdict) — and then
 // applied to the store, added to the round's aggregate, or refused; its
-// answer goes out at once or when the policy releases it (Replies).
+// answer goes out at once or when the policy releases it (Replies). A
+// replay (Commit.replay_first_id: commits a restarted site lost, which
+// their worker kept) is applied at once, outside the policy.
 //
 // Ownership and threads: owned by SiteServer::Impl, driven by its event
 // loop alone (the only thread that applies to the store). Holds no decoded
@@ -43,6 +45,19 @@ class CommitPath {
   void HandlePull(const Envelope& pull);
 
  private:
+  // The commit ids a replay covers.
+  struct ReplayRange {
+    uint64_t first = 0;
+    uint64_t last = 0;
+  };
+  // Refused (ERROR_MALFORMED) when the first id is above the last.
+  static Parsed<ReplayRange> ParseReplay(const pb::Commit& fields);
+  // A replay: applied at once when none of its ids is applied, answered as
+  // a duplicate when all are, refused when some are.
+  void HandleReplay(const Envelope& message, uint32_t worker,
+                    WorkerCommit& commit);
+  // The slot's commit id is applied (the worker table, the log).
+  void RecordApplied(uint32_t worker, uint64_t commit_id);
   // The commit's id was applied before (it is sent again after a
   // reconnect): answered with the model, never applied twice.
   void AnswerDuplicate(uint32_t worker, const pb::Commit& fields,

@@ -184,6 +184,9 @@ void Replies::SendWelcome(uint32_t worker) {
   *welcome->mutable_plan() = policy_->PlanFor(worker);
   welcome->set_site_workers(workers_->size());
   welcome->set_last_commit_id((*workers_)[worker].last_commit_id);
+  if (workers_->durable_points()) {
+    *welcome->mutable_durable() = workers_->DurablePointOf(worker);
+  }
   if (phase_->finished()) welcome->set_stop(true);
   Deliver(worker, reply.header, std::move(reply.frames));
 }
@@ -211,6 +214,9 @@ void Replies::SendModelReply(uint32_t worker, uint64_t version,
   pb::Model* model = reply.header.mutable_model();
   model->set_version(version);
   *model->mutable_plan() = policy_->PlanFor(worker);
+  if (workers_->durable_points()) {
+    *model->mutable_durable() = workers_->DurablePointOf(worker);
+  }
   Deliver(worker, reply.header, std::move(reply.frames));
 }
 

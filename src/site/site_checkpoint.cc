@@ -64,6 +64,14 @@ Result<std::unique_ptr<SiteCheckpointer>> SiteCheckpointer::Open(
                                std::to_string(record.segment) +
                                ": a record does not parse");
         }
+        if (message.has_applied_commit()) {
+          recovered.applied.push_back(message.applied_commit());
+          continue;
+        }
+        if (message.site_restarted()) {
+          ++recovered.restarts_logged;
+          continue;
+        }
         recovered.logged.push_back(std::move(message));
       }
       self->next_number_ = std::max(self->next_number_, durable + 1);
@@ -102,6 +110,35 @@ Status SiteCheckpointer::Log(const pb::LoggedMessage& message) {
       reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()));
 }
 
+Status SiteCheckpointer::LogApplied(const pb::AppliedCommit& commit) {
+  pb::LoggedMessage record;
+  *record.mutable_applied_commit() = commit;
+  return LogUnsynced(record);
+}
+
+Status SiteCheckpointer::LogRestart() {
+  pb::LoggedMessage record;
+  record.set_site_restarted(true);
+  return LogUnsynced(record);
+}
+
+Status SiteCheckpointer::LogUnsynced(const pb::LoggedMessage& record) {
+  const std::string bytes = record.SerializeAsString();
+  return log_->AppendUnsynced(std::span<const std::byte>(
+      reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()));
+}
+
+std::vector<uint64_t> SiteCheckpointer::Pending() const {
+  const uint64_t settled = writer_->settled_sequence();
+  std::vector<uint64_t> pending;
+  for (const InFlight& submitted : in_flight_) {
+    if (!submitted.replaced && submitted.sequence > settled) {
+      pending.push_back(submitted.sequence);
+    }
+  }
+  return pending;
+}
+
 bool SiteCheckpointer::Due(double now, bool wanted) const {
   if (last_checkpoint_s_ < 0) return true;
   const double since = now - last_checkpoint_s_;
@@ -112,8 +149,8 @@ bool SiteCheckpointer::Due(double now, bool wanted) const {
          since >= EarlyCheckpointSpacing(last_write_s(), options_.period_s);
 }
 
-void SiteCheckpointer::Submit(pb::SiteCheckpoint meta,
-                              std::vector<NamedArray> arrays, double now) {
+uint64_t SiteCheckpointer::Submit(pb::SiteCheckpoint meta,
+                                  std::vector<NamedArray> arrays, double now) {
   last_checkpoint_s_ = now;
   const uint64_t number = next_number_++;
   // Records appended from now on follow this snapshot.
@@ -122,7 +159,7 @@ void SiteCheckpointer::Submit(pb::SiteCheckpoint meta,
     // checkpoint would not read: better no checkpoint than a wrong one.
     MLOG(ERROR) << "checkpoint " << number
                 << " skipped: cannot start a new log segment: " << rotated;
-    return;
+    return 0;
   }
   meta.set_log_segment(number);
   InFlight in_flight;
@@ -134,8 +171,13 @@ void SiteCheckpointer::Submit(pb::SiteCheckpoint meta,
   checkpoint.fingerprint = options_.fingerprint;
   checkpoint.meta = meta.SerializeAsString();
   checkpoint.arrays = std::move(arrays);
-  writer_->Submit(std::move(checkpoint));
+  if (writer_->Submit(std::move(checkpoint)) && !in_flight_.empty()) {
+    // The writer held one checkpoint waiting, the newest submitted before
+    // this one: it is never written now.
+    in_flight_.back().replaced = true;
+  }
   in_flight_.push_back(std::move(in_flight));
+  return number;
 }
 
 std::optional<pb::SyncCheckpoint> SiteCheckpointer::TakeDurable() {

@@ -48,6 +48,10 @@ class SiteCheckpointer {
     Checkpoint checkpoint;  // its arrays; meta parsed below
     pb::SiteCheckpoint meta;
     std::vector<pb::LoggedMessage> logged;  // sent after the checkpoint
+    // Commits applied after the checkpoint (LogApplied), in order.
+    std::vector<pb::AppliedCommit> applied;
+    // Restarts from this checkpoint before this one (LogRestart).
+    uint32_t restarts_logged = 0;
     std::string path;
     std::vector<std::string> notes;  // refused newer files, torn log tail
   };
@@ -71,6 +75,13 @@ class SiteCheckpointer {
 
   // Appends one sent message to the log (SyncEngine::SetOutgoingLog).
   Status Log(const pb::LoggedMessage& message);
+  // Appends the record of an applied commit (a few bytes, never fsync'ed
+  // on its own: a power loss may lose the newest ones, which costs only
+  // the count of lost commits). A restart reads them back (Recovered).
+  Status LogApplied(const pb::AppliedCommit& commit);
+  // Appends that the site restarted (unsynced, as LogApplied): the next
+  // restart counts it even when no checkpoint came between.
+  Status LogRestart();
 
   // Whether to take a checkpoint at `now` (seconds on the loop's clock): a
   // period has passed since the last one, or `wanted` (a peer's messages
@@ -84,8 +95,15 @@ class SiteCheckpointer {
   // loop (a consistent snapshot): `meta` (log_segment is filled here) and
   // `arrays`. Rotates the log, so the records after this snapshot start a
   // new segment, and hands the checkpoint to the background writer.
-  void Submit(pb::SiteCheckpoint meta, std::vector<NamedArray> arrays,
-              double now);
+  // Returns its sequence number (0: skipped, the log could not rotate).
+  uint64_t Submit(pb::SiteCheckpoint meta, std::vector<NamedArray> arrays,
+                  double now);
+  // The newest checkpoint on disk (0: none), and the submitted ones that
+  // may still get there, ascending: the one being written and the one
+  // waiting (at most two; a checkpoint replaced by a newer submission, or
+  // whose write failed, never will).
+  uint64_t durable_sequence() const { return writer_->durable_sequence(); }
+  std::vector<uint64_t> Pending() const;
 
   // The sync state of the newest checkpoint that became durable since the
   // last call (for SyncEngine::NoteDurable); nullopt when none did. Also
@@ -105,6 +123,8 @@ class SiteCheckpointer {
  private:
   explicit SiteCheckpointer(SiteCheckpointOptions options)
       : options_(std::move(options)) {}
+  // Appends a bookkeeping record, never fsync'ed on its own.
+  Status LogUnsynced(const pb::LoggedMessage& record);
 
   SiteCheckpointOptions options_;
   std::optional<Recovered> recovered_;
@@ -115,11 +135,13 @@ class SiteCheckpointer {
   uint64_t next_number_ = 1;
   double last_checkpoint_s_ = -1;
   uint64_t write_errors_seen_ = 0;  // to log one in a hundred
-  // Submitted, not yet known durable: (sequence, log segment, sync state).
+  // Submitted, not yet known durable: (sequence, log segment, sync state;
+  // replaced: a newer submission took its place before it was written).
   struct InFlight {
     uint64_t sequence = 0;
     uint64_t log_segment = 0;
     pb::SyncCheckpoint sync;
+    bool replaced = false;
   };
   std::deque<InFlight> in_flight_;
   // Log segments of the two newest durable checkpoints (the newest and its

@@ -62,6 +62,7 @@ Status SiteDurability::Open() {
     return opened.status().WithContext("site '" + site_.name() + "'");
   }
   checkpointer_ = std::move(*opened);
+  parts_.workers->EnableDurablePoints();
   if (checkpointer_->recovered()) {
     MERIDIAN_RETURN_IF_ERROR(
         Recover(*checkpointer_->recovered())
@@ -108,7 +109,7 @@ Status SiteDurability::Recover(const SiteCheckpointer::Recovered& recovered) {
     clock = std::max<int64_t>(clock, parts_.sync->Summary().clock());
   }
   parts_.clock->Restore(clock);  // the policy starts again at 0
-  RestoreWorkers(meta);
+  RestoreWorkers(meta, recovered.checkpoint.sequence, recovered.applied);
   parts_.counters->commits = meta.commits();
   parts_.counters->rejected = meta.rejected();
   parts_.counters->pulls = meta.pulls();
@@ -117,7 +118,12 @@ Status SiteDurability::Recover(const SiteCheckpointer::Recovered& recovered) {
                             meta.time_to_target_s());
   parts_.events->Restore(meta.events());
   recovery_ = meta.recovery();
-  recovery_.set_restarts(recovery_.restarts() + 1);
+  recovery_.set_restarts(recovery_.restarts() + recovered.restarts_logged +
+                         1);
+  if (Status logged = checkpointer_->LogRestart(); !logged.ok()) {
+    MLOG(ERROR) << "cannot log the restart (a crash before the next "
+                << "checkpoint would count one restart fewer): " << logged;
+  }
   recovery_.set_checkpoint_t_s(meta.training_s());
   recovery_.set_lost_clock_from(meta.clock());
   recovery_.set_lost_clock_to(clock);
@@ -132,7 +138,9 @@ Status SiteDurability::Recover(const SiteCheckpointer::Recovered& recovered) {
       " s of training, clock " + std::to_string(meta.clock()) + "); " +
       std::to_string(recovered.logged.size()) +
       " messages sent after it go out again; " + std::to_string(retracted) +
-      " updates of the lost window taken back from the peers; clock now " +
+      " updates of the lost window taken back from the peers; " +
+      std::to_string(lost_.Unsettled()) +
+      " commits applied after it wait for their workers' replay; clock now " +
       std::to_string(clock);
   for (const std::string& note : recovered.notes) detail += "; " + note;
   MLOG(WARNING) << "resumed " << detail;
@@ -141,39 +149,107 @@ Status SiteDurability::Recover(const SiteCheckpointer::Recovered& recovered) {
   return Status::Ok();
 }
 
-void SiteDurability::RestoreWorkers(const pb::SiteCheckpoint& meta) {
+void SiteDurability::RestoreWorkers(
+    const pb::SiteCheckpoint& meta, uint64_t sequence,
+    std::span<const pb::AppliedCommit> applied) {
   std::vector<CommitRecord> records;
+  Positions restored{sequence, {}};
   for (const pb::WorkerSlotCheckpoint& slot : meta.workers()) {
     records.push_back({slot.incarnation(), slot.last_commit_id(),
                        slot.commits_applied(), slot.incarnations(),
                        slot.stats(), slot.retired_stats()});
+    restored.slots.push_back({slot.incarnation(), slot.last_commit_id()});
   }
-  WorkerTable& workers = *parts_.workers;
-  workers.RestoreCommitRecords(records);
-  restored_incarnation_.assign(workers.size(), 0);
-  for (uint32_t i = 0; i < workers.size() && i < records.size(); ++i) {
-    restored_incarnation_[i] = records[i].incarnation;
+  parts_.workers->RestoreCommitRecords(records);
+  lost_.Restore(records, meta.workers(), applied);
+  // The checkpoint restored from is the durable point every returning
+  // worker hears of in its WELCOME.
+  positions_.assign(1, std::move(restored));
+  PublishDurablePoints();
+}
+
+pb::SiteRecovery SiteDurability::recovery() const {
+  pb::SiteRecovery recovery = recovery_;
+  recovery.set_lost_commits(recovery.lost_commits() +
+                            static_cast<uint32_t>(lost_.Unsettled()));
+  return recovery;
+}
+
+void SiteDurability::NoteApplied(uint32_t worker, uint64_t commit_id) {
+  if (!checkpointer_ || commit_id == 0) return;
+  pb::AppliedCommit applied;
+  applied.set_slot(worker);
+  applied.set_incarnation((*parts_.workers)[worker].incarnation);
+  applied.set_commit_id(commit_id);
+  if (Status logged = checkpointer_->LogApplied(applied); !logged.ok()) {
+    if (log_errors_++ % 100 == 0) {
+      MLOG(ERROR) << "cannot log an applied commit (a crash would count "
+                  << "fewer lost commits): " << logged;
+    }
   }
 }
 
-void SiteDurability::NoteLostCommits(uint32_t worker, uint64_t commit_id) {
-  if (worker >= restored_incarnation_.size() ||
-      restored_incarnation_[worker] == 0) {
-    return;
-  }
-  const uint64_t incarnation = restored_incarnation_[worker];
-  restored_incarnation_[worker] = 0;
+void SiteDurability::NoteFirstCommit(uint32_t worker, uint64_t first_id) {
   const WorkerSlot& slot = (*parts_.workers)[worker];
-  if (slot.incarnation != incarnation || commit_id <= slot.last_commit_id + 1) {
-    return;
-  }
-  const uint64_t lost = commit_id - slot.last_commit_id - 1;
+  const uint64_t lost = lost_.OnFirstCommit(worker, slot.incarnation, first_id);
+  if (lost == 0) return;
   recovery_.set_lost_commits(recovery_.lost_commits() +
                              static_cast<uint32_t>(lost));
   MLOG(WARNING) << "worker " << slot.Name() << ": " << lost
-                << " commits after the checkpoint were lost with the crash "
-                << "(ids " << slot.last_commit_id + 1 << " to " << commit_id - 1
-                << ")";
+                << " commits answered after the checkpoint were lost with "
+                << "the crash (neither replayed nor sent again)";
+}
+
+void SiteDurability::NoteReplayed(uint32_t worker, uint64_t first_id,
+                                  uint64_t last_id) {
+  const uint64_t replayed = last_id - first_id + 1;
+  recovery_.set_replayed_commits(recovery_.replayed_commits() +
+                                 static_cast<uint32_t>(replayed));
+  MLOG(INFO) << "worker " << (*parts_.workers)[worker].Name()
+             << " replayed its commits " << first_id << " to " << last_id
+             << ", answered before the crash and missing from the checkpoint";
+}
+
+void SiteDurability::PublishDurablePoints() {
+  if (!checkpointer_) return;
+  // In this order: a write that ends in between is then durable rather
+  // than neither (the writer publishes durable before settled).
+  std::vector<uint64_t> pending = checkpointer_->Pending();
+  const uint64_t durable = checkpointer_->durable_sequence();
+  if (durable == published_durable_ && pending == published_pending_) return;
+  // Positions below the durable checkpoint's are of no use any more, nor
+  // are those of checkpoints that will never be durable (replaced, failed).
+  while (positions_.size() > 1 && positions_[1].sequence <= durable) {
+    positions_.pop_front();
+  }
+  std::erase_if(positions_, [&](const Positions& at) {
+    return at.sequence > durable &&
+           std::find(pending.begin(), pending.end(), at.sequence) ==
+               pending.end();
+  });
+  WorkerTable& workers = *parts_.workers;
+  for (uint32_t i = 0; i < workers.size(); ++i) {
+    WorkerSlot& slot = workers[i];
+    slot.durable_commit_id = 0;
+    slot.pending_durable.clear();
+    for (const Positions& at : positions_) {
+      if (i >= at.slots.size() || at.slots[i].incarnation != slot.incarnation) {
+        continue;
+      }
+      const uint64_t id = at.slots[i].commit_id;
+      if (at.sequence <= durable) {
+        slot.durable_commit_id = id;
+      } else if (std::find(pending.begin(), pending.end(), at.sequence) !=
+                     pending.end() &&
+                 id > slot.durable_commit_id &&
+                 (slot.pending_durable.empty() ||
+                  id > slot.pending_durable.back())) {
+        slot.pending_durable.push_back(id);
+      }
+    }
+  }
+  published_durable_ = durable;
+  published_pending_ = std::move(pending);
 }
 
 void SiteDurability::CheckpointBeforeTraining() {
@@ -191,6 +267,7 @@ void SiteDurability::MaybeCheckpoint() {
       durable && sync != nullptr) {
     sync->NoteDurable(*durable);
   }
+  PublishDurablePoints();
   if (!parts_.phase->running()) return;
   if (!checkpointer_->Due(site_.Now(),
                           sync != nullptr && sync->CheckpointWanted())) {
@@ -226,6 +303,7 @@ void SiteDurability::TakeCheckpoint(bool finished) {
   }
   parts_.events->CopyTo(meta.mutable_events());
   *meta.mutable_recovery() = recovery_;
+  Positions positions;
   for (const CommitRecord& record : workers.CommitRecords()) {
     pb::WorkerSlotCheckpoint* slot = meta.add_workers();
     slot->set_incarnation(record.incarnation);
@@ -234,6 +312,8 @@ void SiteDurability::TakeCheckpoint(bool finished) {
     slot->set_incarnations(record.incarnations);
     *slot->mutable_stats() = record.stats;
     *slot->mutable_retired_stats() = record.retired_stats;
+    lost_.SaveTo(static_cast<uint32_t>(meta.workers_size() - 1), slot);
+    positions.slots.push_back({record.incarnation, record.last_commit_id});
   }
   if (parts_.sync != nullptr) parts_.sync->SaveState(meta.mutable_sync());
   std::vector<NamedArray> arrays = StoreArrays(store, parts_.sync);
@@ -245,7 +325,11 @@ void SiteDurability::TakeCheckpoint(bool finished) {
   }
   meta.set_finished(finished);
   if (finished) meta.set_stop_reason(parts_.phase->stop_reason());
-  checkpointer_->Submit(std::move(meta), std::move(arrays), site_.Now());
+  positions.sequence =
+      checkpointer_->Submit(std::move(meta), std::move(arrays), site_.Now());
+  if (positions.sequence == 0) return;  // skipped
+  positions_.push_back(std::move(positions));
+  PublishDurablePoints();
 }
 
 }  // namespace meridian

@@ -137,6 +137,8 @@ Admission WorkerTable::Admit(uint32_t index, uint64_t incarnation,
     slot.stats.Clear();
     slot.incarnation = incarnation;
     slot.last_commit_id = 0;
+    slot.durable_commit_id = 0;  // nothing of the new process yet
+    slot.pending_durable.clear();
     ++slot.incarnations;
   }
   slot.ever_joined = true;
@@ -309,6 +311,21 @@ void WorkerTable::RecordApplied(uint32_t index, uint64_t commit_id) {
   WorkerSlot& slot = slots_[index];
   slot.last_commit_id = std::max(slot.last_commit_id, commit_id);
   ++slot.commits_applied;
+}
+
+void WorkerTable::RecordReplayed(uint32_t index, uint64_t first_id,
+                                 uint64_t last_id) {
+  WorkerSlot& slot = slots_[index];
+  slot.last_commit_id = std::max(slot.last_commit_id, last_id);
+  slot.commits_applied += last_id - first_id + 1;
+}
+
+pb::DurablePoint WorkerTable::DurablePointOf(uint32_t index) const {
+  const WorkerSlot& slot = slots_[index];
+  pb::DurablePoint point;
+  point.set_commit_id(slot.durable_commit_id);
+  for (uint64_t id : slot.pending_durable) point.add_pending(id);
+  return point;
 }
 
 uint64_t WorkerTable::duplicate_commits() const {

@@ -88,6 +88,13 @@ struct WorkerSlot {
   // incarnations reported.
   pb::WorkerStats stats;
   pb::WorkerStats retired_stats;
+  // What of the current incarnation's commits the site holds durably
+  // (set by SiteDurability, sent with every WELCOME and MODEL when the
+  // site keeps checkpoints): the highest id in the newest durable
+  // checkpoint, and in each checkpoint being written (ascending, at most
+  // two).
+  uint64_t durable_commit_id = 0;
+  std::vector<uint64_t> pending_durable;
 
   bool awaiting_reply() const { return pending != Pending::kNone; }
 };
@@ -224,6 +231,9 @@ class WorkerTable {
   // Commit ids (0: a client without ids; never a duplicate).
   bool IsDuplicate(uint32_t slot, uint64_t commit_id) const;
   void RecordApplied(uint32_t slot, uint64_t commit_id);
+  // A replay of the slot's commits `first_id` .. `last_id` was applied
+  // (one update, that many commits).
+  void RecordReplayed(uint32_t slot, uint64_t first_id, uint64_t last_id);
   void RecordDuplicate(uint32_t slot) { ++slots_[slot].duplicate_commits; }
   uint64_t duplicate_commits() const;
 
@@ -236,11 +246,18 @@ class WorkerTable {
   // The worker's statistics over all its incarnations (the report's).
   static pb::WorkerStats TotalStats(const WorkerSlot& slot);
 
+  // Whether replies tell each worker its durable point (the site keeps
+  // checkpoints: SiteDurability turns it on), and the point of `slot`.
+  void EnableDurablePoints() { durable_points_ = true; }
+  bool durable_points() const { return durable_points_; }
+  pb::DurablePoint DurablePointOf(uint32_t slot) const;
+
  private:
   std::vector<WorkerSlot> slots_;
   std::string server_;
   double worker_timeout_s_;
   double last_check_s_ = -1;  // the previous CheckLiveness, -1: none yet
+  bool durable_points_ = false;
 };
 
 }  // namespace meridian

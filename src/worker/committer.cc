@@ -17,6 +17,18 @@ constexpr double kEmaWeight = 0.1;
 // rows of) at a commit.
 constexpr uint64_t kMaxPlannedSamples = uint64_t{1} << 20;
 
+// The durable point a WELCOME or MODEL carries (null: none, the site keeps
+// no checkpoints).
+const pb::DurablePoint* DurablePointOf(const pb::Header& reply) {
+  if (reply.has_welcome() && reply.welcome().has_durable()) {
+    return &reply.welcome().durable();
+  }
+  if (reply.has_model() && reply.model().has_durable()) {
+    return &reply.model().durable();
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 double Ema(double previous, double sample, bool first) {
@@ -31,7 +43,8 @@ Committer::Committer(const Model* model, ModelReplica* replica,
       batches_(batches),
       connection_(connection),
       stats_(stats),
-      clock_(clock) {}
+      clock_(clock),
+      undurable_(model->layout().num_elements()) {}
 
 Status Committer::Adopt(const Envelope& reply, uint64_t version,
                         const pb::CommitPlan& plan) {
@@ -44,7 +57,92 @@ Status Committer::Adopt(const Envelope& reply, uint64_t version,
   }
   replica_->Load(*payload, version);
   trigger_.Reset(plan, clock_->Now());
+  const pb::DurablePoint* point = DurablePointOf(reply.header);
+  keep_ = point != nullptr;
+  if (keep_) {
+    undurable_.OnDurablePoint(*point);
+  } else {
+    undurable_.Clear();
+  }
   return Status::Ok();
+}
+
+void Committer::KeepAnswered(uint64_t commit_id, const pb::Header& reply) {
+  const pb::DurablePoint* point = DurablePointOf(reply);
+  if (!keep_ || point == nullptr) return;
+  undurable_.Add(commit_id, &change_, *point);
+}
+
+std::pair<pb::Header, std::vector<zmq::message_t>> Committer::BuildReplay(
+    const UndurableCommits::Kept& kept, uint64_t base_version) const {
+  pb::Header header;
+  header.set_type(pb::COMMIT);
+  header.set_clock(static_cast<int64_t>(stats_->commits()));
+  std::vector<zmq::message_t> frames;
+  for (const TensorInfo& tensor : model_->layout().tensors()) {
+    zmq::message_t frame = MakeFloatFrame(tensor.size);
+    std::copy_n(kept.sum.begin() + static_cast<ptrdiff_t>(tensor.offset),
+                tensor.size, static_cast<float*>(frame.data()));
+    frames.push_back(std::move(frame));
+    AddTensorSlice(tensor, &header);
+  }
+  pb::Commit* commit = header.mutable_commit();
+  commit->set_base_version(base_version);
+  commit->set_commit_id(kept.last_id);
+  commit->set_replay_first_id(kept.first_id);
+  *commit->mutable_stats() = *stats_;
+  return {std::move(header), std::move(frames)};
+}
+
+Result<std::string> Committer::Replay(const pb::Welcome& welcome) {
+  if (!welcome.has_durable()) {
+    undurable_.Clear();
+    return std::string();
+  }
+  const uint64_t applied = welcome.last_commit_id();
+  for (size_t i = 0; i < undurable_.kept().size(); ++i) {
+    const UndurableCommits::Kept& kept = undurable_.kept()[i];
+    if (kept.last_id <= applied) continue;
+    const std::string range = std::to_string(kept.first_id) + " to " +
+                              std::to_string(kept.last_id);
+    if (kept.first_id <= applied || welcome.stop()) {
+      MLOG(ERROR) << "commits " << range << " were answered but the site "
+                  << "lost them in a restart, and they cannot be replayed ("
+                  << (welcome.stop() ? "the job is over"
+                                     : "it holds commits up to " +
+                                           std::to_string(applied))
+                  << ")";
+      continue;
+    }
+    auto [header, frames] = BuildReplay(kept, welcome.model_version());
+    Result<Envelope> reply =
+        connection_->Call(std::move(header), std::move(frames));
+    if (std::string why = SiteConnection::RejoinReason(reply); !why.empty()) {
+      return why;
+    }
+    if (!reply.ok()) return reply.status();
+    if (reply->header.type() == pb::ERROR) {
+      MLOG(ERROR) << "the site refused the replay of commits " << range
+                  << ", which it had answered before a restart: "
+                  << pb::ErrorCode_Name(reply->header.error().code()) << ": "
+                  << reply->header.error().message();
+      continue;
+    }
+    MLOG(INFO) << "replayed commits " << range << ", answered before the "
+               << "site restarted and missing from its checkpoint";
+  }
+  return std::string();
+}
+
+Result<Envelope> Committer::RejoinAndReplay(std::string why,
+                                            Duration absent_since) {
+  for (;;) {
+    MERIDIAN_ASSIGN_OR_RETURN(Envelope welcome,
+                              connection_->Rejoin(why, absent_since));
+    MERIDIAN_ASSIGN_OR_RETURN(why, Replay(welcome.header.welcome()));
+    if (why.empty()) return welcome;
+    absent_since = clock_->Now();
+  }
 }
 
 google::protobuf::RepeatedPtrField<pb::RowRead> Committer::PlanReads() {
@@ -97,6 +195,7 @@ std::pair<pb::Header, std::vector<zmq::message_t>> Committer::BuildCommit(
 Result<bool> Committer::Commit() {
   const google::protobuf::RepeatedPtrField<pb::RowRead> reads = PlanReads();
   const uint64_t commit_id = ++last_commit_id_;
+  if (keep_) replica_->ChangeInto(&change_);
   const Duration sent = clock_->Now();
   auto [header, frames] =
       BuildCommit(commit_id, replica_->base_version(), reads);
@@ -110,12 +209,13 @@ Result<bool> Committer::Commit() {
     const Duration absent_since =
         reply.ok() ? clock_->Now() : connection_->ServerSilentSince();
     MERIDIAN_ASSIGN_OR_RETURN(Envelope welcome,
-                              connection_->Rejoin(why, absent_since));
+                              RejoinAndReplay(why, absent_since));
     const pb::Welcome& w = welcome.header.welcome();
     if (commit_id <= w.last_commit_id()) {
       // Applied before the answer was lost: the WELCOME is its answer.
       MLOG(INFO) << "commit " << commit_id << " was applied before the "
                  << "connection was lost";
+      KeepAnswered(commit_id, welcome.header);
       RecordRoundTrip(sent);
       stats_->set_commits(stats_->commits() + 1);
       consecutive_rejections_ = 0;
@@ -145,6 +245,7 @@ Result<bool> Committer::Commit() {
                          DescribeHeader(reply->header));
   }
   stats_->set_commits(stats_->commits() + 1);
+  KeepAnswered(commit_id, reply->header);
   const pb::Model& model = reply->header.model();
   if (model.stop()) {
     connection_->Leave(*stats_, model.stop_reason());
@@ -184,9 +285,8 @@ Status Committer::Pull() {
       !why.empty()) {
     MERIDIAN_ASSIGN_OR_RETURN(
         Envelope welcome,
-        connection_->Rejoin(why, answer.ok()
-                                     ? clock_->Now()
-                                     : connection_->ServerSilentSince()));
+        RejoinAndReplay(why, answer.ok() ? clock_->Now()
+                                         : connection_->ServerSilentSince()));
     const pb::Welcome& w = welcome.header.welcome();
     // After the end the next commit is answered with stop.
     if (w.stop()) return Status::Ok();

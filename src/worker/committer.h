@@ -4,10 +4,15 @@
 // is answered it rejoins whenever the server is gone and sends it again
 // unless the site says it was applied; then it loads the answer (or, after
 // a refusal, pulls the model) and follows the plan that came with it.
+// When the site keeps checkpoints, the changes of answered commits it does
+// not hold durably yet are kept (UndurableCommits) and, after every rejoin,
+// replayed above the site's WELCOME.last_commit_id before anything else
+// (a site restarted from a checkpoint lacks them).
 //
 // Ownership and threads: owned by Worker::Impl and driven by the worker's
 // thread alone. Holds no decoded state: a reply is parsed and loaded in
-// one call. Size: fixed (the plan, two counters).
+// one call. Size: the plan, counters, one model of floats (the change of
+// the commit in flight) and UndurableCommits' bound.
 #ifndef MERIDIAN_WORKER_COMMITTER_H_
 #define MERIDIAN_WORKER_COMMITTER_H_
 
@@ -25,6 +30,7 @@
 #include "worker/model_replica.h"
 #include "worker/site_connection.h"
 #include "worker/training_batches.h"
+#include "worker/undurable_commits.h"
 
 namespace meridian {
 
@@ -68,6 +74,20 @@ class Committer {
   Status OnRefused(const pb::Error& error);
   // Fetches the current model (after a refused commit).
   Status Pull();
+  // SiteConnection::Rejoin, then the replay of the kept commits the
+  // WELCOME shows the site lacks; rejoins again when the site goes away
+  // meanwhile. Returns the last WELCOME.
+  Result<Envelope> RejoinAndReplay(std::string why, Duration absent_since);
+  // Replays the kept commits above `welcome`'s last_commit_id, oldest
+  // first, each sum as one COMMIT with replay_first_id. Returns why to
+  // rejoin (empty: done). A replay the site refuses, or cannot take
+  // (the job is over), is logged and dropped: the site counts it lost.
+  Result<std::string> Replay(const pb::Welcome& welcome);
+  std::pair<pb::Header, std::vector<zmq::message_t>> BuildReplay(
+      const UndurableCommits::Kept& kept, uint64_t base_version) const;
+  // Commit `commit_id` was answered by `reply`: its change is kept until
+  // the site holds it durably.
+  void KeepAnswered(uint64_t commit_id, const pb::Header& reply);
   // Time waiting for a commit's answer (blocked, and the smoothed round
   // trip the worker reports).
   void RecordRoundTrip(Duration sent);
@@ -83,6 +103,11 @@ class Committer {
   // id).
   uint64_t last_commit_id_ = 0;
   int consecutive_rejections_ = 0;
+  // Whether the site tells durable points (it keeps checkpoints): from the
+  // last WELCOME or MODEL loaded.
+  bool keep_ = false;
+  std::vector<float> change_;  // of the commit in flight, when keep_
+  UndurableCommits undurable_;
 };
 
 // Exponential smoothing of the reported training loss and commit overhead.

@@ -132,4 +132,11 @@ std::vector<zmq::message_t> ModelReplica::UpdateFrames(bool sparse,
   return frames;
 }
 
+void ModelReplica::ChangeInto(std::vector<float>* out) const {
+  out->resize(params_.size());
+  for (size_t k = 0; k < params_.size(); ++k) {
+    (*out)[k] = params_[k] - base_[k];
+  }
+}
+
 }  // namespace meridian

@@ -77,6 +77,9 @@ class ModelReplica {
   // appended to `header`: whole tensors, or for a `sparse` model the rows
   // it wrote where that is smaller (CODEC_ROWS).
   std::vector<zmq::message_t> UpdateFrames(bool sparse, pb::Header* header);
+  // The change since base (params - base) into `out` (resized to the
+  // model's size): what the site applies of the next commit.
+  void ChangeInto(std::vector<float>* out) const;
 
  private:
   void LoadRows(const ModelPayload& model);

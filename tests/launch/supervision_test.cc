@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -773,7 +774,8 @@ TEST_F(SupervisionTest, KilledSiteServerResumesFromItsCheckpoint) {
 // The outer rounds' state (DILOCO, MODEL_AVERAGING) survives a killed site
 // server: the restarted site resumes its anchor, momentum and open rounds
 // from its checkpoint (and its outer gradient sent after it from the
-// outgoing log), so both sites go on taking the same outer steps: no outer
+// outgoing log), its workers replay the commits it answered after the
+// checkpoint, so both sites go on taking the same outer steps: no outer
 // gradient is refused as stale or repeated, and the anchors agree at the
 // end.
 void ExpectOuterRoundsSurviveAKilledSite(const pb::RunReport& report,
@@ -787,6 +789,13 @@ void ExpectOuterRoundsSurviveAKilledSite(const pb::RunReport& report,
     EXPECT_TRUE(site.sync().flushed()) << site.name();
     EXPECT_EQ(site.sync().rejected(), 0) << site.name();
     EXPECT_GT(site.sync().diloco().steps(), 5u) << site.name();
+    // The inner commits the checkpoint lacked came back (replayed).
+    EXPECT_EQ(site.recovery().lost_commits(), 0u) << site.name();
+    // Answered implies applied (a commit may be applied and its answer
+    // lost when the job stops).
+    for (const pb::WorkerSummary& worker : site.workers()) {
+      EXPECT_GE(worker.commits_applied(), worker.commits()) << site.name();
+    }
   }
   if (a.steps() == b.steps()) {
     EXPECT_NEAR(a.anchor_norm(), b.anchor_norm(), 1e-5 * b.anchor_norm());
@@ -822,6 +831,97 @@ TEST_F(SupervisionTest, KilledSiteServerResumesItsAveragingRounds) {
   std::string output;
   ASSERT_NO_FATAL_FAILURE(RunAndKillSiteA(&output));
   ExpectOuterRoundsSurviveAKilledSite(ReadReport(), output);
+}
+
+// Occurrences of `needle` in the logs of site-a's workers 0 and 1.
+size_t CountInWorkerLogs(const std::string& out, const std::string& needle) {
+  size_t count = 0;
+  for (const char* worker : {"0", "1"}) {
+    const std::string log =
+        ReadFile(out + "/logs/worker-site-a-" + std::string(worker) + ".log");
+    for (size_t at = log.find(needle); at != std::string::npos;
+         at = log.find(needle, at + 1)) {
+      ++count;
+    }
+  }
+  return count;
+}
+
+// No answered commit is lost to a site crash while its worker lives: the
+// workers keep the commits their site holds in no durable checkpoint and
+// replay them to the restarted site (docs/worker-protocol.md §14), also
+// when the site dies a second time before it checkpointed the replays.
+// Checkpoints every 6 s: each crash falls after many answered commits.
+TEST_F(SupervisionTest, KilledSiteServerLosesNoAnsweredCommit) {
+  pb::JobConfig job = OneSiteJob(2, 30);
+  job.mutable_fault()->set_checkpoint_period_s(6);
+  WriteJob(job);
+  BackgroundRun run(path_ + " --out " + out_);
+  const std::string checkpoints = out_ + "/checkpoints/site-a";
+  auto commits = [&] {
+    return SumOf(Scrape(out_, "site server 'site-a'"),
+                 "meridian_site_commits_total");
+  };
+  auto checkpointed = [&] {
+    std::error_code error;
+    return std::filesystem::exists(checkpoints, error) &&
+           !std::filesystem::is_empty(checkpoints, error);
+  };
+  ASSERT_TRUE(WaitFor([&] { return checkpointed() && commits() > 0; },
+                      std::chrono::seconds(120)))
+      << "the site never trained and checkpointed";
+  const double before = commits();
+  ASSERT_TRUE(WaitFor([&] { return commits() >= before + 20; },
+                      std::chrono::seconds(60)))
+      << "no commits after the checkpoint";
+  for (int crash = 1; crash <= 2; ++crash) {
+    const std::vector<pid_t> site =
+        Pids(" site --config ", {dir_, "--site site-a"});
+    ASSERT_EQ(site.size(), 1u);
+    ::kill(site[0], SIGKILL);
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          const std::vector<pid_t> now =
+              Pids(" site --config ", {dir_, "--site site-a"});
+          return now.size() == 1 && now[0] != site[0];
+        },
+        std::chrono::seconds(60)))
+        << "the site server was not restarted";
+    // The first crash lost answered commits: the workers replay them.
+    if (crash == 1) {
+      ASSERT_TRUE(WaitFor(
+          [&] { return CountInWorkerLogs(out_, "replayed commits") > 0; },
+          std::chrono::seconds(90)))
+          << "no worker replayed its commits";
+    }
+  }
+  const CommandResult& result = run.Wait();
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const pb::RunReport report = ReadReport();
+  ASSERT_EQ(report.sites_size(), 1);
+  const pb::SiteSummary& site = report.sites(0);
+  EXPECT_EQ(EventsOf(report, pb::PROCESS_RESTARTED, "site 'site-a'").size(),
+            2u);
+  // Also when the second crash falls before the restarted site's first
+  // checkpoint (its log says it restarted).
+  EXPECT_EQ(site.recovery().restarts(), 2u);
+  EXPECT_EQ(site.recovery().lost_commits(), 0u);
+  EXPECT_EQ(report.lost_commits(), 0u);
+  EXPECT_GT(site.recovery().replayed_commits(), 0u);
+  // Every commit a worker was answered for is applied in the model (the
+  // site counted it applied: from its checkpoint, then applied or
+  // replayed); a commit may be applied and its answer lost at the end.
+  ASSERT_EQ(site.workers_size(), 2);
+  uint64_t answered = 0;
+  for (const pb::WorkerSummary& worker : site.workers()) {
+    EXPECT_GE(worker.commits_applied(), worker.commits()) << worker.index();
+    answered += worker.commits();
+  }
+  EXPECT_GE(site.commits(), answered);
+  std::cout << "replays logged by the workers: "
+            << CountInWorkerLogs(out_, "replayed commits") << "\n";
+  EXPECT_EQ(CountInWorkerLogs(out_, "cannot be replayed"), 0u);
+  EXPECT_EQ(CountInWorkerLogs(out_, "refused the replay"), 0u);
 }
 
 // FedAvg under SkewScout: the averaging period moves (the sites agree on

@@ -114,14 +114,18 @@ class Processes:
         self.children.append((name, proc, log_path))
         return proc
 
-    def start_site(self, job_path, site, out_dir, timeout_s=60.0):
+    def start_site(self, job_path, site, out_dir, timeout_s=60.0,
+                   extra_args=(), name=None):
         """`meridian site` on the job's (port 0) address; returns (Popen,
-        worker endpoint) once it wrote its ready line."""
+        worker endpoint) once it wrote its ready line. `extra_args` follow
+        the command (--resume); `name` names its log (default site-SITE)."""
         read_fd, write_fd = os.pipe()
-        proc = self.start("site-" + site,
+        name = name or "site-" + site
+        proc = self.start(name,
                           [ARGS.meridian, "site", "--config", job_path,
                            "--site", site, "--out", out_dir, "--ready-fd",
-                           str(write_fd)], pass_fds=(write_fd,))
+                           str(write_fd)] + list(extra_args),
+                          pass_fds=(write_fd,))
         os.close(write_fd)
         line = b""
         deadline = time.monotonic() + timeout_s
@@ -132,13 +136,11 @@ class Processes:
                 if not ready:
                     raise RuntimeError("site %s wrote no ready line within "
                                        "%.0f s:\n%s" % (site, timeout_s,
-                                                        self.log("site-" +
-                                                                 site)))
+                                                        self.log(name)))
                 chunk = os.read(read_fd, 256)
                 if not chunk:
                     raise RuntimeError("site %s exited before it was "
-                                       "ready:\n%s" % (site, self.log(
-                                           "site-" + site)))
+                                       "ready:\n%s" % (site, self.log(name)))
                 line += chunk
         finally:
             os.close(read_fd)
