@@ -722,7 +722,7 @@ class ChaosTest(unittest.TestCase):
             for line in ("kind: EXTERNAL",
                          'weights: "initial.safetensors"',
                          "examples/mlp/train.py", "examples/mlp/evaluate.py",
-                         "fault { }"):
+                         "join_timeout_s: 300", "fault { }"):
                 self.assertIn(line, job)
             self.assertEqual(sorted(os.listdir(out)),
                              ["builtin.pbtxt", "initial.safetensors",

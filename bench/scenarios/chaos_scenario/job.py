@@ -11,6 +11,13 @@ from scenariolib import ROOT, jobs, pytorch
 
 WORKLOADS = ("builtin", "pytorch-mlp")
 WEIGHTS = "initial.safetensors"  # next to the job file (pytorch-mlp)
+# pytorch-mlp: fifteen PyTorch processes (twelve workers, three
+# evaluators) import torch and read Fashion-MNIST at once, which on a
+# shared 2-core machine takes minutes; the sites wait that long for their
+# workers to join (server.join_timeout_s, 60 s in the shipped job), the
+# scenario for every site to commit.
+PROGRAM_JOIN_TIMEOUT_S = 300
+PROGRAM_START_TIMEOUT_S = 480
 
 SHIPPED = "three-regions"
 SHIPPED_JOB = os.path.join(jobs.CONFIGS_DIR, SHIPPED + ".pbtxt")
@@ -41,9 +48,12 @@ def job_text(name: str, budget: float, workload: str = "builtin") -> str:
               "(plaintext on loopback), fault { } at its defaults.\n")
     if workload == "pytorch-mlp":
         text = pytorch.external_job(text, WEIGHTS)
+        text = jobs.prepend_to_block(
+            text, "server", f"join_timeout_s: {PROGRAM_JOIN_TIMEOUT_S}")
         header += ("# The MLP as a PyTorch model: examples/mlp's train.py and "
                    "evaluate.py,\n# model.kind EXTERNAL from `meridian "
-                   "export-weights` of the built-in job.\n")
+                   "export-weights` of the built-in job; server.join_timeout_s "
+                   f"{PROGRAM_JOIN_TIMEOUT_S}.\n")
     return (header + text + f"\n# chaos scenario\n{jobs.PLAINTEXT}\n"
             "fault { }\n")
 

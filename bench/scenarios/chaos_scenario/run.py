@@ -10,7 +10,8 @@ import time
 from typing import Optional
 
 from chaos_scenario import log, processes, sampler, wan
-from chaos_scenario.job import job_text, write_weights
+from chaos_scenario.job import (PROGRAM_START_TIMEOUT_S, job_text,
+                                write_weights)
 from scenariolib import runner
 
 START_TIMEOUT_S = 240.0     # launch to every site committing
@@ -91,8 +92,11 @@ class Run:
 
     def wait_training(self) -> bool:
         """Waits until every site commits (t0); False when that does not
-        happen within START_TIMEOUT_S or the run ends first."""
-        deadline = time.time() + START_TIMEOUT_S
+        happen within START_TIMEOUT_S (PROGRAM_START_TIMEOUT_S for
+        pytorch-mlp) or the run ends first."""
+        deadline = time.time() + (PROGRAM_START_TIMEOUT_S
+                                  if self.workload == "pytorch-mlp"
+                                  else START_TIMEOUT_S)
         while time.time() < deadline and self.running():
             t0 = self.sampler.all_training_since()
             if t0:
