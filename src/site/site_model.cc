@@ -3,6 +3,7 @@
 #include <Eigen/Core>
 #include <cstring>
 
+#include "meridian/core/log.h"
 #include "meridian/train/dataset.h"
 #include "meridian/train/safetensors.h"
 
@@ -82,6 +83,19 @@ Result<SiteModel> LoadExternal(const pb::JobConfig& job) {
   if (model.layout.tensors().empty()) {
     return InvalidArgumentError("model.weights " + path +
                                 ": no floating-point tensor to train");
+  }
+  // The labels of the data { } the job names for its programs
+  // (meridian.data splits those files as the built-in workers do), for
+  // the summary's label histogram: the skew of each site's share. Only a
+  // description: a model whose programs read other data trains without it.
+  if (job.has_data() && !job.data().has_ratings()) {
+    Result<std::vector<uint8_t>> labels = LoadTrainLabels(job.data());
+    if (labels.ok()) {
+      model.train_labels = std::move(*labels);
+    } else {
+      MLOG(INFO) << "no label histogram of the site's data: "
+                 << labels.status();
+    }
   }
   model.initial.resize(model.layout.num_elements());
   for (const TensorInfo& info : model.layout.tensors()) {

@@ -33,10 +33,12 @@ struct SiteModel {
   std::vector<float> initial;  // layout.num_elements() values
   MetricSpec metric;           // the job's metric
   // Built-in models: the copy the server evaluates and the data sets it
-  // evaluates on; the training labels (for the summary's label
-  // histogram). Null / empty for an external model.
+  // evaluates on. Null / empty for an external model.
   std::unique_ptr<Model> eval_model;
   EvaluationSets eval_sets;
+  // The training labels (for the summary's label histogram); for an
+  // external model those of the job's data { } when it names one, else
+  // empty.
   std::vector<uint8_t> train_labels;
 
   bool external() const { return eval_model == nullptr; }

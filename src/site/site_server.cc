@@ -648,7 +648,8 @@ Result<std::unique_ptr<SiteServer>> SiteServer::Create(
   std::vector<uint8_t> train_labels = std::move(model.train_labels);
   auto impl = std::make_unique<Impl>(std::move(options), site_index,
                                      std::move(model), std::move(policy));
-  // An external model's data is the user's: the server knows no labels.
+  // An external model's data is the user's: without data { } the server
+  // knows no labels.
   if (!train_labels.empty()) {
     MERIDIAN_RETURN_IF_ERROR(impl->DescribeTrainingData(train_labels));
   }

@@ -145,6 +145,18 @@ Dataset MakeDataset(const IdxImages& images, std::span<const uint8_t> labels,
   return data;
 }
 
+Result<std::vector<uint8_t>> LoadTrainLabels(const pb::DataConfig& config) {
+  if (config.has_ratings()) {
+    return InvalidArgumentError(
+        "data.ratings is a generated rating matrix, not labelled images");
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(
+      std::vector<uint8_t> labels,
+      ReadIdxLabels(JoinPath(config.dir(), config.train_labels())));
+  LimitLabels(config.train_limit(), &labels);
+  return labels;
+}
+
 Result<RawData> LoadRawData(const pb::DataConfig& config, bool load_train,
                             bool load_test) {
   if (config.has_ratings()) {

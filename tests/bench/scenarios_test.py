@@ -711,6 +711,46 @@ class ChaosTest(unittest.TestCase):
             self.assertEqual(os.listdir(out), ["job.pbtxt"])
 
 
+    def test_dry_run_of_the_pytorch_workload_exports_the_weights(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("chaos", out, "--quick", "--dry-run",
+                              "--workload", "pytorch-mlp")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            self.assertIn("OK (3 sites, 12 workers, ASYNC)", proc.stdout)
+            with open(os.path.join(out, "job.pbtxt")) as f:
+                job = f.read()
+            for line in ("kind: EXTERNAL",
+                         'weights: "initial.safetensors"',
+                         "examples/mlp/train.py", "examples/mlp/evaluate.py",
+                         "join_timeout_s: 300", "fault { }"):
+                self.assertIn(line, job)
+            self.assertEqual(sorted(os.listdir(out)),
+                             ["builtin.pbtxt", "initial.safetensors",
+                              "job.pbtxt"])
+
+    def test_programs_are_found_by_their_environment(self):
+        processes = scenario("chaos_scenario.processes")
+        with tempfile.TemporaryDirectory() as run_dir:
+            env = dict(os.environ, MERIDIAN_ROLE="worker",
+                       MERIDIAN_SITE="eu", MERIDIAN_WORKER_INDEX="3",
+                       MERIDIAN_OUT=run_dir)
+            # A program whose command line does not name the run.
+            child = subprocess.Popen(["sleep", "30"], env=env)
+            try:
+                self.assertIn(child.pid, processes.run_processes(run_dir))
+                self.assertEqual(processes.program_role(child.pid),
+                                 ("worker", "eu", 3))
+                self.assertEqual(processes.find_pids(run_dir,
+                                                     ("worker", "eu", 3)),
+                                 [child.pid])
+                self.assertEqual(processes.find_pids(run_dir + "x",
+                                                     ("worker", "eu", 3)),
+                                 [])
+            finally:
+                child.kill()
+                child.wait()
+
+
 class PytorchMlpTest(unittest.TestCase):
     def test_dry_run_exports_the_weights_and_validates_both_jobs(self):
         with tempfile.TemporaryDirectory() as out:

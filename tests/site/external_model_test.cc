@@ -343,6 +343,35 @@ TEST_F(ExternalModelTest, ASiteWithoutAnEvaluatorTrainsAndSaysWhyItHasNoCurve) {
   const pb::SiteSummary& summary = server_->summary();
   EXPECT_EQ(summary.timeline_size(), 0);
   EXPECT_THAT(summary.no_curve_reason(), HasSubstr("no evaluator joined"));
+  // The job's data { } names no files here: no histogram, and no failure.
+  EXPECT_EQ(summary.label_histogram_size(), 0);
+}
+
+TEST_F(ExternalModelTest, TheJobsDataGivesTheSummaryItsLabelHistogram) {
+  // The programs' data (meridian.data splits it as the built-in workers
+  // do): the site describes its share, here the classes {0, 1, 2} alone.
+  testing::SyntheticDataOptions options;
+  options.train_samples = 300;
+  options.test_samples = 50;
+  ASSERT_OK(testing::WriteSyntheticIdx(dir_, options));
+  pb::PartitionConfig* partition =
+      job_.mutable_data()->mutable_site_partition();
+  partition->set_kind(pb::LABEL_SUBSET);
+  pb::ClassList* classes = partition->add_classes();
+  for (uint32_t label : {0, 1, 2}) classes->add_label(label);
+  job_.mutable_data()->set_train_limit(200);
+  ASSERT_OK(StartServer());
+  JoinWorker();
+  Finish();
+  const pb::SiteSummary& summary = server_->summary();
+  ASSERT_EQ(summary.label_histogram_size(), 10);
+  uint64_t total = 0;
+  for (int label = 0; label < 10; ++label) {
+    EXPECT_EQ(summary.label_histogram(label) > 0, label < 3) << label;
+    total += summary.label_histogram(label);
+  }
+  EXPECT_LE(total, 200u);  // train_limit
+  EXPECT_THAT(summary.partition(), HasSubstr("LABEL_SUBSET"));
 }
 
 TEST_F(ExternalModelTest, ABuiltInSiteRefusesAnEvaluator) {

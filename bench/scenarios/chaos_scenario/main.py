@@ -2,6 +2,7 @@
 
     bench/scenarios/chaos OUTDIR [--quick] [--repeat N] [--binary PATH]
                           [--seed N] [--budget SECONDS] [--reanalyse]
+                          [--workload builtin|pytorch-mlp]
                           [--dry-run] [--publish | --no-publish]
 
 Runs deploy/configs/three-regions.pbtxt (sites us, eu, ap, 4 workers each,
@@ -16,6 +17,16 @@ set, stop_at_target false, sync { adaptive_threshold: true } (both runs:
 the slowed link should move the threshold), security { curve: false }
 (plaintext links on loopback, as the other scenarios; a restarted site
 server then needs no key exchange) and fault { } at its defaults.
+
+--workload pytorch-mlp trains the same MLP as the user's own PyTorch
+model: model { kind: EXTERNAL } with the built-in model's initial weights
+(`meridian export-weights`, OUTDIR/<run>/initial.safetensors), every worker
+group running examples/mlp/train.py and every site an evaluator running
+examples/mlp/evaluate.py (one PyTorch thread each), with the package
+installed in build/python-venv as docs/python.md says (made when missing,
+offline). The killed workers are then those Python processes (found by
+their MERIDIAN_* environment), restarted by `meridian run` as any program.
+Its results publish as chaos-pytorch-mlp.
 
 Schedule of the chaos run, in seconds after every site has committed
 (full run; --quick in brackets):
@@ -96,11 +107,15 @@ from typing import Optional
 import chaos_scenario
 from chaos_scenario import analyse, checks, log, report, schedule, summary
 from chaos_scenario.inject import run_schedule
-from chaos_scenario.job import job_text
+from chaos_scenario.job import WORKLOADS, job_text, write_weights
 from chaos_scenario.run import Run
-from scenariolib import cli, repeats, results, runner
+from scenariolib import cli, pytorch, repeats, results, runner
 
 SCENARIO = results.Scenario("chaos", "Chaos scenario")
+SCENARIOS = {"builtin": SCENARIO,
+             "pytorch-mlp": results.Scenario(
+                 "chaos-pytorch-mlp",
+                 "Chaos scenario, the MLP as a PyTorch model")}
 RUN_NAMES = report.RUN_NAMES
 
 
@@ -184,8 +199,10 @@ def dry_run(args: argparse.Namespace, outdir: str) -> int:
         (f"r{k}/{name}" if args.repeat > 1 else name)
         for k in range(1, args.repeat + 1) for name in RUN_NAMES))
     path = os.path.join(outdir, "job.pbtxt")
+    if args.workload == "pytorch-mlp":
+        write_weights(args.binary, outdir, "three-regions-chaos", args.budget)
     with open(path, "w") as f:
-        f.write(job_text("three-regions-chaos", args.budget))
+        f.write(job_text("three-regions-chaos", args.budget, args.workload))
     ok, output = runner.validate(args.binary, path)
     log(f"{path}: {output}")
     return 0 if ok else 1
@@ -215,6 +232,10 @@ def parse_args() -> argparse.Namespace:
                         help="run nothing: write the results again from the "
                         "run directories an earlier invocation left in OUTDIR"
                         " (give it the same --quick/--budget/--seed/--repeat)")
+    parser.add_argument("--workload", choices=WORKLOADS, default="builtin",
+                        help="the job's model: the built-in MLP, or the same "
+                        "MLP as a PyTorch model trained by examples/mlp's "
+                        "programs [builtin]")
     cli.add_dry_run(parser, "print the schedule and the order of the runs, "
                     "validate the job file (OUTDIR/job.pbtxt); run and build "
                     "nothing")
@@ -243,6 +264,9 @@ def main() -> int:
         for d in schedule_desc))
     if args.dry_run:
         return dry_run(args, outdir)
+    if args.workload == "pytorch-mlp" and not args.reanalyse:
+        # `python3` of the job's programs: the venv's, with the package.
+        pytorch.use_venv(pytorch.ensure_venv(pytorch.DEFAULT_VENV, "chaos"))
 
     rounds = []
     for k in range(1, args.repeat + 1):
@@ -251,7 +275,8 @@ def main() -> int:
         round_dir = (outdir if args.repeat == 1
                      else os.path.join(outdir, f"r{k}"))
         os.makedirs(round_dir, exist_ok=True)
-        runs = {name: Run(args.binary, round_dir, name, args.budget)
+        runs = {name: Run(args.binary, round_dir, name, args.budget,
+                          args.workload)
                 for name in RUN_NAMES}
         stopped = run_round(args, runs, events)
         if stopped:
@@ -267,7 +292,8 @@ def main() -> int:
         results.write(outdir, text, summary.results_json(
             args, schedule_desc, rounds, s, goals), default=str)
     failed = any(code != 0 for r in rounds for code in r["exit_codes"])
-    published = results.publish_if_wanted(SCENARIO, args, text,
+    published = results.publish_if_wanted(SCENARIOS[args.workload], args,
+                                          text,
                                           restricted=args.reanalyse)
     return 1 if failed else published
 

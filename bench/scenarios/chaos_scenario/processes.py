@@ -1,5 +1,6 @@
 """The processes of a run, found in /proc by the run directory their
-command lines name, their roles and the ports they listen on; the run's
+command lines name (or, for worker and evaluator programs, their
+MERIDIAN_OUT), their roles and the ports they listen on; the run's
 endpoints.json."""
 
 import json
@@ -31,13 +32,32 @@ def proc_table() -> dict[int, list[str]]:
     return table
 
 
+def program_env(pid: int) -> dict[str, str]:
+    """The MERIDIAN_* variables of process `pid` ({} when unreadable): a
+    worker or evaluator program's place in its job (docs/python.md)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    env = {}
+    for entry in raw.split(b"\0"):
+        if entry.startswith(b"MERIDIAN_") and b"=" in entry:
+            name, value = entry.decode(errors="replace").split("=", 1)
+            env[name] = value
+    return env
+
+
 def run_processes(run_dir: str, table: Optional[dict[int, list[str]]] = None
                   ) -> dict[int, list[str]]:
-    """pid -> argv of every process whose command line names run_dir."""
+    """pid -> argv of every process whose command line names run_dir, or
+    whose MERIDIAN_OUT is run_dir (a program `meridian run` started)."""
     table = proc_table() if table is None else table
     me = os.getpid()
     return {pid: argv for pid, argv in table.items()
-            if pid != me and any(run_dir in a for a in argv)}
+            if pid != me and (any(run_dir in a for a in argv) or
+                              program_env(pid).get("MERIDIAN_OUT") ==
+                              run_dir)}
 
 
 def arg_after(argv: list[str], flag: str) -> Optional[str]:
@@ -63,10 +83,24 @@ def role_of(argv: list[str]) -> Optional[tuple]:
     return None
 
 
+def program_role(pid: int) -> Optional[tuple]:
+    """('worker', site, index) / ('evaluator', site) of a program from its
+    environment; None for anything else."""
+    env = program_env(pid)
+    index = env.get("MERIDIAN_WORKER_INDEX", "")
+    if env.get("MERIDIAN_ROLE") == "worker":
+        return ("worker", env.get("MERIDIAN_SITE"),
+                int(index) if index.isdigit() else None)
+    if env.get("MERIDIAN_ROLE") == "evaluator":
+        return ("evaluator", env.get("MERIDIAN_SITE"))
+    return None
+
+
 def find_pids(run_dir: str, role: tuple) -> list[int]:
-    """The pids of the run's processes in `role` (role_of)."""
+    """The pids of the run's processes in `role` (role_of, or
+    program_role for the programs of an external model)."""
     return sorted(pid for pid, argv in run_processes(run_dir).items()
-                  if role_of(argv) == role)
+                  if (role_of(argv) or program_role(pid)) == role)
 
 
 def listening_ports() -> dict[int, str]:

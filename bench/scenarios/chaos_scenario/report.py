@@ -144,8 +144,11 @@ def preamble(args: argparse.Namespace, schedule_desc: list[dict],
              extra: str = "") -> list[str]:
     """The job, the budget and the schedule; `extra` after the job's
     sentence."""
+    model = ("MLP" if getattr(args, "workload", "builtin") == "builtin"
+             else "the MLP as a PyTorch model (examples/mlp's programs, "
+             "model.kind EXTERNAL)")
     return [f"{os.path.relpath(SHIPPED_JOB, ROOT)}: 3 sites × "
-            f"{WORKERS_PER_SITE} workers, MLP on Fashion-MNIST, Gaia through "
+            f"{WORKERS_PER_SITE} workers, {model} on Fashion-MNIST, Gaia through "
             f"`meridian wanem`, adaptive θ, plaintext links, fault {{ }} "
             f"defaults; training budget {args.budget:g} s per run; "
             f"{'--quick; ' if args.quick else ''}seed {args.seed}." + extra,
@@ -422,6 +425,7 @@ def results_json(args: argparse.Namespace, schedule_desc: list[dict],
                  outage: float) -> dict:
     """A round's results.json."""
     return {"config": {"quick": args.quick, "seed": args.seed,
+                       "workload": getattr(args, "workload", "builtin"),
                        "budget_s": args.budget, "binary": args.binary,
                        "schedule": schedule_desc},
             "runs": runs, "faults": faults,

@@ -10,7 +10,8 @@ import time
 from typing import Optional
 
 from chaos_scenario import log, processes, sampler, wan
-from chaos_scenario.job import job_text
+from chaos_scenario.job import (PROGRAM_START_TIMEOUT_S, job_text,
+                                write_weights)
 from scenariolib import runner
 
 START_TIMEOUT_S = 240.0     # launch to every site committing
@@ -23,9 +24,11 @@ class Run:
     wait() saves samples.jsonl and injections.json in the run directory,
     load() reads them back (--reanalyse)."""
 
-    def __init__(self, binary: str, outdir: str, name: str, budget: float):
+    def __init__(self, binary: str, outdir: str, name: str, budget: float,
+                 workload: str = "builtin"):
         self.binary = binary
         self.name = name
+        self.workload = workload  # job.WORKLOADS
         self.dir = os.path.abspath(os.path.join(outdir, name))
         self.budget = budget
         self.job = os.path.join(self.dir, "job.pbtxt")
@@ -42,7 +45,8 @@ class Run:
         self.binary_at_start = self.binary_at_end = None
 
     def prepare(self) -> None:
-        """An empty run directory with the job file, validated."""
+        """An empty run directory with the job file (and for pytorch-mlp
+        the initial weights next to it), validated."""
         if os.path.isdir(self.dir):
             left = processes.run_processes(self.dir)
             if left:
@@ -50,8 +54,11 @@ class Run:
                                  f"use {self.dir}: {sorted(left)}")
             shutil.rmtree(self.dir)
         os.makedirs(self.dir)
+        name = f"three-regions-{self.name}"
+        if self.workload == "pytorch-mlp":
+            write_weights(self.binary, self.dir, name, self.budget)
         with open(self.job, "w") as f:
-            f.write(job_text(f"three-regions-{self.name}", self.budget))
+            f.write(job_text(name, self.budget, self.workload))
         ok, output = runner.validate(self.binary, self.job)
         if not ok:
             raise SystemExit(f"[chaos] {self.job} is not valid:\n{output}")
@@ -69,8 +76,9 @@ class Run:
         self.binary_at_start = self.binary_stamp()
         self.out = open(os.path.join(self.dir, "launcher.out"), "w")
         self.started = time.time()
-        # The job file's absolute path is in every child's command line,
-        # which is how the processes of this run are found in /proc.
+        # The job file's absolute path is in every child's command line, or
+        # (worker and evaluator programs) in its MERIDIAN_JOB, which is how
+        # the processes of this run are found in /proc.
         self.proc = subprocess.Popen([self.binary, "run", self.job, "--out",
                                       self.dir], stdout=self.out,
                                      stderr=subprocess.STDOUT)
@@ -84,8 +92,11 @@ class Run:
 
     def wait_training(self) -> bool:
         """Waits until every site commits (t0); False when that does not
-        happen within START_TIMEOUT_S or the run ends first."""
-        deadline = time.time() + START_TIMEOUT_S
+        happen within START_TIMEOUT_S (PROGRAM_START_TIMEOUT_S for
+        pytorch-mlp) or the run ends first."""
+        deadline = time.time() + (PROGRAM_START_TIMEOUT_S
+                                  if self.workload == "pytorch-mlp"
+                                  else START_TIMEOUT_S)
         while time.time() < deadline and self.running():
             t0 = self.sampler.all_training_since()
             if t0:

@@ -160,6 +160,12 @@ Dataset MakeTestDataset(const RawData& raw, pb::Normalization normalization);
 Result<RawData> LoadRawData(const pb::DataConfig& config, bool load_train,
                             bool load_test);
 
+// The training labels alone of the files `config` names (train_limit
+// applied): what a site server describes its share of the data with when
+// the model is not its own (an external model's programs read the images).
+// Errors of ReadIdxLabels; InvalidArgument for data.ratings (no label file).
+Result<std::vector<uint8_t>> LoadTrainLabels(const pb::DataConfig& config);
+
 // The training samples of one worker: the job's site partition
 // (config.data().site_partition() over all sites, in config order), then an
 // IID split of that site's share over its workers (seeded from
