@@ -255,7 +255,9 @@ class MetricsServer::Impl {
       const bool per_address =
           admission.cap == ConnectionBudget::Cap::kPerAddress;
       const std::string who = peer.ToString();
-      MLOG_EVERY_KEY(WARNING, "metrics endpoint full: " + who)
+      MLOG_EVERY_KEY(WARNING, per_address
+                                  ? "metrics endpoint: address cap: " + who
+                                  : std::string("metrics endpoint: total cap"))
           << "metrics endpoint " << address_ << ": "
           << (per_address ? std::to_string(budget_.CountOf(peer)) +
                                 " connections from " + who +
