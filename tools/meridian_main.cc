@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "meridian/sync/addresses.h"
 #include "meridian/config/config.h"
+#include "meridian/core/format.h"
 #include "meridian/train/dataset.h"
 #include "meridian/launch/launcher.h"
 #include "meridian/launch/run_manifest.h"
@@ -22,6 +24,7 @@
 #include "meridian/train/local_training.h"
 #include "meridian/core/log.h"
 #include "meridian/train/model.h"
+#include "meridian/train/safetensors.h"
 #include "meridian/report/plots.h"
 #include "meridian/report/report.h"
 #include "meridian/net/security.h"
@@ -112,12 +115,56 @@ std::string DefaultOutDir(const pb::JobConfig& job) {
   return "runs/" + job.name() + "-" + stamp;
 }
 
+// An EXTERNAL model's initial weights must be a safetensors file that
+// parses (config cannot read it: it sits below train in the layer order).
+// The site servers check it again when they start. `summary`: the tensors
+// the sites serve, "name[d0,d1]" (":TYPE" when not F32), in data order.
+bool CheckWeightsFile(const std::string& path, const pb::JobConfig& job,
+                      std::string* summary) {
+  if (job.model().kind() != pb::EXTERNAL || job.model().weights().empty()) {
+    return true;
+  }
+  Result<TensorFile> weights = ReadSafetensors(job.model().weights());
+  if (!weights.ok()) {
+    std::fprintf(stderr, "%s: model.weights: %s\n", path.c_str(),
+                 weights.status().message().c_str());
+    return false;
+  }
+  for (const FileTensor& tensor : weights->tensors) {
+    if (!IsFloating(tensor.type)) continue;  // stays with each worker
+    *summary += (summary->empty() ? "" : " ") + tensor.name + "[";
+    for (size_t d = 0; d < tensor.shape.size(); ++d) {
+      *summary += (d > 0 ? "," : "") + std::to_string(tensor.shape[d]);
+    }
+    *summary += "]";
+    if (tensor.type != ElementType::kF32) {
+      *summary += ":" + std::string(ElementTypeName(tensor.type));
+    }
+  }
+  if (summary->empty()) {
+    std::fprintf(stderr,
+                 "%s: model.weights: %s holds no floating-point tensor: "
+                 "nothing for the sites to serve\n",
+                 path.c_str(), job.model().weights().c_str());
+    return false;
+  }
+  return true;
+}
+
 int Validate(const std::string& path) {
   pb::JobConfig job;
-  if (!LoadJob(path, &job) || !CheckModelFitsData(job)) return kExitBadInput;
+  std::string weights;
+  if (!LoadJob(path, &job) || !CheckModelFitsData(job) ||
+      !CheckWeightsFile(path, job, &weights)) {
+    return kExitBadInput;
+  }
   std::printf("%s: OK (%d sites, %u workers, %s)\n", path.c_str(),
               job.site_size(), TotalWorkerCount(job),
               pb::PolicyKind_Name(job.policy().kind()).c_str());
+  if (!weights.empty()) {
+    std::printf("model.weights %s: %s\n", job.model().weights().c_str(),
+                weights.c_str());
+  }
   return 0;
 }
 
@@ -171,8 +218,25 @@ void PrintRunSummary(const pb::RunReport& report, const std::string& out_dir) {
     std::printf("reached target %s %.4f at %.1f s of training\n", metric,
                 report.target_metric(), report.time_to_target_s());
   } else if (report.target_metric() > 0) {
-    std::printf("did not reach target %s %.4f (%s)\n", metric,
-                report.target_metric(), report.outcome().c_str());
+    // A site that reached the target may have ended the job for the others
+    // (stop_at_target): name who reached it, and when.
+    std::string reached, not_reached;
+    for (const pb::SiteSummary& site : report.sites()) {
+      std::string& list = site.reached_target() ? reached : not_reached;
+      if (!list.empty()) list += ", ";
+      list += site.name();
+      if (site.reached_target()) {
+        list += " at " + FormatSeconds(site.time_to_target_s()) + " s";
+      }
+    }
+    if (reached.empty()) {
+      std::printf("did not reach target %s %.4f (%s)\n", metric,
+                  report.target_metric(), report.outcome().c_str());
+    } else {
+      std::printf("target %s %.4f reached by %s of training; not by %s\n",
+                  metric, report.target_metric(), reached.c_str(),
+                  not_reached.c_str());
+    }
   }
   if (report.metric() == "accuracy") {
     std::printf("final accuracy %.4f, loss %.4f, wall time %.1f s\n",
@@ -238,6 +302,10 @@ int Run(const RunFlags& flags) {
   }
   pb::JobConfig job;
   if (!LoadJob(path, &job) || !CheckModelFitsData(job)) return kExitBadInput;
+  if (Status found = FindJobPrograms(job, path); !found.ok()) {
+    std::fprintf(stderr, "meridian run: %s\n", found.message().c_str());
+    return kExitBadInput;
+  }
   const std::atomic<bool>* stop = InstallStopSignalHandlers();
   if (out_dir.empty()) out_dir = DefaultOutDir(job);
   RunOptions options;
@@ -441,18 +509,50 @@ int Presets(bool json) {
 struct WorkerFlags {
   std::string config;      // --config
   std::string site;        // --site
-  uint32_t index = 0;      // --index
+  std::optional<uint32_t> index;  // --index
   uint32_t threads = 0;    // --threads
   std::string connect;     // --connect
   std::string metrics;     // --metrics
   std::string secret_key;  // --secret-key
 };
 
+// A worker's place in the job: its flags, else the variables `meridian run`
+// gives a worker program (MERIDIAN_JOB, MERIDIAN_SITE,
+// MERIDIAN_WORKER_INDEX), so that `meridian worker` is itself such a
+// program.
+bool WorkerPlace(const WorkerFlags& flags, std::string* config,
+                 std::string* site, uint32_t* index) {
+  *config = FlagOrEnvironment(flags.config, "MERIDIAN_JOB");
+  *site = FlagOrEnvironment(flags.site, "MERIDIAN_SITE");
+  const std::string text = flags.index.has_value()
+                               ? std::to_string(*flags.index)
+                               : FlagOrEnvironment("", "MERIDIAN_WORKER_INDEX");
+  if (config->empty() || site->empty() || text.empty()) {
+    std::fprintf(stderr,
+                 "meridian worker: give --config, --site and --index (or "
+                 "MERIDIAN_JOB, MERIDIAN_SITE and MERIDIAN_WORKER_INDEX)\n");
+    return false;
+  }
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (*end != '\0' || text.front() == '-' || value > UINT32_MAX) {
+    std::fprintf(stderr,
+                 "meridian worker: MERIDIAN_WORKER_INDEX must be a whole "
+                 "number >= 0, got '%s'\n",
+                 text.c_str());
+    return false;
+  }
+  *index = static_cast<uint32_t>(value);
+  return true;
+}
+
 int WorkerRole(const WorkerFlags& flags) {
   WorkerOptions options;
-  if (!LoadJob(flags.config, &options.job)) return kExitBadInput;
-  options.site = flags.site;
-  options.index = flags.index;
+  std::string config;
+  if (!WorkerPlace(flags, &config, &options.site, &options.index) ||
+      !LoadJob(config, &options.job)) {
+    return kExitBadInput;
+  }
   options.threads = flags.threads;
   options.connect = FlagOrEnvironment(flags.connect, "MERIDIAN_CONNECT");
   options.metrics_address = flags.metrics;
@@ -649,6 +749,15 @@ int Site(const SiteFlags& flags) {
   SiteServerOptions options;
   if (!LoadJob(flags.config, &options.job)) return kExitBadInput;
   const pb::JobConfig job = options.job;
+  if (flags.with_workers) {
+    // Its worker and evaluator programs must exist here before it serves.
+    Result<int> s = FindSite(job, site);
+    Status found = s.ok() ? FindJobPrograms(job, flags.config, *s) : s.status();
+    if (!found.ok()) {
+      std::fprintf(stderr, "meridian site: %s\n", found.message().c_str());
+      return kExitBadInput;
+    }
+  }
   Result<std::string> token = ControlToken(flags.control_token_file);
   if (!token.ok()) {
     MLOG(ERROR) << token.status();
@@ -689,12 +798,13 @@ int Site(const SiteFlags& flags) {
     ::close(ready_fd);
   }
   auto serve = [&] { return (*server)->Run(); };
+  SiteWorkersOptions children;
+  children.config_path = flags.config;
+  children.site = site;
+  children.out_dir = out_dir.empty() ? "." : out_dir;
+  children.stop_site = RequestStop;
   const Status status =
-      flags.with_workers
-          ? RunWithSiteWorkers(flags.config, job, site,
-                               (out_dir.empty() ? "." : out_dir) + "/logs", "",
-                               serve)
-          : serve();
+      flags.with_workers ? RunWithSiteWorkers(job, children, serve) : serve();
   if (!status.ok()) {
     MLOG(ERROR) << status;
     return kExitFailure;
@@ -851,8 +961,9 @@ CLI::App* AddSiteCommand(CLI::App* app, SiteFlags* flags) {
                  "peer sites listen (what `meridian run` does: its links go "
                  "through wanem)");
   site->add_flag("--with-workers", flags->with_workers,
-                 "also run the site's workers as child processes (logs "
-                 "in <out>/logs); one command per site");
+                 "also run the site's workers (and its evaluator program) "
+                 "as child processes, restarted when they fail (logs in "
+                 "<out>/logs); one command per site");
   return site;
 }
 
@@ -871,13 +982,13 @@ void AddKeygenAndWorkerCommands(CLI::App* app, Flags* flags,
 
   CLI::App* worker = commands->worker =
       app->add_subcommand("worker", "Run one worker");
-  worker->add_option("--config", flags->worker.config, "job file")->required();
-  worker->add_option("--site", flags->worker.site, "site name in the job file")
-      ->required();
-  worker
-      ->add_option("--index", flags->worker.index,
-                   "worker index inside the site")
-      ->required();
+  worker->add_option("--config", flags->worker.config,
+                     "job file (default: $MERIDIAN_JOB)");
+  worker->add_option("--site", flags->worker.site,
+                     "site name in the job file (default: $MERIDIAN_SITE)");
+  worker->add_option("--index", flags->worker.index,
+                     "worker index inside the site (default: "
+                     "$MERIDIAN_WORKER_INDEX)");
   worker
       ->add_option("--threads", flags->worker.threads,
                    "compute threads (default: the worker group's "

@@ -172,6 +172,18 @@ void LocateIssue(const ParseInfoTree& root, ConfigIssue* issue) {
   }
 }
 
+// model.weights, when relative, is relative to the directory of the job
+// file at `path` (itself relative to the working directory).
+void ResolveJobRelativePaths(const std::string& path, pb::JobConfig* config) {
+  const std::string& weights = config->model().weights();
+  if (weights.empty() || std::filesystem::path(weights).is_absolute()) return;
+  std::error_code error;
+  const std::filesystem::path job = std::filesystem::absolute(path, error);
+  if (error) return;  // no working directory: left as written
+  config->mutable_model()->set_weights(
+      (job.parent_path() / weights).lexically_normal().string());
+}
+
 }  // namespace
 
 std::string FormatConfigIssues(std::string_view source,
@@ -213,9 +225,12 @@ std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config) {
   config_internal::ValidateSync(config, root.Nested("sync"));
   config_internal::ValidateSecurity(config, root);
   config_internal::ValidateFault(config.fault(), root.Nested("fault"));
+  config_internal::ValidatePrograms(config, root);
   root.Real("target_accuracy", config.target_accuracy(), kUnitInterval);
   root.Real("target_metric", config.target_metric(), kNonNegative);
   const bool mf = config.model().kind() == pb::MATRIX_FACTORIZATION;
+  // An EXTERNAL model's target is on its first metric (ValidatePrograms).
+  const bool external = config.model().kind() == pb::EXTERNAL;
   root.Check(mf == config.data().has_ratings(), "data",
              mf ? "model.kind MATRIX_FACTORIZATION trains on a generated "
                   "rating matrix: give data { ratings { ... } }"
@@ -225,8 +240,9 @@ std::vector<ConfigIssue> ValidateJobConfig(const pb::JobConfig& config) {
   root.Check(!mf || config.target_accuracy() == 0, "target_accuracy",
              "a MATRIX_FACTORIZATION job's target is its test RMSE: use "
              "target_metric");
-  root.Check(mf || !(std::isfinite(config.target_metric()) &&
-                     config.target_metric() > 0),
+  root.Check(mf || external ||
+                 !(std::isfinite(config.target_metric()) &&
+                   config.target_metric() > 0),
              "target_metric",
              "is for models whose metric is not accuracy "
              "(MATRIX_FACTORIZATION); a classifier's target is "
@@ -295,7 +311,10 @@ Result<pb::JobConfig> LoadJobConfig(const std::string& path,
   if (in.bad()) {
     return InvalidArgumentError("error while reading job file '" + path + "'");
   }
-  return ParseJobConfig(text.str(), path, issues);
+  MERIDIAN_ASSIGN_OR_RETURN(pb::JobConfig config,
+                            ParseJobConfig(text.str(), path, issues));
+  ResolveJobRelativePaths(path, &config);
+  return config;
 }
 
 Result<int> FindSite(const pb::JobConfig& config, std::string_view name) {

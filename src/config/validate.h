@@ -8,6 +8,8 @@
 //   validate_wan.cc       wan {}, fault {}
 //   validate_sync.cc      sync {}
 //   validate_security.cc  security {} and the sites' keys
+//   validate_programs.cc  worker and evaluator programs, model.kind
+//                         EXTERNAL (weights, metrics, target)
 #ifndef MERIDIAN_CONFIG_VALIDATE_H_
 #define MERIDIAN_CONFIG_VALIDATE_H_
 
@@ -35,6 +37,8 @@ void ValidateFault(const pb::FaultConfig& fault, const IssueReporter& r);
 void ValidateSync(const pb::JobConfig& config, const IssueReporter& r);
 
 void ValidateSecurity(const pb::JobConfig& config, const IssueReporter& root);
+
+void ValidatePrograms(const pb::JobConfig& config, const IssueReporter& root);
 
 }  // namespace meridian::config_internal
 

@@ -62,6 +62,23 @@ void ValidatePartition(const pb::PartitionConfig& partition, int num_sites,
 
 void ValidateModel(const pb::ModelConfig& model, const IssueReporter& r) {
   r.Specified("kind", model.kind());
+  if (model.kind() == pb::EXTERNAL) {
+    // weights, metrics and loss_metric: ValidatePrograms.
+    r.Check(model.hidden_size() == 0 && model.layers_size() == 0 &&
+                !model.has_preset() && !model.has_input_channels() &&
+                !model.has_rank() && !model.has_l2(),
+            "kind",
+            "EXTERNAL takes its tensors from model.weights; hidden, layers, "
+            "preset, input_channels, rank and l2 are for the built-in kinds");
+    return;
+  }
+  r.Check(!model.has_weights(), "weights",
+          "is for kind EXTERNAL (a built-in model makes its initial "
+          "weights from the job's seed)");
+  r.Check(model.metrics_size() == 0, "metrics",
+          "are for kind EXTERNAL (a built-in model's metric is accuracy, "
+          "or the test RMSE of MATRIX_FACTORIZATION)");
+  r.Check(!model.has_loss_metric(), "loss_metric", "is for kind EXTERNAL");
   if (model.kind() == pb::MATRIX_FACTORIZATION) {
     r.Check(model.hidden_size() == 0 && model.layers_size() == 0 &&
                 !model.has_preset() && !model.has_input_channels(),

@@ -11,12 +11,65 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <string_view>
 
 namespace meridian {
 
+namespace {
+
+// The name of an environment entry "NAME=VALUE".
+std::string_view EntryName(std::string_view entry) {
+  return entry.substr(0, entry.find('='));
+}
+
+// This process's environment with `options` applied: the child's.
+std::vector<std::string> ChildEnvironment(const SpawnOptions& options) {
+  std::vector<std::string> entries;
+  auto replaced = [&](std::string_view name) {
+    for (const std::string& unset : options.unset_environment) {
+      if (unset == name) return true;
+    }
+    for (const std::string& set : options.set_environment) {
+      if (EntryName(set) == name) return true;
+    }
+    return false;
+  };
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    if (!replaced(EntryName(*entry))) entries.emplace_back(*entry);
+  }
+  entries.insert(entries.end(), options.set_environment.begin(),
+                 options.set_environment.end());
+  return entries;
+}
+
+std::vector<char*> NullTerminated(const std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (const std::string& s : strings) {
+    pointers.push_back(const_cast<char*>(s.c_str()));
+  }
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+// In the child after fork: writes `what` and errno's description to
+// stderr (the log) and exits 127. Async-signal-safe: strerrordesc_np
+// returns a constant string.
+[[noreturn]] void ExitChild(const std::string& what) {
+  const char* reason = ::strerrordesc_np(errno);
+  if (reason == nullptr) reason = "unknown error";
+  [[maybe_unused]] ssize_t ignored =
+      ::write(STDERR_FILENO, what.data(), what.size());
+  ignored = ::write(STDERR_FILENO, reason, std::strlen(reason));
+  ignored = ::write(STDERR_FILENO, "\n", 1);
+  ::_exit(127);
+}
+
+}  // namespace
+
 Result<ChildProcess> ChildProcess::Spawn(std::string name,
                                          const std::vector<std::string>& argv,
-                                         const std::string& log_path) {
+                                         const std::string& log_path,
+                                         const SpawnOptions& options) {
   if (argv.empty()) return InvalidArgumentError("empty command line");
   const int log_fd =
       ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -31,11 +84,14 @@ Result<ChildProcess> ChildProcess::Spawn(std::string name,
   }
   // Everything the child needs is prepared before fork: after it only
   // async-signal-safe calls are allowed.
-  std::vector<char*> args;
-  for (const std::string& arg : argv) {
-    args.push_back(const_cast<char*>(arg.c_str()));
-  }
-  args.push_back(nullptr);
+  std::vector<char*> args = NullTerminated(argv);
+  const std::vector<std::string> environment = ChildEnvironment(options);
+  std::vector<char*> envp = NullTerminated(environment);
+  const std::string chdir_failed = "meridian: cannot change into '" +
+                                   options.working_dir + "' to start " +
+                                   argv[0] + ": ";
+  const std::string exec_failed =
+      "meridian: cannot execute '" + argv[0] + "': ";
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -59,11 +115,12 @@ Result<ChildProcess> ChildProcess::Spawn(std::string name,
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
     ::signal(SIGPIPE, SIG_DFL);
-    ::execv(args[0], args.data());
-    const char message[] = "meridian: exec failed\n";
-    [[maybe_unused]] ssize_t ignored =
-        ::write(STDERR_FILENO, message, sizeof(message) - 1);
-    ::_exit(127);
+    if (!options.working_dir.empty() &&
+        ::chdir(options.working_dir.c_str()) != 0) {
+      ExitChild(chdir_failed);
+    }
+    ::execve(args[0], args.data(), envp.data());
+    ExitChild(exec_failed);
   }
   ::close(log_fd);
   ::close(ready[1]);

@@ -13,6 +13,7 @@
 #include <zmq.hpp>
 
 #include "launch/endpoints_file.h"
+#include "launch/programs.h"
 #include "launch/progress.h"
 #include "launch/run_manifest.h"
 #include "launch/run_security.h"
@@ -86,12 +87,16 @@ class JobRun final : private SupervisorHooks {
         options_(options),
         manifest_(options.out_dir),
         endpoints_(options.out_dir + "/endpoints.json", job.name()),
+        programs_(MakeProgramContext(options.config_path, options.config_path,
+                                     options.out_dir)),
         wanem_control_(job, &manifest_, &wall_),
         supervisor_(SupervisionOf(job, options), &wall_, &manifest_,
                     &endpoints_, this),
         display_(options.progress) {}
 
   Result<pb::RunReport> Run() {
+    // A program that cannot start fails the run before anything starts.
+    MERIDIAN_RETURN_IF_ERROR(FindJobPrograms(job_, options_.config_path));
     MERIDIAN_RETURN_IF_ERROR(PrepareOutDir());
     MERIDIAN_RETURN_IF_ERROR(PrepareSecurity());
     MERIDIAN_RETURN_IF_ERROR(PrepareControlToken());
@@ -153,6 +158,11 @@ class JobRun final : private SupervisorHooks {
         RunSecurity security,
         PrepareRunSecurity(job_, options_.out_dir, options_.config_path));
     options_.config_path = std::move(security.config_path);
+    // Programs read the job file the other children read; they still run
+    // in the directory of the one the user gave.
+    std::error_code error;
+    programs_.job_path =
+        std::filesystem::absolute(options_.config_path, error).string();
     ephemeral_keys_ = std::move(security.ephemeral_keys);
     return Status::Ok();
   }
@@ -185,36 +195,21 @@ class JobRun final : private SupervisorHooks {
     MERIDIAN_RETURN_IF_ERROR(StartWanem());
     endpoints_.Write();
     MERIDIAN_RETURN_IF_ERROR(IntroducePeers());
-    const std::string logs = options_.out_dir + "/logs/";
     size_t workers = 0;
+    size_t evaluators = 0;
     for (int s = 0; s < job_.site_size(); ++s) {
-      const pb::SiteConfig& site = job_.site(s);
-      MERIDIAN_ASSIGN_OR_RETURN(const std::string site_endpoint,
-                                WorkerEndpoint(s));
-      for (uint32_t w = 0; w < SiteWorkerCount(site); ++w) {
-        std::string endpoint = site_endpoint;
-        if (WorkerGroupOf(site, w).has_link()) {
-          MERIDIAN_ASSIGN_OR_RETURN(
-              endpoint, wanem_control_.RouteWorker(s, w, site_endpoint));
-        }
-        Supervised child;
-        child.role = Role::kWorker;
-        child.name =
-            "worker " + std::to_string(w) + " of site '" + site.name() + "'";
-        child.subject = site.name() + "/" + std::to_string(w);
-        child.site = ServingSite(job_, s);
-        child.argv = {
-            binary_,     "worker",    "--config", options_.config_path,
-            "--site",    site.name(), "--index",  std::to_string(w),
-            "--connect", endpoint};
-        child.log_path =
-            logs + "worker-" + site.name() + "-" + std::to_string(w) + ".log";
-        MERIDIAN_RETURN_IF_ERROR(supervisor_.Spawn(std::move(child)).status());
-        ++workers;
+      MERIDIAN_RETURN_IF_ERROR(StartWorkers(s, &workers));
+      if (!EvaluatorCommand(job_, s).empty()) {
+        MERIDIAN_RETURN_IF_ERROR(StartEvaluator(s));
+        ++evaluators;
       }
     }
     MLOG(INFO) << "started " << progress_.size() << " site servers and "
-               << workers << " workers; logs in " << logs;
+               << workers << " workers"
+               << (evaluators > 0
+                       ? ", " + std::to_string(evaluators) + " evaluators"
+                       : std::string())
+               << "; logs in " << options_.out_dir << "/logs/";
     if (!options_.fail_fast && supervisor_.max_restarts() > 0) {
       MLOG(INFO) << "a child that fails is restarted up to "
                  << supervisor_.max_restarts()
@@ -222,6 +217,64 @@ class JobRun final : private SupervisorHooks {
                     "at the first failure)";
     }
     return Status::Ok();
+  }
+
+  // The workers of site `s`: `meridian worker`, or the group's program
+  // with the same place in the job (MERIDIAN_*, programs.h).
+  Status StartWorkers(int s, size_t* started) {
+    const pb::SiteConfig& site = job_.site(s);
+    MERIDIAN_ASSIGN_OR_RETURN(const std::string site_endpoint,
+                              WorkerEndpoint(s));
+    for (uint32_t w = 0; w < SiteWorkerCount(site); ++w) {
+      std::string endpoint = site_endpoint;
+      if (WorkerGroupOf(site, w).has_link()) {
+        MERIDIAN_ASSIGN_OR_RETURN(
+            endpoint, wanem_control_.RouteWorker(s, w, site_endpoint));
+      }
+      Supervised child;
+      child.role = Role::kWorker;
+      child.name =
+          "worker " + std::to_string(w) + " of site '" + site.name() + "'";
+      child.subject = site.name() + "/" + std::to_string(w);
+      child.site = ServingSite(job_, s);
+      if (WorkerGroupOf(site, w).command_size() > 0) {
+        MERIDIAN_ASSIGN_OR_RETURN(
+            ProgramProcess program,
+            WorkerProgram(job_, programs_, s, w, endpoint));
+        child.name += " (" + program.command + ")";
+        child.argv = std::move(program.argv);
+        child.spawn = std::move(program.spawn);
+      } else {
+        child.argv = {
+            binary_,     "worker",    "--config", options_.config_path,
+            "--site",    site.name(), "--index",  std::to_string(w),
+            "--connect", endpoint};
+      }
+      child.log_path = options_.out_dir + "/logs/worker-" + site.name() + "-" +
+                       std::to_string(w) + ".log";
+      MERIDIAN_RETURN_IF_ERROR(supervisor_.Spawn(std::move(child)).status());
+      ++*started;
+    }
+    return Status::Ok();
+  }
+
+  // The evaluator program of site `s`, on its server's worker endpoint.
+  Status StartEvaluator(int s) {
+    const pb::SiteConfig& site = job_.site(s);
+    MERIDIAN_ASSIGN_OR_RETURN(
+        ProgramProcess program,
+        EvaluatorProgram(job_, programs_, s, server_endpoints_[s]));
+    Supervised child;
+    child.role = Role::kEvaluator;
+    child.name =
+        "evaluator of site '" + site.name() + "' (" + program.command + ")";
+    child.subject = site.name() + "/evaluator";
+    child.site = s;
+    child.argv = std::move(program.argv);
+    child.spawn = std::move(program.spawn);
+    child.log_path =
+        options_.out_dir + "/logs/evaluator-" + site.name() + ".log";
+    return supervisor_.Spawn(std::move(child)).status();
   }
 
   // Starts a server for every site that runs one and waits until each
@@ -473,6 +526,7 @@ class JobRun final : private SupervisorHooks {
         return "; " + std::to_string(wanem_control_.routes()) +
                " routes re-added on their ports";
       case Role::kWorker:
+      case Role::kEvaluator:
         return "";
     }
     return "";
@@ -490,6 +544,7 @@ class JobRun final : private SupervisorHooks {
         }
         return;
       case Role::kWorker:
+      case Role::kEvaluator:
         return;
     }
   }
@@ -647,6 +702,7 @@ class JobRun final : private SupervisorHooks {
   // OUT/run.json: the launcher's events and wanem's counters live here.
   RunManifestFile manifest_;
   EndpointsFile endpoints_;  // OUT/endpoints.json
+  ProgramContext programs_;  // where worker and evaluator programs run
   WanemControl wanem_control_;
   // Every child; its indices are those of progress_ and the hooks.
   Supervisor supervisor_;

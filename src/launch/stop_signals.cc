@@ -27,4 +27,6 @@ const std::atomic<bool>* InstallStopSignalHandlers() {
 
 const std::atomic<int>* StopSignalCount() { return &g_stop_signals; }
 
+void RequestStop() { g_stop_signal.store(true); }
+
 }  // namespace meridian

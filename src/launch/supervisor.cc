@@ -27,6 +27,7 @@ constexpr double kBindRetryFirstS = 0.5;
 constexpr double kStartStepRetryS = 0.5;
 // Starts the line written into a child's log before each restart.
 constexpr const char* kSeparatorPrefix = "===== meridian run: ";
+constexpr const char* kLauncher = "meridian run";
 
 std::string LocalTimeNow() {
   char stamp[32];
@@ -55,6 +56,19 @@ double RestartBackoffSeconds(double first_s, uint32_t restart) {
   const double doubled =
       first_s * std::pow(2.0, static_cast<double>(std::max(restart, 1u) - 1));
   return std::min(doubled, kMaxBackoffS);
+}
+
+void AppendRestartSeparator(const std::string& launcher,
+                            const std::string& log_path, uint32_t restart,
+                            uint32_t max_restarts, const std::string& name,
+                            const std::string& ended) {
+  const std::string separator =
+      "===== " + launcher + ": restart " + std::to_string(restart) + " of " +
+      std::to_string(max_restarts) + " of " + name + " at " + LocalTimeNow() +
+      " (the previous process " + ended + ") =====";
+  if (Status appended = AppendLogLine(log_path, separator); !appended.ok()) {
+    MLOG(WARNING) << appended;
+  }
 }
 
 std::string SelfExecutable() {
@@ -112,15 +126,16 @@ bool Supervisor::StopRequested() const {
 Result<size_t> Supervisor::Spawn(Supervised child) {
   MERIDIAN_ASSIGN_OR_RETURN(
       ChildProcess process,
-      ChildProcess::Spawn(child.name, child.argv, child.log_path));
+      ChildProcess::Spawn(child.name, child.argv, child.log_path, child.spawn));
   child.process.emplace(std::move(process));
   child.policy = RestartPolicy(options_.max_restarts, options_.first_backoff_s);
   child.state = ChildState::kStarting;
   const size_t i = children_.size();
   if (child.role == Role::kWanem) wanem_ = i;
-  const bool worker = child.role == Role::kWorker;
+  const bool client =
+      child.role == Role::kWorker || child.role == Role::kEvaluator;
   children_.push_back(std::move(child));
-  if (worker) SetRunning(i);
+  if (client) SetRunning(i);
   return i;
 }
 
@@ -413,7 +428,8 @@ Supervisor::Verdict Supervisor::Judge(const Supervised& child, bool reset,
                                       std::string* reason) const {
   // The job is ending anyway: nothing to restart, nothing to fail.
   const bool serving_done =
-      child.role == Role::kWorker && SiteChildDone(child.site);
+      (child.role == Role::kWorker || child.role == Role::kEvaluator) &&
+      SiteChildDone(child.site);
   if (child.role == Role::kWanem ? stage_ >= Stage::kStopWanem
                                  : stage_ != Stage::kRunning) {
     *reason = "not restarted: the job is stopping";
@@ -463,19 +479,12 @@ bool Supervisor::SiteChildDone(int s) const {
 void Supervisor::Restart(size_t i) {
   Supervised& child = children_[i];
   child.policy.Restarted();
-  const std::string separator =
-      std::string(kSeparatorPrefix) + "restart " +
-      std::to_string(child.policy.restarts()) + " of " +
-      std::to_string(options_.max_restarts) + " of " + child.name + " at " +
-      LocalTimeNow() + " (the previous process " + child.ended + ") =====";
-  if (Status appended = AppendLogLine(child.log_path, separator);
-      !appended.ok()) {
-    MLOG(WARNING) << appended;
-  }
+  AppendRestartSeparator(kLauncher, child.log_path, child.policy.restarts(),
+                         options_.max_restarts, child.name, child.ended);
   hooks_->BeforeRestart(i);
   child.process.reset();
   Result<ChildProcess> process =
-      ChildProcess::Spawn(child.name, child.argv, child.log_path);
+      ChildProcess::Spawn(child.name, child.argv, child.log_path, child.spawn);
   if (!process.ok()) {
     OnFailure(i, "could not be started: " + process.status().message());
     return;
@@ -486,7 +495,7 @@ void Supervisor::Restart(size_t i) {
   MLOG(INFO) << "restarted " << child.name << " (restart "
              << child.policy.restarts() << " of " << options_.max_restarts
              << ", pid " << child.process->pid() << ")";
-  if (child.role == Role::kWorker) {
+  if (child.role == Role::kWorker || child.role == Role::kEvaluator) {
     SetRunning(i);
     Recovered(i);
     return;
@@ -517,7 +526,8 @@ void Supervisor::Recovered(size_t i) {
 
 void Supervisor::SetEndpointState(const Supervised& child,
                                   const std::string& state) {
-  if (child.role == Role::kWorker) return;
+  // endpoints.json lists the processes that serve metrics.
+  if (child.role == Role::kWorker || child.role == Role::kEvaluator) return;
   endpoints_->SetState(child.name, state);
   endpoints_->Write();
 }
@@ -525,7 +535,7 @@ void Supervisor::SetEndpointState(const Supervised& child,
 // ---- Supervisor: the ordered stop -------------------------------------------
 
 // The job must stop now (interrupt, a failure past the restart limit):
-// workers first (SIGTERM), pending restarts cancelled.
+// workers and evaluators first (SIGTERM), pending restarts cancelled.
 void Supervisor::BeginStop() {
   if (stage_ != Stage::kRunning) return;
   MLOG(INFO) << "stopping workers (up to " << FormatSeconds(kWorkerGraceS)
@@ -540,7 +550,9 @@ void Supervisor::BeginStop() {
       child.state = ChildState::kDone;
       SetEndpointState(child, "failed: " + child.ended);
     }
-    if (child.role == Role::kWorker) Stop(child, SIGTERM);
+    if (child.role == Role::kWorker || child.role == Role::kEvaluator) {
+      Stop(child, SIGTERM);
+    }
   }
 }
 
@@ -549,6 +561,10 @@ bool Supervisor::AllDone(Role role) const {
       children_.begin(), children_.end(), [role](const Supervised& child) {
         return child.role != role || child.state == ChildState::kDone;
       });
+}
+
+bool Supervisor::AllClientsDone() const {
+  return AllDone(Role::kWorker) && AllDone(Role::kEvaluator);
 }
 
 // Names of the children of `role` not done yet.
@@ -574,19 +590,20 @@ void Supervisor::AdvanceStop() {
   switch (stage_) {
     case Stage::kRunning:
       if (!AllDone(Role::kSite)) return;
-      // Every site finished the job and told its workers to stop.
+      // Every site finished the job and told its workers (and
+      // evaluators) to stop.
       stage_ = Stage::kStopWorkers;
       stop_deadline_s_ = now + kWorkerGraceS;
       workers_signal_ = 0;
       for (Supervised& child : children_) {
-        if (child.role == Role::kWorker &&
+        if ((child.role == Role::kWorker || child.role == Role::kEvaluator) &&
             child.state == ChildState::kBackoff) {
           child.state = ChildState::kDone;
         }
       }
       return;
     case Stage::kStopWorkers:
-      if (AllDone(Role::kWorker)) {
+      if (AllClientsDone()) {
         stage_ = Stage::kStopSites;
         stop_deadline_s_ = now + kSiteGraceS;
         if (!AllDone(Role::kSite)) {
@@ -603,10 +620,13 @@ void Supervisor::AdvanceStop() {
         }
       } else if (now > stop_deadline_s_) {
         workers_signal_ = workers_signal_ == 0 ? SIGTERM : SIGKILL;
+        const std::string evaluators = Remaining(Role::kEvaluator);
         MLOG(WARNING) << (workers_signal_ == SIGTERM ? "SIGTERM" : "SIGKILL")
                       << " to workers still running: "
-                      << Remaining(Role::kWorker);
+                      << Remaining(Role::kWorker)
+                      << (evaluators.empty() ? "" : "; " + evaluators);
         Escalate(Role::kWorker, workers_signal_, now);
+        Escalate(Role::kEvaluator, workers_signal_, now);
       }
       return;
     case Stage::kStopSites:
@@ -629,8 +649,7 @@ void Supervisor::AdvanceStop() {
       }
       return;
     case Stage::kKilling:
-      if (AllDone(Role::kSite) && AllDone(Role::kWorker) &&
-          AllDone(Role::kWanem)) {
+      if (AllDone(Role::kSite) && AllClientsDone() && AllDone(Role::kWanem)) {
         stage_ = Stage::kDone;
       }
       return;

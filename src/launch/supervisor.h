@@ -1,8 +1,9 @@
 // The child processes of `meridian run` and their supervision: each
 // child's state across its processes (start, restart after a backoff, the
 // port-in-use retries, the restart limit, fail-fast), the fault events of
-// its outages, and the ordered stop of the job (workers, then site servers
-// with their final flush, then wanem; a second interrupt kills everything).
+// its outages, and the ordered stop of the job (workers and evaluators,
+// then site servers with their final flush, then wanem; a second interrupt
+// kills everything).
 // What a restart means for a role beyond its command (a site server's
 // peers, wanem's routes and counters, the progress line) is left to
 // SupervisorHooks.
@@ -10,11 +11,11 @@
 // Ownership and threads: owned by the launcher's JobRun and used by the
 // thread that called RunJob alone (the monitor loop); not thread-safe.
 // Time is seconds on JobRun's stopwatch.
-// Size: one entry per child (site servers, wanem, workers), fixed once
-// every role has started; an entry lives for the run (a restart replaces
-// its process); per entry at most max_restarts + 1 outage event indices
-// (an outage ends when the child is back, and its count of restarts only
-// starts again after a healthy run, which ended the outage before).
+// Size: one entry per child (site servers, wanem, workers, evaluators),
+// fixed once every role has started; an entry lives for the run (a restart
+// replaces its process); per entry at most max_restarts + 1 outage event
+// indices (an outage ends when the child is back, and its count of restarts
+// only starts again after a healthy run, which ended the outage before).
 #ifndef MERIDIAN_LAUNCH_SUPERVISOR_H_
 #define MERIDIAN_LAUNCH_SUPERVISOR_H_
 
@@ -52,6 +53,15 @@ inline constexpr auto kMonitorInterval = std::chrono::milliseconds(100);
 inline constexpr int kLogTailLines = 8;
 // Restart backoff ceiling (fault.restart_backoff_s doubles up to it).
 inline constexpr double kMaxBackoffS = 30.0;
+
+// Appends to a restarted child's log, before its new process's output,
+// the line "===== <launcher>: restart <restart> of <max_restarts> of
+// <name> at <local time> (the previous process <ended>) =====" (a failure
+// to write is logged, not returned).
+void AppendRestartSeparator(const std::string& launcher,
+                            const std::string& log_path, uint32_t restart,
+                            uint32_t max_restarts, const std::string& name,
+                            const std::string& ended);
 
 // The pause before restart number `restart` (1 for the first) of one child:
 // first_s doubled per restart, at most kMaxBackoffS; 0 for a first_s that
@@ -111,8 +121,11 @@ class RestartPolicy {
   double last_up_s_ = 0;
 };
 
-// One child process the launcher supervises, across its restarts.
-enum class Role { kSite, kWorker, kWanem };
+// One child process the launcher supervises, across its restarts. A
+// worker is `meridian worker` or the group's program (WorkerGroup.command);
+// an evaluator is a site's evaluator program (EvaluatorConfig.command),
+// supervised and stopped as the workers are.
+enum class Role { kSite, kWorker, kEvaluator, kWanem };
 
 // kStarting: spawned, its ready line (site server, wanem) and the steps
 // after it (SET_PEERS, wanem's routes) not all done yet; kRunning: up;
@@ -126,6 +139,7 @@ struct Supervised {
   std::string subject;  // FaultEvent.subject: "site 'us'", "us/1", "wanem"
   int site = -1;        // site server: its site; worker: its serving site
   std::vector<std::string> argv;  // a restart runs this (sites: --resume)
+  SpawnOptions spawn;  // programs: their directory and MERIDIAN_* variables
   std::string log_path;
   std::optional<ChildProcess> process;  // the latest process
   ChildState state = ChildState::kStarting;
@@ -142,8 +156,8 @@ struct Supervised {
 };
 
 // The stop of the job, in order. kRunning: children are supervised
-// (restarted); kStopWorkers: workers leave (told by their sites, or
-// SIGTERM); kStopSites: site servers finish (SIGTERM: final flush,
+// (restarted); kStopWorkers: workers and evaluators leave (told by their
+// sites, or SIGTERM); kStopSites: site servers finish (SIGTERM: final flush,
 // summary); kStopWanem: wanem's final counters are read, then it stops;
 // kKilling: a second interrupt, everything got SIGKILL.
 enum class Stage {
@@ -200,8 +214,8 @@ class Supervisor {
   // ---- the start of the job: the launcher spawns every child once.
 
   // Starts `child.argv` and supervises the child from now on; its index.
-  // A worker is up (kRunning) at once; a site server or wanem stays
-  // kStarting until MarkRunning. A spawn error adds no child.
+  // A worker or evaluator is up (kRunning) at once; a site server or wanem
+  // stays kStarting until MarkRunning. A spawn error adds no child.
   Result<size_t> Spawn(Supervised child);
   // The ready line of a site server's first process, waited for until
   // `deadline` (Cancelled if the job is interrupted meanwhile). An error
@@ -272,6 +286,8 @@ class Supervisor {
   void BeginStop();
   void StopWanem();
   bool AllDone(Role role) const;
+  // Workers and evaluators, which leave together.
+  bool AllClientsDone() const;
   std::string Remaining(Role role) const;
   // Sends `signal` to every child of `role`; they have kKillGraceS from
   // `now` before the stop goes a step further.

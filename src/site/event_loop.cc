@@ -99,7 +99,10 @@ void SiteEventLoop::DispatchEvaluator(const Envelope& message) {
 }
 
 void SiteEventLoop::Dispatch(const Envelope& message) {
-  if (message.header.sender().role() == pb::ROLE_EVALUATOR ||
+  // STATUS_REQUEST is answered to anyone (docs/worker-protocol.md): an
+  // evaluator waiting for its server too.
+  const bool status = message.header.type() == pb::STATUS_REQUEST;
+  if ((message.header.sender().role() == pb::ROLE_EVALUATOR && !status) ||
       message.header.type() == pb::EVAL_RESULT) {
     return DispatchEvaluator(message);
   }

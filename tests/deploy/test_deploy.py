@@ -713,6 +713,27 @@ class K8sTest(unittest.TestCase):
         else:
             self.assertFalse(secrets)
 
+    def test_workers_carry_a_programs_place(self):
+        """A worker pod names its place in the job as `meridian run` names
+        a worker program's, so a program can take the container's place."""
+        docs = load_yaml_docs(os.path.join(K8S, "base", "workers.yaml"))
+        container = pod_spec(docs[0])["containers"][0]
+        self.assertEqual(env_value(container, "MERIDIAN_ROLE"), "worker")
+        job = env_value(container, "MERIDIAN_JOB")
+        self.assertIn(job, [m["mountPath"]
+                            for m in container["volumeMounts"]])
+        index = [e for e in container["env"]
+                 if e["name"] == "MERIDIAN_WORKER_INDEX"][0]
+        self.assertIn("job-completion-index",
+                      index["valueFrom"]["fieldRef"]["fieldPath"])
+        self.assertEqual(container["env"][0]["name"], "MERIDIAN_SITE")
+
+    def test_variables_are_documented(self):
+        paths = [os.path.join(root, name)
+                 for root, _, files in os.walk(K8S) for name in files
+                 if name.endswith(".yaml")]
+        self.assertEqual(undocumented_variables(paths), [])
+
     def test_region_overlays_render_consistently(self):
         for overlay in REGION_OVERLAYS:
             with self.subTest(overlay=overlay):
@@ -784,9 +805,33 @@ def expand_specifiers(text, instance):
     return "".join(out)
 
 
+# --- the MERIDIAN_* variables ----------------------------------------------------
+
+_VARIABLE = re.compile(r"MERIDIAN_SITE_<NAME>_(?:MIRROR_)?ADDRESS|"
+                       r"MERIDIAN_[A-Z0-9_]*[A-Z0-9]")
+
+
+def undocumented_variables(paths):
+    """MERIDIAN_* names the files at `paths` use that docs/operations.md
+    does not list (a site's address overrides as MERIDIAN_SITE_<NAME>_...)."""
+    with open(src("docs", "operations.md")) as f:
+        documented = set(_VARIABLE.findall(f.read()))
+    missing = set()
+    for path in paths:
+        with open(path) as f:
+            for name in _VARIABLE.findall(f.read()):
+                generic = re.sub(r"^MERIDIAN_SITE_.+_(MIRROR_)?ADDRESS$",
+                                 lambda m: "MERIDIAN_SITE_<NAME>_" +
+                                 (m.group(1) or "") + "ADDRESS", name)
+                if generic not in documented:
+                    missing.add(f"{os.path.relpath(path, SOURCE)}: {name}")
+    return sorted(missing)
+
+
 class SystemdTest(unittest.TestCase):
     UNITS = {"meridian-site@.service": "us-east",
-             "meridian-worker@.service": "us-east-3"}
+             "meridian-worker@.service": "us-east-3",
+             "meridian-worker-program@.service": "us-east-3"}
 
     def unit(self, name):
         return parse_unit(src("deploy", "systemd", name))
@@ -856,6 +901,52 @@ class SystemdTest(unittest.TestCase):
                                 "--site", "us-east", "--index", "3"])
         self.assertLessEqual({a for a in argv if a.startswith("--")},
                              flags_in_help(meridian_help("worker")))
+
+    def test_worker_program_learns_its_place(self):
+        """The program unit's ExecStart really runs (its program replaced by
+        a stub printing its environment) with the variables of a worker
+        program, in the job file's directory, without the site's secrets."""
+        unit = self.unit("meridian-worker-program@.service")
+        instance = self.UNITS["meridian-worker-program@.service"]
+        environment = {}
+        for line in unit_values(unit, "Service", "Environment"):
+            for word in shlex.split(expand_specifiers(line, instance)):
+                name, _, value = word.partition("=")
+                environment[name] = value
+        self.assertEqual(
+            set(unit_values(unit, "Service", "UnsetEnvironment")[0].split()),
+            {"MERIDIAN_SECRET_KEY", "MERIDIAN_CONTROL_TOKEN"})
+        self.assertEqual(unit_values(unit, "Service", "WorkingDirectory"),
+                         [os.path.dirname(environment["MERIDIAN_JOB"])])
+        command = expand_specifiers(
+            unit_values(unit, "Service", "ExecStart")[0], instance)
+        self.assertIn("/usr/bin/python3", command)
+        with tempfile.TemporaryDirectory() as tmp:
+            stub = os.path.join(tmp, "python3")
+            with open(stub, "w") as f:
+                f.write('#!/bin/sh\nenv | grep "^MERIDIAN_" | sort\n'
+                        'printf "%s\\n" "$@"\n')
+            os.chmod(stub, 0o755)
+            words = [w.replace("/usr/bin/python3", stub)
+                     for w in shlex.split(command)]
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith("MERIDIAN_")}
+            env.update(environment)
+            result = run(words, env=env)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        self.assertEqual(lines, [
+            "MERIDIAN_JOB=/etc/meridian/job.pbtxt",
+            "MERIDIAN_OUT=/var/lib/meridian/us-east-3",
+            "MERIDIAN_ROLE=worker",
+            "MERIDIAN_SITE=us-east",
+            "MERIDIAN_WORKER_INDEX=3",
+            "train.py"])
+
+    def test_variables_are_documented(self):
+        paths = [src("deploy", "systemd", name) for name in
+                 os.listdir(src("deploy", "systemd"))]
+        self.assertEqual(undocumented_variables(paths), [])
 
     def test_systemd_analyze_verify(self):
         analyze = shutil.which("systemd-analyze")

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "launch/progress.h"
+#include "launch/run_test_util.h"
 #include "launch/supervisor.h"
 #include "meridian/job.pb.h"
 #include "meridian/metrics/metrics.h"
@@ -42,9 +43,13 @@ namespace {
 
 using ::meridian::testing::ReadFile;
 
+using testing::BackgroundRun;
 using testing::CommandResult;
+using testing::EventsOf;
 using testing::FindProcesses;
+using testing::Pids;
 using testing::RunCommand;
+using testing::WaitFor;
 
 // ---- pure pieces
 // -------------------------------------------------------------
@@ -210,54 +215,6 @@ TEST(SupervisionUnitTest, TopShowsRestartsSilenceAndFaults) {
 // ---- whole runs
 // --------------------------------------------------------------
 
-// A `meridian run` in a thread of the test; its output is collected.
-class BackgroundRun {
- public:
-  explicit BackgroundRun(const std::string& args)
-      : thread_([this, args] {
-          result_ = RunCommand(std::string(MERIDIAN_BINARY) + " run " + args);
-        }) {}
-  ~BackgroundRun() {
-    if (thread_.joinable()) thread_.join();
-  }
-  const CommandResult& Wait() {
-    if (thread_.joinable()) thread_.join();
-    return result_;
-  }
-
- private:
-  CommandResult result_;
-  std::thread thread_;
-};
-
-// Polls `condition` every 100 ms until it holds or `timeout` passes.
-bool WaitFor(const std::function<bool()>& condition,
-             std::chrono::seconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return condition();
-}
-
-// Processes whose command line contains `needle` and every one of
-// `tokens`.
-std::vector<pid_t> Pids(const std::string& needle,
-                        const std::vector<std::string>& tokens) {
-  std::vector<pid_t> found;
-  for (pid_t pid : FindProcesses(needle)) {
-    std::string args = ReadFile("/proc/" + std::to_string(pid) + "/cmdline");
-    std::replace(args.begin(), args.end(), '\0', ' ');
-    if (std::all_of(tokens.begin(), tokens.end(), [&](const std::string& t) {
-          return args.find(t) != std::string::npos;
-        })) {
-      found.push_back(pid);
-    }
-  }
-  return found;
-}
-
 // The samples of one process of a run (by its endpoints.json name: "site
 // server 'a'", "wanem"); empty when it does not answer.
 std::vector<MetricSample> Scrape(const std::string& out,
@@ -320,18 +277,6 @@ double MaxDifference(const std::string& a, const std::string& b) {
     largest = std::max(largest, static_cast<double>(std::abs(u - v)));
   }
   return largest;
-}
-
-std::vector<pb::FaultEvent> EventsOf(const pb::RunReport& report,
-                                     pb::FaultKind kind,
-                                     const std::string& subject) {
-  std::vector<pb::FaultEvent> found;
-  for (const pb::FaultEvent& event : report.events()) {
-    if (event.kind() == kind && event.subject() == subject) {
-      found.push_back(event);
-    }
-  }
-  return found;
 }
 
 class SupervisionTest : public ::testing::Test {

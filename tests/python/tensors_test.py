@@ -221,8 +221,6 @@ class TensorFileTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, reason):
                 weights_layout(path)
 
-    @unittest.skip("server side pending: `meridian validate` does not read "
-                   "model.weights yet")
     def test_the_sites_read_it(self):
         meridian.save_initial_weights(fixture_tensors(), self.path())
         job = os.path.join(self.dir, "job.pbtxt")

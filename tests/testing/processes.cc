@@ -1,5 +1,6 @@
 #include "testing/processes.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +28,26 @@ CommandResult RunCommand(const std::string& command) {
   return result;
 }
 
+namespace {
+
+// The contents of a /proc file; empty when the process is gone (a read of
+// an exiting process's file fails with ESRCH, which std::ifstream would
+// throw).
+std::string ReadProcFile(const std::filesystem::path& path) {
+  std::string text;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return text;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0) {
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return n < 0 ? std::string() : text;
+}
+
+}  // namespace
+
 std::vector<pid_t> FindProcesses(const std::string& needle) {
   std::vector<pid_t> found;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
@@ -34,14 +55,11 @@ std::vector<pid_t> FindProcesses(const std::string& needle) {
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     const pid_t pid = std::stoi(name);
     if (pid == ::getpid()) continue;
-    std::ifstream cmdline(entry.path() / "cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmdline)),
-                     std::istreambuf_iterator<char>());
+    std::string args = ReadProcFile(entry.path() / "cmdline");
     std::replace(args.begin(), args.end(), '\0', ' ');
     if (args.find(needle) == std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string stat_line;
-    std::getline(stat, stat_line);
+    const std::string stat = ReadProcFile(entry.path() / "stat");
+    const std::string stat_line = stat.substr(0, stat.find('\n'));
     const size_t paren = stat_line.rfind(')');
     if (paren != std::string::npos && paren + 2 < stat_line.size() &&
         stat_line[paren + 2] == 'Z') {

@@ -40,7 +40,11 @@ Result<pb::JobConfig> ParseJobConfig(
     std::vector<ConfigIssue>* issues = nullptr);
 
 // Reads `path` and calls ParseJobConfig. A missing or unreadable file is
-// NotFound / InvalidArgument naming the path.
+// NotFound / InvalidArgument naming the path. Paths in the file that are
+// relative to the job file's directory come back absolute (model.weights),
+// so every process that loads the file, and every file derived from the
+// loaded config (`meridian run`'s job with ephemeral keys), reads the same
+// file wherever it runs.
 Result<pb::JobConfig> LoadJobConfig(const std::string& path,
                                     std::vector<ConfigIssue>* issues = nullptr);
 

@@ -23,16 +23,33 @@ namespace meridian {
 // The file descriptor number a child finds its readiness pipe on.
 inline constexpr int kReadyFd = 3;
 
+// Where a child runs and what it finds in its environment, beyond this
+// process's own.
+struct SpawnOptions {
+  // The child's working directory; empty: this process's.
+  std::string working_dir;
+  // "NAME=VALUE" entries set in the child's environment (over this
+  // process's entry of the same name).
+  std::vector<std::string> set_environment;
+  // Names removed from the child's environment (applied before `set`).
+  std::vector<std::string> unset_environment;
+};
+
 // One child process. Movable, not copyable. The destructor kills (SIGKILL)
 // and reaps a child that is still running, so no child outlives its owner.
 class ChildProcess {
  public:
-  // Starts `argv[0]` with `argv`, stdout and stderr appended to `log_path`,
-  // and the write end of a fresh pipe on kReadyFd. The child gets SIGTERM
-  // if this process dies.
+  // Starts `argv[0]` (a path: no PATH search) with `argv`, stdout and
+  // stderr appended to `log_path`, and the write end of a fresh pipe on
+  // kReadyFd, in the directory and environment `options` say. The child
+  // gets SIGTERM if the thread that called Spawn ends (PR_SET_PDEATHSIG):
+  // call it from a thread that outlives the child. A child that cannot
+  // change into its directory or execute the program writes why into its
+  // log and exits with status 127.
   static Result<ChildProcess> Spawn(std::string name,
                                     const std::vector<std::string>& argv,
-                                    const std::string& log_path);
+                                    const std::string& log_path,
+                                    const SpawnOptions& options = {});
 
   ChildProcess(ChildProcess&& other) noexcept;
   ChildProcess& operator=(ChildProcess&& other) noexcept;

@@ -49,9 +49,16 @@ struct RunOptions {
 //     site server restarts with --resume on the endpoints it bound first,
 //     wanem on the same route ports. Past the limit (or fail_fast) the job
 //     stops and fails, naming the child, how it ended and its log's tail.
-//   - the job stops in order: workers (told by their sites, else SIGTERM),
-//     then site servers (SIGTERM: they finish, flush to their peers and
-//     write their summaries), then wanem after its final counters are read.
+//   - a worker group with a command runs that program in place of
+//     `meridian worker`, and a site with a server and an evaluator command
+//     runs one evaluator process: in the job file's directory, with the
+//     MERIDIAN_* environment of docs/operations.md, supervised as the
+//     built-in workers are (logs OUT/logs/worker-<site>-<i>.log and
+//     OUT/logs/evaluator-<site>.log).
+//   - the job stops in order: workers and evaluators (told by their sites,
+//     else SIGTERM), then site servers (SIGTERM: they finish, flush to their
+//     peers and write their summaries), then wanem after its final counters are
+//     read.
 // Every child is stopped before this returns, whatever happens. report.json
 // is written in every case (with the summaries that exist, and outcome
 // "failed: ..." when the job failed); the error is then returned too.
@@ -59,6 +66,19 @@ struct RunOptions {
 // options.resume after every process was killed.
 Result<pb::RunReport> RunJob(const pb::JobConfig& job,
                              const RunOptions& options);
+
+// Finds the worker and evaluator programs (WorkerGroup.command,
+// EvaluatorConfig.command) of every site of `job`, or of site index `site`
+// alone (its workers' and its evaluator), as the launcher starts them:
+// from the directory of the job file at `config_path`, with this process's
+// $PATH (as execvp does; relative program paths against that directory).
+// The first that cannot be started is an error (NotFound, or
+// FailedPrecondition for a file that is not executable) naming the field,
+// the site, the command, where the program was looked for and the working
+// directory. RunJob checks it before anything starts; `meridian run` and
+// `meridian site --with-workers` call it first to report bad input.
+Status FindJobPrograms(const pb::JobConfig& job, const std::string& config_path,
+                       int site = -1);
 
 }  // namespace meridian
 

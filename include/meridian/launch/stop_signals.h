@@ -12,6 +12,9 @@ namespace meridian {
 const std::atomic<bool>* InstallStopSignalHandlers();
 // How many SIGINT/SIGTERM arrived since InstallStopSignalHandlers.
 const std::atomic<int>* StopSignalCount();
+// Sets the flag as a first stop signal would (without counting a signal):
+// the process stops itself in order. Any thread.
+void RequestStop();
 
 }  // namespace meridian
 
