@@ -34,6 +34,7 @@
 #include "meridian/wan/presets.h"
 #include "meridian/wan/wanem.h"
 #include "meridian/worker/worker.h"
+#include "export_weights.h"
 
 namespace meridian {
 namespace {
@@ -731,6 +732,7 @@ struct Flags {
   std::string validate_config;  // validate FILE
   RunFlags run;
   LocalFlags local;
+  ExportWeightsFlags export_weights;
   std::vector<std::string> compare_dirs;  // compare DIR...
   TopFlags top;
   ReportFlags report;
@@ -818,6 +820,7 @@ struct Commands {
   CLI::App* run = nullptr;
   CLI::App* compare = nullptr;
   CLI::App* local = nullptr;
+  CLI::App* export_weights = nullptr;
   CLI::App* top = nullptr;
   CLI::App* report = nullptr;
   CLI::App* site = nullptr;
@@ -875,6 +878,19 @@ void AddJobCommands(CLI::App* app, Flags* flags, Commands* commands) {
                    "compute threads per step (default 1; as a worker's "
                    "workers.threads)")
       ->check(CLI::Range(1, kMaxWorkerThreads));
+
+  commands->export_weights = app->add_subcommand(
+      "export-weights",
+      "Write the job's built-in model's initial weights (what every site "
+      "server starts from) as a safetensors file with the model's tensor "
+      "names: the weights of a PyTorch copy of it (model.kind EXTERNAL)");
+  commands->export_weights
+      ->add_option("FILE", flags->export_weights.config, "job file")
+      ->required();
+  commands->export_weights
+      ->add_option("--out", flags->export_weights.out,
+                   "the safetensors file to write")
+      ->required();
 
   commands->compare = app->add_subcommand(
       "compare",
@@ -1122,6 +1138,7 @@ int Dispatch(const Commands& commands, const Flags& flags) {
   if (*commands.run) return Run(flags.run);
   if (*commands.compare) return Compare(flags.compare_dirs);
   if (*commands.local) return Local(flags.local);
+  if (*commands.export_weights) return ExportWeights(flags.export_weights);
   if (*commands.site) return Site(flags.site);
   if (*commands.keygen) return Keygen(flags.keygen);
   if (*commands.worker) return WorkerRole(flags.worker);

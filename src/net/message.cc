@@ -492,7 +492,10 @@ Parsed<DecodedRows> DecodeRows(const pb::TensorSlice& slice,
       payload.subspan(sizeof(uint32_t) * (count + 1));
   MERIDIAN_RETURN_IF_REJECTED(CheckFinite(slice, values));
   out->values.resize(count * row_length);
-  std::memcpy(out->values.data(), values.data(), values.size());
+  // No rows: an empty vector's data() may be null, which memcpy must not get.
+  if (!values.empty()) {
+    std::memcpy(out->values.data(), values.data(), values.size());
+  }
   return decoded;
 }
 

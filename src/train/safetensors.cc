@@ -1,8 +1,6 @@
 #include "meridian/train/safetensors.h"
 
 #include <fcntl.h>
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,22 +10,26 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 
 namespace meridian {
 namespace {
 
-using google::protobuf::ListValue;
-using google::protobuf::Struct;
-using google::protobuf::Value;
+// nlohmann::json, not protobuf's Struct: the Struct type is compiled into
+// libprotobuf, whose map layout differs from the one its headers give a
+// ThreadSanitizer build (map_field.h), so reading one from our code crashes
+// there. A header-only parser is compiled with our own flags.
+using Json = nlohmann::json;
 
 constexpr std::string_view kMetadataKey = "__metadata__";
 
 // A non-negative integer held exactly by a JSON number (a double).
-std::optional<uint64_t> WholeNumber(const Value& value) {
-  if (value.kind_case() != Value::kNumberValue) return std::nullopt;
-  const double number = value.number_value();
+std::optional<uint64_t> WholeNumber(const Json& value) {
+  if (value.is_number_unsigned()) return value.get<uint64_t>();
+  if (!value.is_number_float()) return std::nullopt;
+  const double number = value.get<double>();
   // 2^53: beyond it a double no longer holds every integer.
   if (!(number >= 0) || number > 9007199254740992.0 ||
       std::floor(number) != number) {
@@ -39,43 +41,42 @@ std::optional<uint64_t> WholeNumber(const Value& value) {
 // One entry of the header: {"dtype": ..., "shape": [...],
 // "data_offsets": [b, e]}, checked against itself (not yet against the
 // buffer).
-Result<FileTensor> ParseEntry(const std::string& name, const Value& value,
+Result<FileTensor> ParseEntry(const std::string& name, const Json& value,
                               std::string_view what) {
   const std::string where =
       std::string(what) + ": tensor '" + name + "'";
   if (name.empty()) {
     return DataLossError(std::string(what) + ": a tensor has an empty name");
   }
-  if (value.kind_case() != Value::kStructValue) {
+  if (!value.is_object()) {
     return DataLossError(where + ": its entry is not an object");
   }
-  const auto& fields = value.struct_value().fields();
-  for (const auto& [key, unused] : fields) {
+  for (const auto& [key, unused] : value.items()) {
     if (key != "dtype" && key != "shape" && key != "data_offsets") {
       return DataLossError(where + ": unknown field '" + key + "'");
     }
   }
   FileTensor tensor;
   tensor.name = name;
-  const auto dtype = fields.find("dtype");
-  if (dtype == fields.end() ||
-      dtype->second.kind_case() != Value::kStringValue) {
+  const auto dtype = value.find("dtype");
+  if (dtype == value.end() || !dtype->is_string()) {
     return DataLossError(where + ": no dtype");
   }
+  const std::string& dtype_name = dtype->get_ref<const std::string&>();
   const std::optional<ElementType> type =
-      ElementTypeFromSafetensors(dtype->second.string_value());
+      ElementTypeFromSafetensors(dtype_name);
   if (!type) {
-    return DataLossError(where + ": dtype '" + dtype->second.string_value() +
+    return DataLossError(where + ": dtype '" + dtype_name +
                          "' is not one this build reads (F32, F16, BF16, "
                          "F64, I64, I32, I16, I8, U8, BOOL)");
   }
   tensor.type = *type;
-  const auto shape = fields.find("shape");
-  if (shape == fields.end() || shape->second.kind_case() != Value::kListValue) {
+  const auto shape = value.find("shape");
+  if (shape == value.end() || !shape->is_array()) {
     return DataLossError(where + ": no shape");
   }
   uint64_t elements = 1;
-  for (const Value& dim : shape->second.list_value().values()) {
+  for (const Json& dim : *shape) {
     const std::optional<uint64_t> size = WholeNumber(dim);
     if (!size) {
       return DataLossError(where + ": a shape entry is not a whole number");
@@ -87,16 +88,12 @@ Result<FileTensor> ParseEntry(const std::string& name, const Value& value,
     elements *= *size;
     tensor.shape.push_back(*size);
   }
-  const auto offsets = fields.find("data_offsets");
-  if (offsets == fields.end() ||
-      offsets->second.kind_case() != Value::kListValue ||
-      offsets->second.list_value().values_size() != 2) {
+  const auto offsets = value.find("data_offsets");
+  if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2) {
     return DataLossError(where + ": data_offsets is not [begin, end]");
   }
-  const std::optional<uint64_t> begin =
-      WholeNumber(offsets->second.list_value().values(0));
-  const std::optional<uint64_t> end =
-      WholeNumber(offsets->second.list_value().values(1));
+  const std::optional<uint64_t> begin = WholeNumber((*offsets)[0]);
+  const std::optional<uint64_t> end = WholeNumber((*offsets)[1]);
   if (!begin || !end || *end < *begin) {
     return DataLossError(where + ": data_offsets is not [begin, end] with "
                                  "begin <= end");
@@ -132,13 +129,12 @@ std::string U64Le(uint64_t value) {
 
 // A JSON string literal of `text` (names are the user's: escape them).
 std::string JsonString(std::string_view text) {
-  Value value;
-  value.set_string_value(std::string(text));
-  std::string out;
-  if (!google::protobuf::util::MessageToJsonString(value, &out).ok()) {
+  // Strict: a name that is not UTF-8 gives "" (the header would not parse).
+  try {
+    return Json(std::string(text)).dump();
+  } catch (const Json::exception&) {
     return "\"\"";
   }
-  return out;
 }
 
 }  // namespace
@@ -185,27 +181,27 @@ Result<TensorFile> ParseSafetensors(std::string bytes, std::string_view what) {
                          std::to_string(bytes.size() - 8) +
                          " after the length (truncated?)");
   }
-  Struct header;
-  google::protobuf::util::JsonParseOptions options;
-  const google::protobuf::util::Status parsed =
-      google::protobuf::util::JsonStringToMessage(
-          std::string_view(bytes).substr(8, header_bytes), &header, options);
-  if (!parsed.ok()) {
-    return DataLossError(file + ": the header is not a JSON object: " +
-                         std::string(parsed.message()));
+  // Parsed without exceptions: a malformed header gives a discarded value.
+  // The parser is iterative, so a deeply nested header does not recurse;
+  // its size is bounded above.
+  const Json header = Json::parse(
+      std::string_view(bytes).substr(8, header_bytes), /*cb=*/nullptr,
+      /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return DataLossError(file + ": the header is not a JSON object");
   }
   TensorFile out;
-  for (const auto& [name, value] : header.fields()) {
+  for (const auto& [name, value] : header.items()) {
     if (name == kMetadataKey) {
-      if (value.kind_case() != Value::kStructValue) {
+      if (!value.is_object()) {
         return DataLossError(file + ": __metadata__ is not an object");
       }
-      for (const auto& [key, entry] : value.struct_value().fields()) {
-        if (entry.kind_case() != Value::kStringValue) {
+      for (const auto& [key, entry] : value.items()) {
+        if (!entry.is_string()) {
           return DataLossError(file + ": __metadata__ '" + key +
                                "' is not a string");
         }
-        out.metadata[key] = entry.string_value();
+        out.metadata[key] = entry.get<std::string>();
       }
       continue;
     }

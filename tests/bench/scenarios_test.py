@@ -40,6 +40,8 @@ NoniidTest         ALGORITHM@SECONDS: a valid job that sends between
                    --summarize-only rebuilds the medians from the runs in
                    OUTDIR, names a missing one, publishes only with
                    --publish; --dry-run validates every cell's job
+PytorchMlpTest     --dry-run exports the built-in MLP's weights and validates
+                   the built-in and the PyTorch job
 ChaosTest          --dry-run validates the job (the shipped one with the
                    scenario's changes) and prints the schedule
 """
@@ -707,6 +709,26 @@ class ChaosTest(unittest.TestCase):
                          "security { curve: false }", "fault { }"):
                 self.assertIn(line, job)
             self.assertEqual(os.listdir(out), ["job.pbtxt"])
+
+
+class PytorchMlpTest(unittest.TestCase):
+    def test_dry_run_exports_the_weights_and_validates_both_jobs(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("pytorch_mlp", out, "--dry-run")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            for job in ("builtin", "pytorch"):
+                self.assertIn("[pytorch_mlp] %s: " % job, proc.stdout)
+            self.assertEqual(proc.stdout.count(
+                "OK (3 sites, 12 workers, ASYNC)"), 2, proc.stdout)
+            # The PyTorch job starts from the built-in model's values, as
+            # tensors of the built-in names and shapes.
+            self.assertIn("fc0.weight[256,784] fc0.bias[256] "
+                          "fc1.weight[10,256] fc1.bias[10]", proc.stdout)
+            with open(os.path.join(out, "configs", "pytorch.pbtxt")) as f:
+                job = f.read()
+            self.assertIn("kind: EXTERNAL", job)
+            self.assertIn("train.py", job)
+            self.assertIn("evaluate.py", job)
 
 
 class WorkloadSpeedTest(unittest.TestCase):

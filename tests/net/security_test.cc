@@ -16,6 +16,7 @@
 
 #include "meridian/config/config.h"
 #include "testing/processes.h"
+#include "testing/stderr_capture.h"
 #include "testing/test_data.h"
 #include "testing/status_matchers.h"
 #include "testing/text.h"
@@ -391,9 +392,7 @@ TEST(SecurityTest, UnknownKeyIsRefusedAndLogged) {
                        server.server_keys.public_key);
   client->send(zmq::str_buffer("let me in"));
   EXPECT_FALSE(server.Receive(kRefusedWindow));
-  for (int i = 0; i < 100 && server.zap->refused() == 0; ++i) {
-    std::this_thread::sleep_for(milliseconds(50));
-  }
+  testing::WaitUntil([&] { return server.zap->refused() > 0; });
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_GE(server.zap->refused(), 1u);
   EXPECT_EQ(server.zap->admitted(), 0u);

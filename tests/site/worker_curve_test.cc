@@ -26,6 +26,7 @@
 #include "testing/site_control.h"
 #include "testing/test_data.h"
 #include "testing/status_matchers.h"
+#include "testing/stderr_capture.h"
 #include "testing/text.h"
 
 namespace meridian {
@@ -285,18 +286,21 @@ TEST_F(WorkerCurveTest, ClientWithAnotherKeyIsRefused) {
   StartServer(Job(1));
   ASSERT_NE(server_, nullptr);
   const CurveKeyPair stranger = NewPair();
-  ::testing::internal::CaptureStderr();
+  testing::StderrCapture capture;
   {
     std::unique_ptr<RpcClient> client = MakeClient(stranger);
     ExpectNoAnswer(*client);
     // Not even the site's own key pair is a worker.
     std::unique_ptr<RpcClient> site_key = MakeClient(site_keys_);
     ExpectNoAnswer(*site_key);
+    // Both refusals are logged (by the ZAP thread, whenever it runs).
+    EXPECT_TRUE(capture.WaitFor(stranger.public_key)) << capture.Text();
+    EXPECT_TRUE(capture.WaitFor(site_keys_.public_key)) << capture.Text();
   }
   EXPECT_EQ(server_->Snapshot(), initial_);
   ShutdownWithWorkerKey();
   AwaitServer();
-  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string log = capture.Stop();
   EXPECT_OK(run_status_);
   EXPECT_TRUE(Contains(log,
                        "worker socket of site 'site-a': refused a "

@@ -246,19 +246,29 @@ TEST(WanemE2eTest, OneLinkFormShapesAndTakesRunTimeChanges) {
     sender.join();
     return seconds;
   };
+  // 0.5 s of bytes plus 20 ms: never sooner (the shaper's promise, up to
+  // its first burst); later only by what a busy machine adds (a late
+  // transfer is measured again).
   double seconds = 0;
-  testing::UntilWithinBounds(
-      [&] { return std::abs((seconds = transfer()) - 0.52) <= 0.1; });
-  EXPECT_NEAR(seconds, 0.52, 0.1);
+  testing::UntilWithinBounds([&] {
+    seconds = transfer();
+    EXPECT_GE(seconds, 0.45) << "never early";
+    return seconds < 1.2;
+  });
+  EXPECT_LT(seconds, 1.2);
 
   CommandResult set =
       Meridian("wanem ctl --control " + wanem.endpoint() +
                " set client-server --direction a-to-b --bandwidth 80mbit");
   EXPECT_EQ(set.exit_code, 0) << set.output;
+  // 0.05 s of bytes plus 20 ms at the new rate.
   double seconds2 = 0;
-  testing::UntilWithinBounds(
-      [&] { return std::abs((seconds2 = transfer()) - 0.07) <= 0.05; });
-  EXPECT_NEAR(seconds2, 0.07, 0.05) << "10x faster after the change";
+  testing::UntilWithinBounds([&] {
+    seconds2 = transfer();
+    EXPECT_GE(seconds2, 0.045) << "never early";
+    return seconds2 < seconds / 3;
+  });
+  EXPECT_LT(seconds2, seconds / 3) << "10x faster after the change";
   EXPECT_NE(wanem.Log().find("client->server: set 80mbit 20ms"),
             std::string::npos)
       << wanem.Log();
