@@ -42,6 +42,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -296,10 +297,11 @@ Stats RoundTrips(int fd, double seconds) {
 }
 
 // A blocking connection to 127.0.0.1:`port`; -1 when it fails (the
-// emulator may reset a refused one before connect() returns).
+// emulator may reset a refused one before connect() returns), -2 when
+// this process is out of descriptors.
 int OpenConnection(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
+  if (fd < 0) return errno == EMFILE || errno == ENFILE ? -2 : -1;
   sockaddr_in remote{};
   remote.sin_family = AF_INET;
   remote.sin_port = htons(static_cast<uint16_t>(port));
@@ -350,6 +352,12 @@ class DrippingFlood {
     for (int i = 0; i < count; ++i) {
       const int fd = OpenConnection(ports[i % 2]);
       if (fd >= 0) fds_.push_back(fd);
+      if (fd == -2) {
+        std::cerr << "listeners_bench: out of descriptors after " << i
+                  << " of " << count
+                  << " flood connections (raise the hard limit, ulimit -Hn)\n";
+        break;
+      }
     }
     Sample();
     drip_ = std::thread([this] {
@@ -605,9 +613,22 @@ std::string WithBound(const std::vector<WanemRun>& runs, F field, B bound,
 
 std::string WanemTable(const std::vector<WanemRun>& runs,
                        const Options& options) {
+  // The caps in force here (the total lowered to the descriptor limit).
+  const wan::EmulatorOptions defaults;
+  const wan::ConnectionGate gate(defaults.max_connections,
+                                 defaults.max_connections_per_route,
+                                 wan::DescriptorLimit());
+  const size_t cap = std::min(2 * gate.max_per_route(), gate.max_total());
   std::ostringstream out;
   out << "One link (100 Mbit/s, 1 ms each way), a route from each side; "
-         "caps: 64 connections per route, 1024 in all.\n\n"
+         "caps: "
+      << gate.max_per_route() << " connections per route, "
+      << gate.max_total() << " in all ("
+      << (gate.max_total() < defaults.max_connections
+              ? std::to_string(defaults.max_connections) +
+                    " lowered to what the descriptor limit allows, "
+              : std::string("descriptor limit "))
+      << wan::DescriptorLimit() << ").\n\n"
       << "| phase | round trip p50 ms | p99 ms | max ms | failed | "
          "connections admitted | RSS growth MiB | emulator descriptors | "
          "emulator threads |\n|---|---|---|---|---|---|---|---|---|\n";
@@ -654,13 +675,13 @@ std::string WanemTable(const std::vector<WanemRun>& runs,
         return r.flood.failed == 0 && r.flood.count > 0;
       });
   const bool bounded =
-      std::all_of(runs.begin(), runs.end(), [](const WanemRun& r) {
+      std::all_of(runs.begin(), runs.end(), [cap](const WanemRun& r) {
         return r.rss_growth_kib < r.rss_bound_kib &&
                r.descriptors <= r.descriptor_bound &&
-               r.threads <= r.thread_bound && r.admitted <= 2 * 64;
+               r.threads <= r.thread_bound && r.admitted <= cap;
       });
-  out << "\nCaps hold (every run within its bounds, at most 64 connections "
-         "per route): "
+  out << "\nCaps hold (every run within its bounds, at most " << cap
+      << " connections admitted): "
       << (bounded ? "**yes**" : "**no**")
       << "; the legitimate connection still forwarding in every run: "
       << (forwarding ? "**yes**" : "**no**") << ".\n";
