@@ -1,6 +1,5 @@
 #include "wan/emulator.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -16,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -23,8 +23,10 @@
 #include "meridian/core/mutex.h"
 #include "meridian/core/thread_annotations.h"
 #include "meridian/wan/units.h"
+#include "wan/connection_gate.h"
 #include "wan/shaper.h"
 #include "wan/socket_util.h"
+#include "wan/splice_pipe.h"
 #include "wan/zmtp.h"
 
 namespace meridian::wan {
@@ -64,6 +66,13 @@ struct Direction {
         std::max<uint64_t>(1, std::min<uint64_t>(read_bytes / 4, limit / 2));
   }
 
+  // Queue room neither accepted bytes nor reads under way have taken.
+  // Holds mu.
+  uint64_t FreeRoom() const {
+    const uint64_t room = shaper.Room();
+    return room > reserved ? room - reserved : 0;
+  }
+
   const std::string from;
   const std::string to;
   const size_t read_bytes;
@@ -85,6 +94,9 @@ struct Direction {
   bool passthrough = false;     // guarded by mu
   size_t chunk_bytes = 0;       // guarded by mu
   uint64_t room_threshold = 1;  // guarded by mu
+  // Room taken by shaped reads under way (Reserve): so that readers of
+  // many connections never accept more than the queue limit together.
+  uint64_t reserved = 0;  // guarded by mu
   bool stop = false;            // guarded by mu
   bool started = false;         // guarded by the emulator's mu_
   std::thread thread;
@@ -110,62 +122,8 @@ struct Half {
   std::deque<Direction::Chunk> out GUARDED_BY(mu);  // released, to be written
   bool closed GUARDED_BY(mu) = false;               // stop writing
   std::atomic<uint64_t> pending{0};  // chunks accepted, not yet written
-  // The reader's pipe for splice(); created on first use.
-  int pipe[2] = {-1, -1};
-  size_t pipe_bytes = 0;
-  bool splice_ok = true;  // false once splice() proved unsupported
-
-  ~Half() {
-    CloseFd(&pipe[0]);
-    CloseFd(&pipe[1]);
-  }
+  SplicePipe pipe;  // the reader's
 };
-
-// splice() between sockets through a pipe: the proxy never copies the bytes.
-constexpr uint64_t kSpliceMinBytes = 64 * 1024;
-constexpr uint64_t kSpliceMaxBytes = 1024 * 1024;
-constexpr ssize_t kSpliceUnsupported = -2;
-
-// Moves up to `want` bytes from half->src into the half's pipe (blocking
-// until some are there). Returns the count, 0 at end of stream, -1 with
-// errno on error, kSpliceUnsupported when splice cannot be used.
-ssize_t SpliceIn(Half* half, size_t want) {
-  if (half->pipe[0] < 0) {
-    if (::pipe2(half->pipe, O_CLOEXEC) != 0) return kSpliceUnsupported;
-    ::fcntl(half->pipe[1], F_SETPIPE_SZ, static_cast<int>(kSpliceMaxBytes));
-    const int size = ::fcntl(half->pipe[1], F_GETPIPE_SZ);
-    half->pipe_bytes = size > 0 ? static_cast<size_t>(size) : 65536;
-  }
-  want = std::min(want, half->pipe_bytes);
-  const ssize_t n =
-      ::splice(half->src, nullptr, half->pipe[1], nullptr, want, SPLICE_F_MOVE);
-  if (n < 0 && (errno == EINVAL || errno == ENOSYS)) return kSpliceUnsupported;
-  return n;
-}
-
-// Moves `size` bytes from the pipe to half->dst. False when the peer is gone.
-bool SpliceOut(Half* half, size_t size) {
-  while (size > 0) {
-    const ssize_t n = ::splice(half->pipe[0], nullptr, half->dst, nullptr, size,
-                               SPLICE_F_MOVE);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
-// Reads `size` bytes back out of the pipe.
-bool ReadPipe(Half* half, uint8_t* out, size_t size) {
-  while (size > 0) {
-    const ssize_t n = ::read(half->pipe[0], out, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    out += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
 
 struct Route;
 
@@ -231,7 +189,10 @@ struct Link {
 class Emulator::Impl {
  public:
   explicit Impl(EmulatorOptions options)
-      : options_(std::move(options)), start_(options_.clock->Now()) {
+      : options_(std::move(options)),
+        start_(options_.clock->Now()),
+        gate_(options_.max_connections, options_.max_connections_per_route,
+              DescriptorLimit()) {
     for (const LinkModel& model : options_.links) {
       auto link = std::make_unique<Link>();
       link->model = model;
@@ -242,6 +203,9 @@ class Emulator::Impl {
       by_name_[model.name()] = link.get();
       links_.push_back(std::move(link));
     }
+    MLOG(INFO) << "connections: at most " << gate_.max_per_route()
+               << " per route, " << gate_.max_total() << " in all ("
+               << DescriptorLimit() << " descriptors)";
   }
 
   ~Impl() { Stop(); }
@@ -516,6 +480,11 @@ class Emulator::Impl {
 
   void ShaperLoop(Direction* dir);
   void AcceptLoop(Route* route);
+  // Joins and closes the route's finished connections (the accept thread).
+  void Reap(Route* route);
+  // Admits the connection `fd` just accepted on `route`, or closes it
+  // with a log line naming the cap that refuses it.
+  void Admit(Route* route, int fd);
   void Deliver(Direction::Chunk chunk);
   // Passes the end of the stream on, in order: delivered at once when
   // `direct`, else queued behind the half's chunks in the shaper.
@@ -526,6 +495,7 @@ class Emulator::Impl {
 
   EmulatorOptions options_;
   const Duration start_;
+  ConnectionGate gate_;  // thread-safe
   std::vector<std::unique_ptr<Link>> links_;
   std::map<std::string, Link*> by_name_;
   // Threads: the owner and the control endpoint call the public methods;
@@ -576,7 +546,7 @@ std::optional<ReadTurn> WaitForRoom(Connection* c, Half* half,
   auto can_read = [&] {
     return c->aborted.load() || dir->stop ||
            (dir->passthrough && half->pending.load() == 0) ||
-           dir->shaper.Room() >= dir->room_threshold;
+           dir->FreeRoom() >= dir->room_threshold;
   };
   while (!can_read()) {
     dir->room.wait_for(lock, std::chrono::milliseconds(200));
@@ -585,11 +555,42 @@ std::optional<ReadTurn> WaitForRoom(Connection* c, Half* half,
   ReadTurn turn;
   turn.direct = dir->passthrough && half->pending.load() == 0;
   // A direct read can still end up queued (the link may be partitioned or
-  // shaped while it blocks), so it never exceeds the limit either.
+  // shaped while it blocks), so it never exceeds the limit either. A
+  // shaped read takes its room once the socket is readable (Reserve).
   turn.want = static_cast<size_t>(
-      std::min<uint64_t>(read_bytes, turn.direct ? dir->shaper.queue_limit()
-                                                 : dir->shaper.Room()));
+      std::min<uint64_t>(read_bytes, dir->shaper.queue_limit()));
   return turn;
+}
+
+// Waits until the source of `half` has bytes (or an end or error, which
+// the read then reports). False once the connection is aborted.
+bool WaitReadable(Connection* c, Half* half) {
+  while (!c->aborted.load()) {
+    pollfd item{half->src, POLLIN, 0};
+    const int ready = ::poll(&item, 1, 200);
+    if (ready > 0 || (ready < 0 && errno != EINTR)) return true;
+  }
+  return false;
+}
+
+// Takes up to `read_bytes` of the direction's free queue room for a read
+// about to happen (Unreserve gives it back once the bytes are queued); 0
+// when other readers took the room meanwhile.
+size_t Reserve(Half* half, size_t read_bytes) {
+  Direction* dir = half->dir;
+  std::lock_guard<std::mutex> lock(dir->mu);
+  const uint64_t want = std::min<uint64_t>(read_bytes, dir->FreeRoom());
+  if (want < dir->room_threshold) return 0;
+  dir->reserved += want;
+  return static_cast<size_t>(want);
+}
+
+void Unreserve(Direction* dir, size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(dir->mu);
+    dir->reserved -= bytes;
+  }
+  dir->room.notify_all();
 }
 
 // Whether bytes read now may be written straight away (no shaping, and
@@ -681,14 +682,14 @@ struct PipeBytes {
   Half* half;
 
   std::optional<uint64_t> Forward(size_t size) const {
-    if (!SpliceOut(half, size)) return std::nullopt;
+    if (!half->pipe.Out(half->dst, size)) return std::nullopt;
     return half->zmtp.SkipOpaque(size);
   }
   // Shaped or partitioned since the read: the bytes join the queue after
   // all.
   Buffer Take(size_t size) const {
     Buffer data = std::make_shared_for_overwrite<uint8_t[]>(size);
-    if (!ReadPipe(half, data.get(), size)) return nullptr;
+    if (!half->pipe.Read(data.get(), size)) return nullptr;
     return data;
   }
 };
@@ -749,60 +750,95 @@ void Emulator::Impl::Drop(Direction* dir, Half* half,
   dir->room.notify_all();
 }
 
+void Emulator::Impl::Reap(Route* route) {
+  std::list<std::shared_ptr<Connection>> finished;
+  {
+    MutexLock lock(&route->mu);
+    for (auto it = route->connections.begin();
+         it != route->connections.end();) {
+      if ((*it)->finished()) {
+        finished.push_back(std::move(*it));
+        it = route->connections.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& connection : finished) {
+    connection->Join();
+    // Chunks still in a shaper may keep the object alive; the sockets go
+    // now.
+    CloseFd(&connection->client_fd);
+    {
+      MutexLock lock(&connection->mu);
+      CloseFd(&connection->server_fd);
+    }
+    gate_.Release();
+  }
+}
+
 void Emulator::Impl::AcceptLoop(Route* route) {
   while (true) {
     {
       MutexLock lock(&mu_);
       if (stopping_) return;
     }
-    // Reap finished connections.
-    std::list<std::shared_ptr<Connection>> finished;
-    {
-      MutexLock lock(&route->mu);
-      for (auto it = route->connections.begin();
-           it != route->connections.end();) {
-        if ((*it)->finished()) {
-          finished.push_back(std::move(*it));
-          it = route->connections.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    for (auto& connection : finished) {
-      connection->Join();
-      // Chunks still in a shaper may keep the object alive; the sockets go
-      // now.
-      CloseFd(&connection->client_fd);
-      MutexLock lock(&connection->mu);
-      CloseFd(&connection->server_fd);
-    }
-    finished.clear();
-
+    Reap(route);
     pollfd item{route->listen_fd, POLLIN, 0};
     const int ready = ::poll(&item, 1, 100);
     if (ready <= 0) continue;
     const int fd = ::accept4(route->listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-        MLOG(WARNING) << "link " << route->spec.link << ": accept on "
-                      << route->bound << ": " << std::strerror(errno);
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
+    if (fd >= 0) {
+      Admit(route, fd);
       continue;
     }
-    SetNoDelay(fd);
-    auto connection = std::make_shared<Connection>();
-    connection->emulator = this;
-    connection->route = route;
-    connection->client_fd = fd;
-    connection->running.store(1);
-    Connection* raw = connection.get();
-    {
-      MutexLock lock(&route->mu);
-      route->connections.push_back(connection);
+    if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+      // Out of descriptors or memory: the gate keeps connections under
+      // the descriptor limit, so something else holds them; wait rather
+      // than fail in a loop.
+      MLOG_EVERY_KEY(WARNING, "wanem cannot accept on " + route->bound)
+          << Uptime(options_.clock, start_) << " link " << route->spec.link
+          << ": accept on " << route->bound << ": " << std::strerror(errno)
+          << "; accepting again in 100 ms";
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+  }
+}
+
+void Emulator::Impl::Admit(Route* route, int fd) {
+  Reap(route);  // what ended while the loop waited makes room now
+  size_t route_open = 0;
+  {
+    MutexLock lock(&route->mu);
+    route_open = route->connections.size();
+  }
+  if (std::optional<std::string> refused = gate_.TryAdmit(route_open)) {
+    MLOG_EVERY_KEY(WARNING, "wanem refuses connections on " + route->bound)
+        << Uptime(options_.clock, start_) << " link " << route->spec.link
+        << ": route " << route->bound << " refused a connection from "
+        << RemoteAddress(fd) << ": " << *refused;
+    ResetAndClose(fd);
+    return;
+  }
+  SetNoDelay(fd);
+  auto connection = std::make_shared<Connection>();
+  connection->emulator = this;
+  connection->route = route;
+  connection->client_fd = fd;
+  connection->running.store(1);
+  Connection* raw = connection.get();
+  {
+    MutexLock lock(&route->mu);
+    route->connections.push_back(connection);
+  }
+  try {
     raw->main_thread = std::thread([this, raw] { ConnectionMain(raw); });
+  } catch (const std::system_error& error) {
+    MLOG_EVERY_KEY(WARNING, "wanem threads on " + route->bound)
+        << "link " << route->spec.link << ": route " << route->bound
+        << ": no thread for a new connection (" << error.what()
+        << "); closing it";
+    raw->running.store(0);  // the next Reap closes and releases it
   }
 }
 
@@ -849,18 +885,28 @@ void Emulator::Impl::ConnectionMain(Connection* c) {
   MLOG(DEBUG) << "link " << route->spec.link << ": connection via "
               << route->bound << " to " << route->forward.ToString();
   c->running.fetch_add(3, std::memory_order_acq_rel);
-  c->others[0] = std::thread([this, c] {
-    ReadLoop(c, false);
-    c->running.fetch_sub(1, std::memory_order_acq_rel);
-  });
-  c->others[1] = std::thread([this, c] {
-    WriteLoop(c, true);
-    c->running.fetch_sub(1, std::memory_order_acq_rel);
-  });
-  c->others[2] = std::thread([this, c] {
-    WriteLoop(c, false);
-    c->running.fetch_sub(1, std::memory_order_acq_rel);
-  });
+  int started = 0;
+  try {
+    c->others[0] = std::thread([this, c] {
+      ReadLoop(c, false);
+      c->running.fetch_sub(1, std::memory_order_acq_rel);
+    });
+    ++started;
+    for (bool upstream : {true, false}) {
+      c->others[started] = std::thread([this, c, upstream] {
+        WriteLoop(c, upstream);
+        c->running.fetch_sub(1, std::memory_order_acq_rel);
+      });
+      ++started;
+    }
+  } catch (const std::system_error& error) {
+    MLOG_EVERY_KEY(WARNING, "wanem threads on " + route->bound)
+        << "link " << route->spec.link << ": route " << route->bound
+        << ": no thread for a connection (" << error.what()
+        << "); closing it";
+    c->running.fetch_sub(3 - started, std::memory_order_acq_rel);
+    c->Abort();
+  }
   ReadLoop(c, true);
   c->running.fetch_sub(1, std::memory_order_acq_rel);
 }
@@ -897,7 +943,9 @@ bool Emulator::Impl::PassOn(Connection* c, bool upstream, ssize_t n,
                             const char* what, const Bytes& bytes) {
   Half* half = upstream ? &c->up : &c->down;
   Direction* dir = half->dir;
-  if (n < 0 && errno == EINTR) return true;
+  if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
+    return true;
+  }
   if (n < 0) {
     ReadFailed(c, dir, what);
     return false;
@@ -935,27 +983,35 @@ void Emulator::Impl::ReadLoop(Connection* c, bool upstream) {
     if (!turn) return;
     // Zero-copy path: bytes the message counter need not see (frame bodies,
     // or everything once a stream is not ZMTP) go socket -> pipe -> socket.
-    if (turn->direct && half->splice_ok &&
+    if (turn->direct && half->pipe.usable() &&
         half->zmtp.OpaqueBytesAhead() >= kSpliceMinBytes) {
-      const ssize_t n =
-          SpliceIn(half, static_cast<size_t>(std::min<uint64_t>(
-                             {half->zmtp.OpaqueBytesAhead(), kSpliceMaxBytes,
-                              uint64_t{turn->want}})));
-      if (n == kSpliceUnsupported) {
-        half->splice_ok = false;
-        continue;
-      }
+      const ssize_t n = half->pipe.In(
+          half->src, static_cast<size_t>(std::min<uint64_t>(
+                         {half->zmtp.OpaqueBytesAhead(), kSpliceMaxBytes,
+                          uint64_t{turn->want}})));
+      if (n == kSpliceUnsupported) continue;
       if (!PassOn(c, upstream, n, "splice", PipeBytes{half})) return;
       continue;
+    }
+    // A shaped read waits for bytes first, then takes its queue room, so
+    // that an idle connection holds none.
+    size_t want = turn->want;
+    size_t reserved = 0;
+    if (!turn->direct) {
+      if (!WaitReadable(c, half)) return;
+      reserved = Reserve(half, read_bytes);
+      if (reserved == 0) continue;
+      want = reserved;
     }
     if (!buffer || buffer.use_count() > 1) {
       buffer = std::make_shared_for_overwrite<uint8_t[]>(read_bytes);
     }
-    const ssize_t n = ::recv(half->src, buffer.get(), turn->want, 0);
-    if (!PassOn(c, upstream, n, "read",
-                BufferBytes{half, buffer, read_bytes})) {
-      return;
-    }
+    const ssize_t n = ::recv(half->src, buffer.get(), want,
+                             reserved > 0 ? MSG_DONTWAIT : 0);
+    const bool more =
+        PassOn(c, upstream, n, "read", BufferBytes{half, buffer, read_bytes});
+    if (reserved > 0) Unreserve(half->dir, reserved);
+    if (!more) return;
   }
 }
 

@@ -24,6 +24,30 @@
 // Accounting happens where bytes cross: `bytes` counts what was written to
 // the far side's socket, `messages` the ZeroMQ messages (ZMTP 3.x framing,
 // see wan/zmtp.h) completed among those bytes. All methods are thread-safe.
+//
+// What peers can make the emulator hold (EmulatorOptions in brackets):
+//  - Connections: at most max_connections_per_route [64] per route and
+//    max_connections [1024] in all, the latter lowered to what the
+//    descriptor limit allows (wan/connection_gate.h: 6 descriptors per
+//    connection beyond 512). A connection beyond them is accepted and
+//    closed at once (an RST), with a rate-limited log line naming the cap;
+//    it costs no thread, no forward connection and no buffer. Each admitted
+//    connection has four threads and a connection to its forward address.
+//  - Bytes per connection: each direction's reader holds at most one read
+//    (read_bytes [256 KiB]); a client that sends faster than its link
+//    drains is not read (TCP backpressure), and one that does not read
+//    what is forwarded to it stops its writer, so its link direction stops
+//    reading too. Neither makes the emulator buffer more.
+//  - Bytes per link direction: at most its queue limit of accepted,
+//    undelivered bytes (reads reserve their room before they read), plus at
+//    most one read (read_bytes) per connection whose reader was passing
+//    bytes straight through when the direction got partitioned or shaped.
+// So the process holds at most (connections x 2 x read_bytes) of read
+// buffers plus the link directions' queue limits (and as much again in
+// the worst case, where a chunk keeps the read buffer it came from),
+// whatever its peers do. A client that does not read holds up the other
+// connections of its link direction (the queue is shared, as on one
+// bottleneck link), never the other direction or other links.
 #ifndef MERIDIAN_WAN_EMULATOR_H_
 #define MERIDIAN_WAN_EMULATOR_H_
 
@@ -51,6 +75,11 @@ struct EmulatorOptions {
   size_t read_bytes = 256 * 1024;
   // How long a new connection may take to reach its forward address.
   Duration connect_timeout = std::chrono::seconds(3);
+  // Connections open at once on one route, and on all routes together
+  // (lowered to what the descriptor limit allows). A job needs a few per
+  // route: one per site pair's mirror, one per worker.
+  size_t max_connections_per_route = 64;
+  size_t max_connections = 1024;
 };
 
 class Emulator {

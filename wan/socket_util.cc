@@ -135,10 +135,15 @@ Result<int> ConnectTcp(const HostPort& address, Duration timeout) {
                           error);
 }
 
-Result<std::string> LocalAddress(int fd) {
+namespace {
+
+// "host:port" of one end of `fd`, as `get_name` (getsockname or
+// getpeername) tells it.
+Result<std::string> EndAddress(int fd,
+                               int (*get_name)(int, sockaddr*, socklen_t*)) {
   sockaddr_storage storage{};
   socklen_t len = sizeof(storage);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&storage), &len) != 0) {
+  if (get_name(fd, reinterpret_cast<sockaddr*>(&storage), &len) != 0) {
     return InternalError(Errno("getsockname"));
   }
   char host[INET6_ADDRSTRLEN] = {};
@@ -156,6 +161,23 @@ Result<std::string> LocalAddress(int fd) {
   }
   out.host = host;
   return out.ToString();
+}
+
+}  // namespace
+
+Result<std::string> LocalAddress(int fd) {
+  return EndAddress(fd, ::getsockname);
+}
+
+std::string RemoteAddress(int fd) {
+  Result<std::string> address = EndAddress(fd, ::getpeername);
+  return address.ok() ? *address : "an unknown address";
+}
+
+void ResetAndClose(int fd) {
+  const linger reset{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+  ::close(fd);
 }
 
 bool WriteAll(int fd, const void* data, size_t size) {

@@ -20,6 +20,10 @@ Status ResolveTcp(const HostPort& address);
 Result<int> ConnectTcp(const HostPort& address, Duration timeout);
 // "host:port" of the socket's local end.
 Result<std::string> LocalAddress(int fd);
+// "host:port" of the socket's remote end, or "an unknown address".
+std::string RemoteAddress(int fd);
+// Closes `fd` with an RST (SO_LINGER 0): the kernel keeps nothing of it.
+void ResetAndClose(int fd);
 void SetNoDelay(int fd);
 // Writes all `size` bytes (retrying on EINTR and short writes; no SIGPIPE).
 // False when the peer is gone or the socket was shut down.

@@ -13,6 +13,7 @@
 #include "meridian/wan/control.h"
 #include "meridian/wan/presets.h"
 #include "meridian/wan/units.h"
+#include "wan/connection_gate.h"
 #include "wan/emulator.h"
 #include "wan/host_port.h"
 
@@ -167,6 +168,9 @@ Status RunWanem(const WanemOptions& options, const std::atomic<bool>* stop) {
   if (options.sample_period_s <= 0) {
     return InvalidArgumentError("sample period must be positive");
   }
+  // Connections cost descriptors (wan/connection_gate.h): take what the
+  // hard limit allows, and let the emulator size its budget from it.
+  RaiseDescriptorLimit();
   EmulatorOptions emulator_options;
   emulator_options.links = options.links;
   emulator_options.clock = options.clock;

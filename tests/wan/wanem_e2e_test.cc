@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -237,27 +238,36 @@ TEST(WanemE2eTest, OneLinkFormShapesAndTakesRunTimeChanges) {
   ASSERT_GE(peer, 0);
 
   const std::string data = testing::Pattern(500'000);  // 0.5 s at 8 Mbit/s
-  const auto start = SteadyClock::now();
-  std::thread sender([&] { testing::SendAll(fd, data); });
-  EXPECT_EQ(testing::RecvBytes(peer, data.size(), 20000), data);
-  const double seconds = SecondsSince(start);
-  sender.join();
+  auto transfer = [&] {
+    const auto start = SteadyClock::now();
+    std::thread sender([&] { testing::SendAll(fd, data); });
+    EXPECT_EQ(testing::RecvBytes(peer, data.size(), 20000), data);
+    const double seconds = SecondsSince(start);
+    sender.join();
+    return seconds;
+  };
   // 0.5 s of bytes plus 20 ms: never sooner (the shaper's promise, up to
-  // its first burst); later only by what a busy machine adds.
-  EXPECT_GE(seconds, 0.45);
+  // its first burst); later only by what a busy machine adds (a late
+  // transfer is measured again).
+  double seconds = 0;
+  testing::UntilWithinBounds([&] {
+    seconds = transfer();
+    EXPECT_GE(seconds, 0.45) << "never early";
+    return seconds < 1.2;
+  });
   EXPECT_LT(seconds, 1.2);
 
   CommandResult set =
       Meridian("wanem ctl --control " + wanem.endpoint() +
                " set client-server --direction a-to-b --bandwidth 80mbit");
   EXPECT_EQ(set.exit_code, 0) << set.output;
-  const auto start2 = SteadyClock::now();
-  std::thread sender2([&] { testing::SendAll(fd, data); });
-  EXPECT_EQ(testing::RecvBytes(peer, data.size(), 20000), data);
-  const double seconds2 = SecondsSince(start2);
-  sender2.join();
   // 0.05 s of bytes plus 20 ms at the new rate.
-  EXPECT_GE(seconds2, 0.045);
+  double seconds2 = 0;
+  testing::UntilWithinBounds([&] {
+    seconds2 = transfer();
+    EXPECT_GE(seconds2, 0.045) << "never early";
+    return seconds2 < seconds / 3;
+  });
   EXPECT_LT(seconds2, seconds / 3) << "10x faster after the change";
   EXPECT_NE(wanem.Log().find("client->server: set 80mbit 20ms"),
             std::string::npos)
@@ -270,6 +280,50 @@ TEST(WanemE2eTest, OneLinkFormShapesAndTakesRunTimeChanges) {
       << unknown.output;
   ::close(fd);
   ::close(peer);
+  EXPECT_EQ(wanem.Terminate(), 0);
+}
+
+// A route flooded beyond its cap: the connections beyond it are closed at
+// once and wanem says so, naming the cap; the first ones forward.
+TEST(WanemE2eTest, ConnectionsBeyondARoutesCapAreRefusedWithALogLine) {
+  testing::Listener server;
+  WanemProcess wanem({"--listen", "127.0.0.1:0", "--forward", server.address(),
+                      "--control", "tcp://127.0.0.1:0"});
+  ControlClient client(wanem.endpoint());
+  auto status = client.GetStatus();
+  ASSERT_OK(status);
+  const std::string listen = status->links(0).routes(0).listen();
+  std::vector<int> clients;
+  for (int i = 0; i < 80; ++i) clients.push_back(testing::Connect(listen));
+  const auto start = SteadyClock::now();
+  while (wanem.Log().find("max_connections_per_route") == std::string::npos &&
+         SecondsSince(start) < 30) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string log = wanem.Log();
+  EXPECT_NE(log.find("connections: at most 64 per route"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("refused a connection from 127.0.0.1:"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("64 connections open on this route "
+                     "(max_connections_per_route)"),
+            std::string::npos)
+      << log;
+  // The admitted ones forward (their forward connections arrive in any
+  // order; a refused one's send fails).
+  for (size_t i = 0; i < clients.size(); ++i) {
+    if (clients[i] < 0) continue;
+    const std::string hello = "hello" + std::to_string(10 + i);
+    (void)::send(clients[i], hello.data(), hello.size(), MSG_NOSIGNAL);
+  }
+  const int peer = server.Accept();
+  ASSERT_GE(peer, 0);
+  EXPECT_EQ(testing::RecvBytes(peer, 7).substr(0, 5), "hello");
+  ::close(peer);
+  for (int fd : clients) {
+    if (fd >= 0) ::close(fd);
+  }
   EXPECT_EQ(wanem.Terminate(), 0);
 }
 

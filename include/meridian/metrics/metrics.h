@@ -1,6 +1,7 @@
 // Process metrics: a thread-safe registry of named counters and gauges with
 // labels, rendered in the Prometheus text exposition format (version 0.0.4),
-// and a small HTTP server (cpp-httplib) that serves it at GET /metrics.
+// and a small HTTP server (one event-loop thread) that serves it at
+// GET /metrics.
 //
 // A role keeps a MetricsRegistry, takes a MetricCell* for every series it
 // exports once, and updates the cells from its own threads (a relaxed atomic
@@ -116,54 +117,60 @@ Result<MetricsAddress> ParseMetricsAddress(std::string_view text);
 // What a metrics endpoint grants its clients, so that slow or hostile
 // ones cannot starve scrapes (MetricsServer says what that bounds).
 struct MetricsServerLimits {
-  // The longest the server waits on a connection at a time: for a request
-  // (a new connection, or the next one on a kept-alive connection), for
-  // each further part of a request, for room to write the next part of a
-  // response.
+  // The longest one step of a connection may take, whatever the client
+  // sends: delivering a request head in full (counted from accept, or from
+  // the end of the previous response on a kept-alive connection; a byte
+  // does not restart it), and taking at least one more byte of a response
+  // it is sent.
   std::chrono::milliseconds io_timeout{2000};
-  // A connection is closed this long after the server began serving it,
-  // whatever it does (a client trickling bytes cannot hold it longer).
+  // A connection is closed this long after it was accepted, whatever it
+  // does.
   std::chrono::milliseconds connection_timeout{10000};
-  // Bytes of one request (request line, headers, body): a scrape needs a
-  // few hundred. A longer request ends the connection.
-  size_t max_request_bytes = 16384;
+  // Bytes of one request head (request line and headers; a scrape needs a
+  // few hundred): the size of each connection's head buffer. A longer head
+  // is answered 431 and ends the connection.
+  size_t max_request_bytes = 8192;
   // Requests served on one connection before the server closes it.
   size_t keep_alive_max = 10;
-  // Threads serving connections, one per connection; started on demand.
-  size_t max_threads = 64;
-  // Accepted connections waiting for a thread when all are busy. While
-  // this is full the server accepts nothing more: further connections wait
-  // in the kernel's listen backlog (128), costing this process nothing.
-  size_t max_queued = 64;
-  // A thread without a connection for this long ends (and is joined
-  // within about a second).
-  std::chrono::milliseconds idle_thread_timeout{5000};
+  // Open connections in all, and from one IP address. A new connection is
+  // always admitted: at a cap the server first closes another one
+  // (MetricsServer says which).
+  size_t max_connections = 256;
+  size_t max_connections_per_address = 64;
+  // Responses rendered afresh that may wait for slow readers at once;
+  // beyond that, a scrape is answered with the newest render if it is
+  // under a second old (shared, not copied).
+  size_t max_rendered_responses = 4;
 };
 
-// Serves GET /metrics (the registry's RenderText) and 404 on any other
-// path, on a background thread, until Stop() or destruction.
+// Serves GET (and HEAD) /metrics, the registry's RenderText, and 404 on
+// any other path, from one event-loop thread (non-blocking sockets,
+// epoll), until Stop() or destruction.
 //
 // Slow and hostile clients (the defaults of MetricsServerLimits in
-// brackets). Every connection has a serving thread of its own, so a
-// connection that sends nothing, sends half a request and stalls, reads
-// its response slowly, trickles bytes or streams endless headers holds
-// only its own thread, and for at most min(io_timeout [2 s] after the last
-// byte it moved, connection_timeout [10 s]). A scrape is served at once
-// while fewer than max_threads [64] other connections are being served.
-// With more, it waits its turn: at most about 2 x connection_timeout [20 s]
-// behind max_threads + max_queued [128] hostile connections, and longer
-// only if they keep the kernel's backlog filled as well. N such
-// connections cost min(N, 64) threads (stacks are mostly untouched virtual
-// memory: a few dozen KiB resident each), min(N, 128) descriptors and at
-// most max_request_bytes [16 KiB] of request plus one rendered response
-// each. Threads left idle end after idle_thread_timeout [5 s], so the
-// server returns to no serving thread at all. Stop() ends every
-// connection within about 100 ms (each wait on a client looks at it).
+// brackets). A connection that sends nothing, half a request, a byte at a
+// time or endless headers is closed io_timeout [2 s] after it began
+// waiting for a request, and its head buffer never exceeds
+// max_request_bytes [8 KiB]; one that does not read its response is
+// closed once it has taken nothing for io_timeout; none lives longer than
+// connection_timeout [10 s]. A new connection is always admitted: at
+// max_connections_per_address [64] connections from its address, the one
+// of that address that has waited longest for a request of its own (else
+// the one that has waited longest for its client to read) is closed
+// first; at max_connections [256] in all, likewise one of the address
+// holding the most. So a scrape, which sends its request at once and is
+// answered in the same turn of the loop, is served in milliseconds however
+// many slow or idle connections there are, and a client can only push out
+// its own connections unless it holds the most. Bounds, whatever clients
+// do: max_connections descriptors (plus 3), max_connections x
+// max_request_bytes [2 MiB] of head buffers, and at most
+// (max_rendered_responses [4] + 1 + connection_timeout in seconds [10]) x
+// the rendered text's size of responses waiting for readers. Stop() ends
+// every connection at once.
 //
-// Threads: the owner calls Start, Stop, address() and url(); cpp-httplib's
-// listening thread and the serving threads answer scrapes, touching only
-// the registry (thread-safe) and httplib's own state; the serving threads'
-// queue (metrics.cc) locks its own state.
+// Threads: the owner calls Start, Stop, address() and url(); the event
+// loop's thread answers scrapes, touching only the registry (thread-safe)
+// and its own state.
 class MetricsServer {
  public:
   // Binds `address` (ParseMetricsAddress) and starts serving. Errors: a
