@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -161,6 +162,20 @@ Result<WanemOptions> JobWanemOptions(const pb::JobConfig& job,
       control.empty() ? job.wan().control_address() : std::string(control);
   options.sample_period_s = job.wan().sample_period_s();
   options.metrics_address = job.wan().metrics_address();
+  // Headroom of 64 connections above the job's own on a route (its
+  // mirror connections, reconnects), and of 1024 in all.
+  size_t largest_site = 0;
+  size_t all_workers = 0;
+  for (const pb::SiteConfig& site : job.site()) {
+    size_t workers = 0;
+    for (const pb::WorkerGroup& group : site.workers()) {
+      workers += group.count();
+    }
+    largest_site = std::max(largest_site, workers);
+    all_workers += workers;
+  }
+  options.max_connections_per_route += largest_site;
+  options.max_connections += all_workers;
   return options;
 }
 
@@ -174,6 +189,9 @@ Status RunWanem(const WanemOptions& options, const std::atomic<bool>* stop) {
   EmulatorOptions emulator_options;
   emulator_options.links = options.links;
   emulator_options.clock = options.clock;
+  emulator_options.max_connections_per_route =
+      options.max_connections_per_route;
+  emulator_options.max_connections = options.max_connections;
   MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Emulator> emulator,
                             Emulator::Create(std::move(emulator_options)));
   for (const RouteSpec& route : options.routes) {

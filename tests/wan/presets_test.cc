@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "meridian/wan/presets.h"
+#include "meridian/wan/wanem.h"
 #include "testing/status_matchers.h"
 
 namespace meridian::wan {
@@ -36,7 +37,9 @@ TEST(PresetsTest, TableIsSymmetricAndCoversDtFmsAndGaiasRegions) {
     for (const std::string& a : *set) {
       EXPECT_TRUE(IsKnownRegion(a)) << a;
       for (const std::string& b : *set) {
-        if (a != b) EXPECT_TRUE(FindRegionPreset(a, b)) << a << " " << b;
+        if (a != b) {
+          EXPECT_TRUE(FindRegionPreset(a, b)) << a << " " << b;
+        }
       }
     }
   }
@@ -234,6 +237,21 @@ TEST(AccessLinkPresetsTest, WorkerLinksFollowTheWorkerNumberingOfTheSite) {
                 "site[0].workers[0].link.preset: unknown access network"),
             std::string::npos)
       << bad.status();
+}
+
+// A job's wanem admits every connection the job itself may open on a route
+// (all of the largest site's workers training against another site's
+// server) above the flood cap.
+TEST(PresetsTest, AJobsWanemAdmitsEveryOneOfItsWorkersOnARoute) {
+  const pb::JobConfig job = Job(
+      "site { name: 'a' region: 'us-east-1' workers { count: 100 } "
+      "       workers { count: 20 } }"
+      "site { name: 'b' region: 'eu-central-1' server_site: 'a' "
+      "       workers { count: 3 } }");
+  Result<WanemOptions> options = JobWanemOptions(job, "none");
+  ASSERT_OK(options);
+  EXPECT_EQ(options->max_connections_per_route, 64u + 120u);
+  EXPECT_EQ(options->max_connections, 1024u + 123u);
 }
 
 }  // namespace

@@ -58,6 +58,12 @@ struct WanemOptions {
   // on without one.
   std::string metrics_address;
   const Clock* clock = SystemClock();
+  // The emulator's connection caps (EmulatorOptions, wan/emulator.h). A
+  // job's wanem raises them to what the job itself may open: every worker
+  // of the largest site can cross one route (a site whose server_site is
+  // another), so a flood is refused and a job's own workers never are.
+  size_t max_connections_per_route = 64;
+  size_t max_connections = 1024;
 };
 
 // The one-link form: sites "client" and "server", link "client-server",
