@@ -135,7 +135,15 @@ Status ValidateCompressionConfig(const pb::CompressionConfig& config) {
     return InvalidArgumentError(
         "compression.value_coding: unknown coding " +
         std::to_string(config.value_coding()) +
-        " (VALUE_FP32, VALUE_FP16, VALUE_BF16, VALUE_INT8, VALUE_INT4)");
+        " (VALUE_FP32, VALUE_FP16, VALUE_BF16, VALUE_INT8, VALUE_INT4, "
+        "VALUE_INT2)");
+  }
+  if (config.index_coding() == pb::INDEX_DENSE &&
+      !compression::HasZeroLevel(config.value_coding())) {
+    return InvalidArgumentError(
+        "compression.index_coding: INDEX_DENSE with VALUE_INT2, which has no "
+        "zero level, would send every unselected element as +-s/3; use "
+        "INDEX_AUTO, INDEX_DELTA_VARINT or INDEX_BITMAP");
   }
   if (config.block_size() < 1 ||
       config.block_size() > kMaxCompressionBlockSize) {
@@ -206,6 +214,9 @@ std::string DescribeCompressionConfig(const pb::CompressionConfig& config) {
       break;
     case pb::VALUE_INT4:
       text += " + int4/" + std::to_string(config.block_size());
+      break;
+    case pb::VALUE_INT2:
+      text += " + int2/" + std::to_string(config.block_size());
       break;
     default:
       text += " + ?";
@@ -344,8 +355,13 @@ struct UpdateEncoder::State {
     pb::IndexCoding coding = requested;
     uint64_t delta_bytes = 0;
     if (coding == pb::INDEX_AUTO) {
-      coding = pb::INDEX_DENSE;
-      uint64_t best = dense_value_bytes;
+      // Without a zero level the dense form is exact only when every
+      // element is sent.
+      const bool dense_ok =
+          compression::HasZeroLevel(value_coding) || sel.m == n;
+      coding = dense_ok ? pb::INDEX_DENSE : pb::INDEX_BITMAP;
+      uint64_t best = dense_ok ? dense_value_bytes
+                               : sparse_value_bytes + bitmap_bytes;
       if (sparse_value_bytes + bitmap_bytes < best) {
         coding = pb::INDEX_BITMAP;
         best = sparse_value_bytes + bitmap_bytes;
@@ -627,6 +643,7 @@ Result<EncodedUpdate> UpdateEncoder::EncodeDense(std::span<const float> update,
     const pb::IndexCoding ic = s.config.index_coding();
     if (ic == pb::INDEX_DENSE ||
         (ic == pb::INDEX_AUTO &&
+         (compression::HasZeroLevel(vc) || candidates == n) &&
          dense_bytes <=
              sparse_bytes +
                  std::min<uint64_t>(compression::BitmapBytes(n), candidates))) {
@@ -761,7 +778,7 @@ Result<EncodedInfo> ParseFixedHeader(std::span<const std::byte> encoded,
   const int index = (codings >> compression::kIndexCodingShift) &
                     compression::kIndexCodingMask;
   if ((codings & compression::kReservedBit) != 0 || value < pb::VALUE_FP32 ||
-      value > pb::VALUE_INT4 || index < pb::INDEX_DELTA_VARINT ||
+      value > pb::VALUE_INT2 || index < pb::INDEX_DELTA_VARINT ||
       index > pb::INDEX_DENSE) {
     return DataLossError("encoded update has an invalid codings byte " +
                          std::to_string(codings));

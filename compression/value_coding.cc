@@ -17,6 +17,18 @@ static_assert(std::endian::native == std::endian::little,
 
 constexpr float kInt8Levels = 127.0f;
 constexpr float kInt4Levels = 7.0f;
+// INT2: four symmetric levels {-3, -1, 1, 3} * u, u the block's scale
+// (the smallest float with 3u >= max |v|), i.e. {-s, -s/3, s/3, s} for
+// s = 3u. Why these four: the values an INT2 message carries are a top-k
+// selection's (the largest magnitudes, error feedback keeping the rest),
+// rarely near zero, so a zero level would spend a quarter of the codes on
+// values that are not sent; symmetric levels treat both signs alike and
+// space evenly (2u apart), so stochastic rounding between neighbours is
+// unbiased and nearest rounding is off by at most u = s/3. Stored as
+// code c = (q + 3) / 2 in 0..3, four per byte, lowest bits first: every
+// code is a level. A zero value (in a block with a non-zero scale)
+// becomes +-u: HasZeroLevel.
+constexpr float kInt2Levels = 3.0f;
 // Adding and subtracting 1.5 * 2^23 rounds a float of magnitude < 2^22 to
 // the nearest integer, ties to even (the default rounding mode), in two
 // vectorisable instructions.
@@ -144,6 +156,50 @@ void EncodeScaled(bool int4, uint32_t block, RoundingMode rounding,
   }
 }
 
+// INT2 (see kInt2Levels): in k = (q + 1) / 2 space the levels are the
+// integers -1..2 and x = v / u maps to y = (x + 1) / 2, so rounding y to
+// an integer (nearest: floor(y + 1/2); stochastic: up with probability
+// y - floor(y), unbiased) picks a level q = 2k - 1. Code c = k + 1.
+template <bool kResidual>
+void EncodeInt2(uint32_t block, RoundingMode rounding, const float* values,
+                size_t count, std::byte* out, float* residual) {
+  const size_t blocks = (count + block - 1) / block;
+  std::byte* scales = out;
+  uint8_t* packed = reinterpret_cast<uint8_t*>(out + 4 * blocks);
+  std::memset(packed, 0, (count + 3) / 4);
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t first = b * block;
+    const size_t n = std::min<size_t>(block, count - first);
+    const float* v = values + first;
+    const float u = ScaleFor(MaxAbs(v, n), kInt2Levels);
+    StoreFloat(u, scales + 4 * b);
+    if (u == 0.0f) {
+      // An all-zero block: every code 0, and every level is 0.
+      if constexpr (kResidual) {
+        for (size_t j = 0; j < n; ++j) residual[first + j] = v[j];
+      }
+      continue;
+    }
+    for (size_t j = 0; j < n; ++j) {
+      const float y = (v[j] / u + 1.0f) * 0.5f;
+      float k;
+      if (rounding.stochastic) {
+        k = std::floor(y);
+        k += Uniform(RandomAt(rounding.key, first + j)) < y - k ? 1.0f : 0.0f;
+      } else {
+        k = std::floor(y + 0.5f);
+      }
+      k = std::min(std::max(k, -1.0f), 2.0f);
+      const uint32_t c = static_cast<uint32_t>(k + 1.0f);
+      const size_t at = first + j;
+      packed[at >> 2] |= static_cast<uint8_t>(c << (2 * (at & 3)));
+      if constexpr (kResidual) {
+        residual[at] = v[j] - (2.0f * k - 1.0f) * u;
+      }
+    }
+  }
+}
+
 template <bool kResidual>
 void EncodeHalf(bool bf16, RoundingMode rounding, const float* values,
                 size_t count, std::byte* out, float* residual) {
@@ -182,6 +238,9 @@ void EncodeAll(pb::ValueCoding coding, uint32_t block, RoundingMode rounding,
       EncodeScaled<kResidual>(coding == pb::VALUE_INT4, block, rounding, values,
                               count, out, residual);
       return;
+    case pb::VALUE_INT2:
+      EncodeInt2<kResidual>(block, rounding, values, count, out, residual);
+      return;
     default:  // VALUE_FP32 (the caller validated the coding)
       if (count > 0) std::memcpy(out, values, count * sizeof(float));
       if constexpr (kResidual) {
@@ -209,6 +268,29 @@ Status ReadScale(const std::byte* at, float levels, size_t block_index,
   return Status::Ok();
 }
 
+// The INT2 section of `count` values at `in` (its size checked).
+Status DecodeInt2(uint32_t block, const std::byte* in, size_t count,
+                  float* out) {
+  if (block == 0) return Corrupt("block size 0");
+  const size_t blocks = (count + block - 1) / block;
+  const uint8_t* packed = reinterpret_cast<const uint8_t*>(in + 4 * blocks);
+  for (size_t b = 0; b < blocks; ++b) {
+    float u = 0.0f;
+    MERIDIAN_RETURN_IF_ERROR(ReadScale(in + 4 * b, kInt2Levels, b, &u));
+    const size_t first = b * block;
+    const size_t n = std::min<size_t>(block, count - first);
+    for (size_t j = 0; j < n; ++j) {
+      const size_t at = first + j;
+      const int32_t c = (packed[at >> 2] >> (2 * (at & 3))) & 3;
+      out[at] = static_cast<float>(2 * c - 3) * u;
+    }
+  }
+  if ((count & 3) != 0 && (packed[count >> 2] >> (2 * (count & 3))) != 0) {
+    return Corrupt("int2 padding bits are not 0");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 uint64_t ValueSectionBytes(pb::ValueCoding coding, uint64_t count,
@@ -221,6 +303,8 @@ uint64_t ValueSectionBytes(pb::ValueCoding coding, uint64_t count,
       return 4 * ((count + block - 1) / block) + count;
     case pb::VALUE_INT4:
       return 4 * ((count + block - 1) / block) + (count + 1) / 2;
+    case pb::VALUE_INT2:
+      return 4 * ((count + block - 1) / block) + (count + 3) / 4;
     default:
       return 4 * count;
   }
@@ -310,6 +394,8 @@ Status DecodeValues(pb::ValueCoding coding, uint32_t block,
       }
       return Status::Ok();
     }
+    case pb::VALUE_INT2:
+      return DecodeInt2(block, in, count, out);
     default:
       return Corrupt("unknown value coding " + std::to_string(coding));
   }

@@ -1,5 +1,5 @@
-// Value sections: fp32, fp16, bf16, and int8 / int4 with one fp32 scale per
-// block (see include/meridian/compression.h for the layout and the error
+// Value sections: fp32, fp16, bf16, and int8 / int4 / int2 with one fp32
+// scale per block (see include/meridian/compression.h for the layout and the error
 // bounds). Encoders report each value's residual (value - decoded value) so
 // that error feedback keeps what the message lost.
 #ifndef MERIDIAN_COMPRESSION_VALUE_CODING_H_
@@ -34,11 +34,20 @@ struct RoundingMode {
 
 // True for the codings with per-block scales.
 inline bool HasScales(pb::ValueCoding coding) {
-  return coding == pb::VALUE_INT8 || coding == pb::VALUE_INT4;
+  return coding == pb::VALUE_INT8 || coding == pb::VALUE_INT4 ||
+         coding == pb::VALUE_INT2;
+}
+
+// False for VALUE_INT2, whose four levels exclude 0: a zero value of a
+// block with a non-zero scale decodes as +-s/3. Encoders do not pick
+// INDEX_DENSE for it on their own (the unselected elements would arrive
+// as noise), and ValidateCompressionConfig refuses it forced.
+inline bool HasZeroLevel(pb::ValueCoding coding) {
+  return coding != pb::VALUE_INT2;
 }
 
 // Bytes of the value section of `count` values; `block` (>= 1) matters for
-// INT8/INT4 only. Exact for count < 2^32 (no overflow).
+// INT8/INT4/INT2 only. Exact for count < 2^32 (no overflow).
 uint64_t ValueSectionBytes(pb::ValueCoding coding, uint64_t count,
                            uint32_t block);
 
@@ -55,7 +64,9 @@ void EncodeValues(pb::ValueCoding coding, uint32_t block, RoundingMode rounding,
 // ValueSectionBytes long) into out[0, count). DataLoss on any encoding a
 // conforming encoder never writes: NaN/Inf values or scales, negative or
 // oversized scales, the unused codes -128 (int8) and -8 (int4), a
-// non-zero padding nibble. Never reads outside `section`.
+// non-zero padding nibble or int2 padding bits. Never reads outside
+// `section`. (Every int2 code is a level: only its scales and padding can
+// be wrong.)
 Status DecodeValues(pb::ValueCoding coding, uint32_t block,
                     std::span<const std::byte> section, size_t count,
                     float* out);

@@ -41,6 +41,10 @@ Variants:
   diloco-stream    Streaming DiLoCo: H = 40 in 4 fragments (a fragment
                    every 10 clocks), int4 values, training overlaps the
                    exchange
+  sparseloco       SparseLoCo as DiLoCo's rounds: H = 40, error feedback
+                   (beta 0.95), the top 2% of each tensor in 2-bit values,
+                   outer lr 1 without momentum
+                   (deploy/configs/three-regions-sparseloco.pbtxt's sync)
 The goals compare gaia-compressed (Meridian's default sync) with the DiLoCo
 setting that reached the higher target with the fewest WAN bytes: fewer
 bytes and no later.
@@ -137,7 +141,13 @@ DILOCO_PERIODS = (10, 40, 160)
 DILOCO_VARIANTS = [f"diloco-h{h}" for h in DILOCO_PERIODS] + ["diloco-stream"]
 VARIANTS = ["lan", "lan-bsp", "bsp-over-wan", "gaia", "gaia-compressed",
             "gaia-hierarchy", "gaia-mesh6", "dense", "fedavg",
-            *DILOCO_VARIANTS]
+            *DILOCO_VARIANTS, "sparseloco"]
+SPARSELOCO_SYNC = (
+    "sync { kind: DILOCO averaging_period: 40 "
+    "diloco { outer_lr: 1.0 outer_momentum: 0 nesterov: false "
+    "error_feedback: true error_feedback_decay: 0.95 } "
+    "compression { selection: TOP_K top_k_fraction: 0.02 "
+    "value_coding: VALUE_INT2 block_size: 256 rounding: ROUND_STOCHASTIC } }")
 QUICK_VARIANTS = ["lan", "lan-bsp", "bsp-over-wan", "gaia-compressed"]
 # The quantities of a run that are times (or bytes, steps) to a target: a
 # run that did not reach it counts as later than any that did.
@@ -266,6 +276,7 @@ def variant_configs(s: Setup) -> dict[str, str]:
            for h in DILOCO_PERIODS},
         "diloco-stream": geo("diloco-stream", diloco(
             40, jobs.INT4, "fragments: 4 overlap: true")),
+        "sparseloco": geo("sparseloco", SPARSELOCO_SYNC),
     }
 
 

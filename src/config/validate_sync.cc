@@ -17,6 +17,12 @@ void ValidateCompression(const pb::CompressionConfig& compression,
   r.Real("top_k_fraction", compression.top_k_fraction(), kFraction);
   r.Specified("index_coding", compression.index_coding());
   r.Specified("value_coding", compression.value_coding());
+  r.Check(compression.index_coding() != pb::INDEX_DENSE ||
+              compression.value_coding() != pb::VALUE_INT2,
+          "index_coding",
+          "INDEX_DENSE cannot carry VALUE_INT2, which has no zero level "
+          "(every unselected element would arrive as +-s/3): use INDEX_AUTO, "
+          "INDEX_DELTA_VARINT or INDEX_BITMAP");
   r.Count("block_size", compression.block_size(), kBlockSize);
   r.Specified("rounding", compression.rounding());
   r.Check(compression.zstd_level() >= 0 && compression.zstd_level() <= 22,
@@ -130,6 +136,11 @@ void ValidateDiLoCo(const pb::SyncConfig& sync, const IssueReporter& r) {
   r.Real("outer_lr", diloco.outer_lr(), kPositive);
   r.Real("outer_momentum", diloco.outer_momentum(), kMomentum);
   r.Count("fragments", diloco.fragments(), kAtLeastOne);
+  r.Real("error_feedback_decay", diloco.error_feedback_decay(),
+         kUnitInterval);
+  r.Check(!diloco.error_feedback() || sync.kind() == pb::DILOCO,
+          "error_feedback",
+          "applies to sync.kind DILOCO only (MODEL_AVERAGING sends models)");
   if (diloco.fragments() > 0 && sync.averaging_period() > 0) {
     r.Check(sync.averaging_period() % diloco.fragments() == 0, "fragments",
             "must divide sync.averaging_period (" +

@@ -1,6 +1,7 @@
 #include "sync/outer_rounds.h"
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 
@@ -28,10 +29,35 @@ Status ScatterRange(const KeyRange& range, const DecodedUpdate& decoded,
 }
 
 // `model`'s values in `range`.
+double Norm(std::span<const float> values) {
+  double squares = 0;
+  for (float value : values) squares += static_cast<double>(value) * value;
+  return std::sqrt(squares);
+}
+
 std::span<const float> InRange(const std::vector<float>& model,
                                const KeyRange& range) {
   return std::span<const float>(model).subspan(range.begin,
                                                range.end - range.begin);
+}
+
+// Bits of one value of `coding` (0: unknown).
+uint32_t ValueBits(pb::ValueCoding coding) {
+  switch (coding) {
+    case pb::VALUE_FP32:
+      return 32;
+    case pb::VALUE_FP16:
+    case pb::VALUE_BF16:
+      return 16;
+    case pb::VALUE_INT8:
+      return 8;
+    case pb::VALUE_INT4:
+      return 4;
+    case pb::VALUE_INT2:
+      return 2;
+    default:
+      return 0;
+  }
 }
 
 }  // namespace
@@ -78,6 +104,8 @@ void OuterRounds::StartRound(int64_t clock, uint32_t fragment) {
   context_.store->Snapshot(model);
   std::vector<float> delta;
   steps_.OuterGradient(fragment, InRange(model, range), &delta);
+  // Error feedback: the message is β·e + Δ (a no-op without it).
+  steps_.AddResidual(fragment, &delta);
   const EncodedSlices encoded =
       outbox_.codec().EncodeRange(context_.store->layout(), range.begin, delta);
   // What the peers will add is the decoded Δ: use the same here, so that
@@ -93,13 +121,23 @@ void OuterRounds::StartRound(int64_t clock, uint32_t fragment) {
       FrameSpans(std::span<const std::string>(encoded.frames)), decoder_);
   Status status = own.status();
   if (status.ok()) status = ScatterRange(range, *own, &decoded);
-  if (status.ok()) status = steps_.AddOwn(clock, decoded, {}, proposal);
+  // Without error feedback the base is anchor - decoded (the coding's
+  // loss stays in the model); with it, the model Δ was taken from (the
+  // loss waits in the residual instead).
+  const bool feedback = steps_.options().error_feedback;
+  if (status.ok()) {
+    status = steps_.AddOwn(
+        clock, decoded,
+        feedback ? InRange(model, range) : std::span<const float>(), proposal);
+  }
   if (!status.ok()) {
     // Our own encoding does not decode: a bug, not a peer's fault.
     MLOG(ERROR) << "outer round " << clock
                 << ": this site's outer gradient does not decode: " << status;
     return;
   }
+  steps_.KeepResidual(fragment, delta, decoded);
+  CountSent(range, own->indices.size(), encoded.bytes);
   for (const auto& peer : peers_.all()) {
     outbox_.SendUpdate(encoded, pb::MIRROR_UPDATE, /*average=*/true, *peer,
                        clock, proposal);
@@ -198,10 +236,29 @@ Status OuterRounds::Recover(const pb::Header& header,
   // The site had reached the round's clock (it may have died before
   // announcing it).
   peers_.set_local_clock(std::max(peers_.local_clock(), round));
-  return steps_
-      .AddOwn(round, decoded, InRange(model, range),
-              header.mirror_update().next_period())
-      .WithContext(where);
+  // Error feedback: the residual of a round sent after the checkpoint is
+  // measured from the restored model too (its base): what the crash lost
+  // is lost from both alike.
+  std::vector<float> message;
+  steps_.OuterGradient(*fragment, InRange(model, range), &message);
+  steps_.AddResidual(*fragment, &message);
+  MERIDIAN_RETURN_IF_ERROR(steps_
+                               .AddOwn(round, decoded, InRange(model, range),
+                                       header.mirror_update().next_period())
+                               .WithContext(where));
+  steps_.KeepResidual(*fragment, message, decoded);
+  uint64_t bytes = 0;
+  for (const std::string& frame : record.frames()) bytes += frame.size();
+  CountSent(range, own->indices.size(), bytes);
+  return Status::Ok();
+}
+
+void OuterRounds::CountSent(const KeyRange& range, uint64_t entries,
+                            uint64_t bytes) {
+  ++sent_.rounds;
+  sent_.parameters += range.end - range.begin;
+  sent_.entries += entries;
+  sent_.bytes += bytes;
 }
 
 bool OuterRounds::HoldsReads() const {
@@ -230,16 +287,36 @@ void OuterRounds::FillSummary(pb::SyncSummary* summary) const {
     }
     diloco->set_rounds_dropped(steps_.rounds_dropped());
   }
-  double squares = 0;
-  for (float value : steps_.anchor()) {
-    squares += static_cast<double>(value) * value;
+  diloco->set_anchor_norm(Norm(steps_.anchor()));
+  diloco->set_rounds_sent(sent_.rounds);
+  diloco->set_parameters_sent(sent_.parameters);
+  diloco->set_entries_sent(sent_.entries);
+  diloco->set_bytes_sent(sent_.bytes);
+  const uint32_t bits = ValueBits(context_.sync.compression().value_coding());
+  diloco->set_value_bits(bits);
+  if (sent_.parameters > 0) {
+    const double density =
+        static_cast<double>(sent_.entries) / static_cast<double>(sent_.parameters);
+    diloco->set_density(density);
+    char text[64];
+    std::snprintf(text, sizeof(text), "%.2f%%, %u-bit", 100 * density, bits);
+    diloco->set_coding(text);
   }
-  diloco->set_anchor_norm(std::sqrt(squares));
+  if (options.error_feedback) {
+    diloco->set_error_feedback(true);
+    diloco->set_error_feedback_decay(options.feedback_decay);
+    diloco->set_residual_norm(Norm(steps_.residual()));
+  }
 }
 
 void OuterRounds::SaveTo(pb::SyncCheckpoint* out) const {
   steps_.SaveTo(out->mutable_outer());
   out->set_outer_deferred(deferred_);
+  pb::OuterStepCheckpoint* outer = out->mutable_outer();
+  outer->set_rounds_sent(sent_.rounds);
+  outer->set_parameters_sent(sent_.parameters);
+  outer->set_entries_sent(sent_.entries);
+  outer->set_bytes_sent(sent_.bytes);
 }
 
 Status OuterRounds::RestoreFrom(const pb::SyncCheckpoint& state,
@@ -252,6 +329,10 @@ Status OuterRounds::RestoreFrom(const pb::SyncCheckpoint& state,
   }
   MERIDIAN_RETURN_IF_ERROR(steps_.RestoreFrom(state.outer(), *arrays));
   deferred_ = state.outer_deferred();
+  sent_.rounds = state.outer().rounds_sent();
+  sent_.parameters = state.outer().parameters_sent();
+  sent_.entries = state.outer().entries_sent();
+  sent_.bytes = state.outer().bytes_sent();
   return Status::Ok();
 }
 

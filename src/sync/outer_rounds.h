@@ -84,6 +84,9 @@ class OuterRounds {
   // The averaging period this site proposes with its outer gradient: its
   // SkewScout controller's (0: the period is fixed).
   uint32_t ProposedPeriod() const;
+  // Counts a round of this site's sent: its fragment's `range`, the
+  // entries its message carried and the message's bytes.
+  void CountSent(const KeyRange& range, uint64_t entries, uint64_t bytes);
 
   const SyncContext& context_;
   PeerTable& peers_;
@@ -96,6 +99,15 @@ class OuterRounds {
   // many rounds waited.
   int64_t deferred_ = 0;
   uint64_t deferred_count_ = 0;
+  // What this site's outer gradients carried (report.json's density and
+  // bits; saved in the checkpoint).
+  struct Sent {
+    uint64_t rounds = 0;
+    uint64_t parameters = 0;  // fragment sizes, summed
+    uint64_t entries = 0;
+    uint64_t bytes = 0;
+  };
+  Sent sent_;
 };
 
 }  // namespace meridian

@@ -57,6 +57,8 @@ OuterStepOptions OuterStepOptionsFrom(const pb::SyncConfig& sync,
   options.lr = sync.diloco().outer_lr();
   options.momentum = sync.diloco().outer_momentum();
   options.nesterov = sync.diloco().nesterov();
+  options.error_feedback = sync.diloco().error_feedback();
+  options.feedback_decay = sync.diloco().error_feedback_decay();
   options.peers = peers;
   return options;
 }
@@ -87,6 +89,11 @@ Result<OuterSteps> OuterSteps::Create(const OuterStepOptions& options,
     return InvalidArgumentError(
         "sync.diloco.outer_momentum must lie in [0, 1)");
   }
+  if (options.error_feedback &&
+      !(options.feedback_decay >= 0 && options.feedback_decay <= 1)) {
+    return InvalidArgumentError(
+        "sync.diloco.error_feedback_decay must lie in [0, 1]");
+  }
   if (options.peers == 0) {
     return InvalidArgumentError("DiLoCo needs at least one other site");
   }
@@ -109,6 +116,7 @@ Result<OuterSteps> OuterSteps::Create(const OuterStepOptions& options,
 void OuterSteps::Start(std::span<const float> model) {
   anchor_.assign(model.begin(), model.end());
   momentum_.assign(model.size(), 0.0f);
+  if (options_.error_feedback) residual_.assign(model.size(), 0.0f);
   started_ = true;
 }
 
@@ -176,6 +184,28 @@ void OuterSteps::OuterGradient(uint32_t fragment,
   out->resize(range.end - range.begin);
   for (uint64_t i = 0; i < out->size() && i < model_range.size(); ++i) {
     (*out)[i] = anchor_[range.begin + i] - model_range[i];
+  }
+}
+
+void OuterSteps::AddResidual(uint32_t fragment,
+                             std::vector<float>* delta) const {
+  if (!options_.error_feedback || residual_.empty()) return;  // not started
+  const KeyRange range = RangeOf(fragment);
+  const float beta = static_cast<float>(options_.feedback_decay);
+  for (uint64_t i = 0; i < delta->size() && range.begin + i < range.end; ++i) {
+    (*delta)[i] += beta * residual_[range.begin + i];
+  }
+}
+
+void OuterSteps::KeepResidual(uint32_t fragment,
+                              std::span<const float> message,
+                              std::span<const float> decoded) {
+  if (!options_.error_feedback || residual_.empty()) return;  // not started
+  const KeyRange range = RangeOf(fragment);
+  for (uint64_t i = 0; i < message.size() && i < decoded.size() &&
+                       range.begin + i < range.end;
+       ++i) {
+    residual_[range.begin + i] = message[i] - decoded[i];
   }
 }
 
@@ -398,6 +428,7 @@ void OuterSteps::DropRoundsOffSchedule() {
 void OuterSteps::SaveTo(pb::OuterStepCheckpoint* out) const {
   out->set_started(started_);
   out->set_steps(steps_);
+  out->set_has_residual(started_ && options_.error_feedback);
   for (int64_t clock : closed_) out->add_closed(clock);
   if (options_.adaptive) {
     out->set_period(period_);
@@ -427,6 +458,9 @@ void OuterSteps::AppendArrays(std::vector<NamedArray>* arrays) const {
   if (started_) {
     arrays->push_back({"outer/anchor", anchor_});
     arrays->push_back({"outer/momentum", momentum_});
+    if (options_.error_feedback) {
+      arrays->push_back({"outer/residual", residual_});
+    }
   }
   for (const auto& [clock, round] : rounds_) {
     arrays->push_back({RoundName(clock) + "/sum", round.sum});
@@ -459,6 +493,15 @@ Status OuterSteps::RestoreFrom(const pb::OuterStepCheckpoint& saved,
         FindOuterArray(arrays, "outer/momentum", num_elements_));
     restored.anchor_ = anchor->values;
     restored.momentum_ = momentum->values;
+    restored.residual_.clear();
+    if (options_.error_feedback && saved.has_residual()) {
+      MERIDIAN_ASSIGN_OR_RETURN(
+          const NamedArray* residual,
+          FindOuterArray(arrays, "outer/residual", num_elements_));
+      restored.residual_ = residual->values;
+    } else if (options_.error_feedback) {
+      restored.residual_.assign(num_elements_, 0.0f);
+    }
   }
   for (const pb::OuterRoundCheckpoint& round_state : saved.rounds()) {
     MERIDIAN_RETURN_IF_ERROR(restored.RestoreRound(round_state, arrays));

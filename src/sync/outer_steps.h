@@ -36,6 +36,12 @@
 // lie several rounds ahead; they agree with the schedule because the
 // peers resend the same proposals.
 //
+// Error feedback (sync.diloco.error_feedback, SparseLoCo): the residual e
+// (1 × model) is kept here with the anchor, and saved and restored with it
+// ("outer/residual"): it survives a site restart. A round recovered from
+// the outgoing log (a crash after the send, before the next checkpoint)
+// measures Δ from the restored model, as its base does.
+//
 // Ownership and threads: owned by the sync engine, used on its event loop
 // only (not thread-safe). Size: anchor and momentum (2 × model), plus per
 // open round a sum and a base of its fragment; rounds accepted lie within
@@ -76,6 +82,10 @@ struct OuterStepOptions {
   bool adaptive = false;
   uint32_t min_period = 1;
   uint32_t max_period = 1;
+  // SparseLoCo's error feedback (sync.diloco.error_feedback): a residual
+  // e per parameter, decayed by `feedback_decay` (β) every round.
+  bool error_feedback = false;
+  double feedback_decay = 1.0;
 };
 
 // Whether sites of this sync kind exchange outer gradients in rounds:
@@ -140,6 +150,18 @@ class OuterSteps {
   // local model's values in that range.
   void OuterGradient(uint32_t fragment, std::span<const float> model_range,
                      std::vector<float>* out) const;
+
+  // Error feedback (options().error_feedback; no-ops without it). The
+  // message of a round: m = β·e + Δ over the range of `fragment`, made in
+  // place from Δ. Then, once m went out as `decoded` (what the peers
+  // add), e = m - decoded over that range: what was not sent waits for
+  // the next round. The replica's base is then the model Δ was taken
+  // from (anchor - Δ), not anchor - decoded: the unsent part lives in e,
+  // so every replica restarts from the new anchor.
+  void AddResidual(uint32_t fragment, std::vector<float>* delta) const;
+  void KeepResidual(uint32_t fragment, std::span<const float> message,
+                    std::span<const float> decoded);
+  std::span<const float> residual() const { return residual_; }
   // This site's Δ of the round at `clock` as the peers decode it. `base`
   // (the range's values the workers' later commits are measured from):
   // default anchor - Δ̂; after a crash, the restored model. `proposal`:
@@ -180,7 +202,10 @@ class OuterSteps {
   std::span<const float> momentum() const { return momentum_; }
 
   // Checkpoint: the rounds' bookkeeping into `out`; the arrays (anchor,
-  // momentum, each round's sum and base) appended to `arrays`. Take both
+  // momentum, the residual, each round's sum and base) appended to
+  // `arrays`. A checkpoint without a residual restores a zero one (error
+  // feedback turned on for a resumed job); one with a residual restored
+  // by a job without error feedback drops it. Take both
   // at once (between two calls of the event loop).
   void SaveTo(pb::OuterStepCheckpoint* out) const;
   void AppendArrays(std::vector<NamedArray>* arrays) const;
@@ -228,6 +253,8 @@ class OuterSteps {
   bool started_ = false;
   std::vector<float> anchor_;
   std::vector<float> momentum_;
+  // Error feedback: one float per parameter (empty without it).
+  std::vector<float> residual_;
   std::map<int64_t, Round> rounds_;
   // Per fragment: the clock of its last closed round (0: none).
   std::vector<int64_t> closed_;

@@ -458,6 +458,9 @@ TEST(ValueCodingTest, SectionSizes) {
   EXPECT_EQ(ValueSectionBytes(pb::VALUE_INT8, 10, 4), 3 * 4 + 10u);
   EXPECT_EQ(ValueSectionBytes(pb::VALUE_INT4, 10, 4), 3 * 4 + 5u);
   EXPECT_EQ(ValueSectionBytes(pb::VALUE_INT4, 11, 4), 3 * 4 + 6u);
+  EXPECT_EQ(ValueSectionBytes(pb::VALUE_INT2, 10, 4), 3 * 4 + 3u);
+  EXPECT_EQ(ValueSectionBytes(pb::VALUE_INT2, 12, 4), 3 * 4 + 3u);
+  EXPECT_EQ(ValueSectionBytes(pb::VALUE_INT2, 13, 4), 4 * 4 + 4u);
   EXPECT_EQ(ValueSectionBytes(pb::VALUE_INT8, 0, 4), 0u);
   EXPECT_EQ(ValueSectionBytes(pb::VALUE_INT8, 0xffffffffull, 1),
             5 * 0xffffffffull);
@@ -496,8 +499,9 @@ TEST(ValueCodingTest, ExtremeBlocksStayFiniteAndConserve) {
 }
 
 TEST(ValueCodingTest, ResidualMayAliasTheValues) {
-  for (pb::ValueCoding coding : {pb::VALUE_FP32, pb::VALUE_FP16, pb::VALUE_BF16,
-                                 pb::VALUE_INT8, pb::VALUE_INT4}) {
+  for (pb::ValueCoding coding :
+       {pb::VALUE_FP32, pb::VALUE_FP16, pb::VALUE_BF16, pb::VALUE_INT8,
+        pb::VALUE_INT4, pb::VALUE_INT2}) {
     std::vector<float> values = RandomSparse(1000, 1.0, 3);
     std::vector<std::byte> a(ValueSectionBytes(coding, values.size(), 64));
     std::vector<std::byte> b(a.size());
@@ -508,6 +512,45 @@ TEST(ValueCodingTest, ResidualMayAliasTheValues) {
                  b.data(), values.data());
     EXPECT_EQ(a, b) << coding;
     EXPECT_EQ(values, separate) << coding;
+  }
+}
+
+// INT2's levels {-3u, -u, u, 3u}: nearest within u, stochastic within 2u
+// and unbiased, the largest value of a block exact, a zero as +-u.
+TEST(ValueCodingTest, Int2LevelsBoundsAndUnbiasedRounding) {
+  const std::vector<float> values = {3.0f, -3.0f, 1.2f, -0.9f, 0.0f, 2.1f,
+                                     1.9f, -2.5f};
+  const size_t n = values.size();
+  std::vector<std::byte> section(ValueSectionBytes(pb::VALUE_INT2, n, 8));
+  EXPECT_EQ(section.size(), 4u + 2u);
+  std::vector<float> residual(n), decoded(n);
+  EncodeValues(pb::VALUE_INT2, 8, RoundingMode{}, values.data(), n,
+               section.data(), residual.data());
+  ASSERT_OK(DecodeValues(pb::VALUE_INT2, 8, section, n, decoded.data()));
+  const std::vector<float> nearest = {3, -3, 1, -1, 1, 3, 1, -3};
+  EXPECT_EQ(decoded, nearest);  // u = 1
+  for (size_t j = 0; j < n; ++j) {
+    EXPECT_EQ(residual[j], values[j] - decoded[j]);
+    EXPECT_LE(std::abs(residual[j]), 1.0f);
+  }
+  // Stochastic: each value of many messages lands on one of its two
+  // neighbouring levels, and their mean is the value.
+  std::vector<double> mean(n, 0.0);
+  const int trials = 4000;
+  for (int t = 0; t < trials; ++t) {
+    EncodeValues(pb::VALUE_INT2, 8, RoundingMode{true, uint64_t(t) + 1},
+                 values.data(), n, section.data(), residual.data());
+    ASSERT_OK(DecodeValues(pb::VALUE_INT2, 8, section, n, decoded.data()));
+    for (size_t j = 0; j < n; ++j) {
+      ASSERT_LT(std::abs(values[j] - decoded[j]), 2.0f) << values[j];
+      ASSERT_EQ(residual[j], values[j] - decoded[j]);
+      mean[j] += decoded[j];
+    }
+  }
+  for (size_t j = 0; j < n; ++j) {
+    // Standard deviation of one draw <= 1: 5 sigma of the mean.
+    EXPECT_NEAR(mean[j] / trials, values[j], 5.0 / std::sqrt(trials))
+        << values[j];
   }
 }
 
@@ -549,6 +592,29 @@ TEST(ValueCodingTest, DecodeRejectsCodesNoEncoderWrites) {
   EXPECT_FALSE(DecodeValues(pb::VALUE_INT4, 4,
                             concat(scale(2), Bytes({0x77, 0x11})), 3, out)
                    .ok());
+  // INT2: every code is a level (-3u, -u, u, 3u); bad scales and
+  // non-zero padding bits are refused.
+  EXPECT_OK(DecodeValues(pb::VALUE_INT2, 4,
+                           concat(scale(2), Bytes({0x1b})), 3, out));
+  EXPECT_EQ(out[0], 6.0f);   // code 3: 3u
+  EXPECT_EQ(out[1], 2.0f);   // code 2: u
+  EXPECT_EQ(out[2], -2.0f);  // code 1: -u
+  EXPECT_FALSE(DecodeValues(pb::VALUE_INT2, 4,
+                            concat(scale(2), Bytes({0x5b})), 3, out)
+                   .ok());
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::infinity(), -1.0f, -0.0f,
+                    std::numeric_limits<float>::max() / 2}) {
+    EXPECT_FALSE(DecodeValues(pb::VALUE_INT2, 4,
+                              concat(scale(bad), Bytes({0x1b})), 3, out)
+                     .ok())
+        << bad;
+  }
+  // A section of the wrong size.
+  EXPECT_FALSE(DecodeValues(pb::VALUE_INT2, 4,
+                            concat(scale(2), Bytes({0x1b, 0})), 3, out)
+                   .ok());
+  EXPECT_FALSE(DecodeValues(pb::VALUE_INT2, 4, scale(2), 3, out).ok());
   // FP32 / FP16 / BF16 NaN and Inf.
   const float nan = std::numeric_limits<float>::quiet_NaN();
   EXPECT_FALSE(DecodeValues(pb::VALUE_FP32, 1, scale(nan), 1, out).ok());

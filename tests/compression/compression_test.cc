@@ -50,7 +50,12 @@ const std::vector<pb::IndexCoding> kIndexCodings = {
     pb::INDEX_AUTO, pb::INDEX_DELTA_VARINT, pb::INDEX_BITMAP, pb::INDEX_DENSE};
 const std::vector<pb::ValueCoding> kValueCodings = {
     pb::VALUE_FP32, pb::VALUE_FP16, pb::VALUE_BF16, pb::VALUE_INT8,
-    pb::VALUE_INT4};
+    pb::VALUE_INT4, pb::VALUE_INT2};
+
+// INT2 has no zero level: INDEX_DENSE with it is refused.
+bool Compatible(pb::IndexCoding index, pb::ValueCoding value) {
+  return !(index == pb::INDEX_DENSE && value == pb::VALUE_INT2);
+}
 
 // ---- configuration ----------------------------------------------------------
 
@@ -62,6 +67,47 @@ TEST(CompressionConfigTest, DefaultsAreValidAndDescribed) {
                 pb::TOP_K_SAMPLED, pb::INDEX_DELTA_VARINT, pb::VALUE_INT8, 1,
                 pb::ROUND_STOCHASTIC, 256, 0.001)),
             "top-k 0.1% sampled + delta-varint + int8/256 stochastic + zstd 1");
+  EXPECT_EQ(DescribeCompressionConfig(
+                MakeConfig(pb::TOP_K, pb::INDEX_AUTO, pb::VALUE_INT2, 0,
+                           pb::ROUND_NEAREST, 64, 0.015)),
+            "top-k 1.5% exact + auto-index + int2/64");
+}
+
+// SparseLoCo's message: top-k of 1-3% with 2-bit values. AUTO never
+// chooses the dense form for INT2 (no zero level), and the decoded update
+// is zero off the selection; the body is about 2 bits per sent value plus
+// the indices.
+TEST(CompressionConfigTest, Int2TopKIsSparseAndSmall) {
+  const size_t n = 20000;
+  const std::vector<float> x = RandomUpdate(n, 1.0, 11);
+  UpdateEncoder encoder = MustCreate(MakeConfig(
+      pb::TOP_K, pb::INDEX_AUTO, pb::VALUE_INT2, 0, pb::ROUND_STOCHASTIC, 256,
+      0.02));
+  std::vector<float> residual(n);
+  Result<EncodedUpdate> e = encoder.EncodeDense(x, residual);
+  ASSERT_OK(e);
+  EXPECT_EQ(e->summary.sent, 400u);
+  EXPECT_NE(e->summary.index_coding, pb::INDEX_DENSE);
+  // Two scales and 400 / 4 bytes of codes, then at most 2 bytes of index
+  // per entry (delta-varint gaps of ~50).
+  EXPECT_GT(e->summary.body_bytes, 2 * 4 + 100u);
+  EXPECT_LT(e->summary.body_bytes, 2 * 4 + 100u + 2 * 400u);
+  float max_abs = 0.0f;
+  for (float v : x) max_abs = std::max(max_abs, std::abs(v));
+  std::vector<float> decoded(n);
+  UpdateDecoder decoder;
+  ASSERT_OK(decoder.DecodeDense(e->bytes, decoded));
+  size_t carried = 0;
+  for (size_t i = 0; i < n; ++i) {
+    carried += decoded[i] != 0.0f;
+    EXPECT_NEAR(decoded[i] + residual[i], x[i], 1e-6 * max_abs);
+  }
+  EXPECT_EQ(carried, 400u);
+  // All-zero: nothing sent, nothing decoded.
+  const std::vector<float> zeros(n, 0.0f);
+  Result<EncodedUpdate> none = encoder.EncodeDense(zeros, {});
+  ASSERT_OK(none);
+  EXPECT_EQ(none->summary.sent, 0u);
 }
 
 TEST(CompressionConfigTest, RejectsUnknownStagesAndBadParameters) {
@@ -89,6 +135,10 @@ TEST(CompressionConfigTest, RejectsUnknownStagesAndBadParameters) {
   add([](auto& c) { c.set_block_size(0); });
   add([](auto& c) { c.set_block_size(kMaxCompressionBlockSize + 1); });
   add([](auto& c) { c.set_rounding(pb::ROUNDING_UNSPECIFIED); });
+  add([](auto& c) {
+    c.set_index_coding(pb::INDEX_DENSE);
+    c.set_value_coding(pb::VALUE_INT2);
+  });
   add([](auto& c) { c.set_zstd_level(1000); });
   add([](auto& c) { c.set_zstd_level(-1000000); });
   for (const pb::CompressionConfig& config : bad) {
@@ -137,6 +187,12 @@ double ErrorBound(pb::ValueCoding coding, bool stochastic, float v,
                         : std::max(0x1p-11 * a, 0x1p-25);
     case pb::VALUE_BF16:
       return stochastic ? 0x1p-7 * a : 0x1p-8 * a;
+    case pb::VALUE_INT2: {
+      // scale: the unit u = max|v| / 3 (levels 2u apart): nearest <= u,
+      // stochastic < 2u, plus float rounding.
+      const double u = scale * (1 + 0x1p-22) + 0x1p-149;
+      return (stochastic ? 2 * u : u) + 0x1p-15 * u + 0x1p-149;
+    }
     default: {
       // s is rounded up by at most one float step; one more rounding in
       // q * s.
@@ -255,7 +311,9 @@ void CheckRoundTrip(const pb::CompressionConfig& config, const Input& input) {
   } else {
     for (uint32_t i : selection.indices) sent.push_back(input.dense[i]);
   }
-  const double levels = config.value_coding() == pb::VALUE_INT4 ? 7 : 127;
+  const double levels = config.value_coding() == pb::VALUE_INT4   ? 7
+                        : config.value_coding() == pb::VALUE_INT2 ? 3
+                                                                  : 127;
   const std::vector<double> scales =
       BlockScales(sent, config.block_size(), levels);
   std::vector<double> scale_of(n, 0.0);
@@ -339,6 +397,7 @@ TEST(CompressionRoundTripTest, EveryPipelineEveryInput) {
           if (value == pb::VALUE_FP32 && rounding == pb::ROUND_STOCHASTIC) {
             continue;  // rounding does not apply
           }
+          if (!Compatible(index, value)) continue;
           for (int zstd : {0, 1}) {
             const uint32_t block = value == pb::VALUE_INT4 ? 7 : 64;
             const pb::CompressionConfig config =
@@ -375,8 +434,14 @@ TEST(CompressionRoundTripTest, ExtremeValuesAndBlockSizes) {
         for (size_t i = 0; i < in.n; ++i) {
           ASSERT_TRUE(std::isfinite(decoded[i])) << value << " " << i;
           EXPECT_EQ(residual[i], in.dense[i] - decoded[i]);
-          // Nothing is lost: what the message misses is in the residual.
-          EXPECT_EQ(decoded[i] + residual[i], in.dense[i])
+          // Nothing is lost: what the message misses is in the residual
+          // (INT2, no zero level: up to the rounding of v - decoded when a
+          // level lies far from a small v).
+          const double slack =
+              value == pb::VALUE_INT2 ? 0x1p-22 * std::abs(decoded[i]) : 0.0;
+          EXPECT_LE(std::abs(static_cast<double>(decoded[i] + residual[i]) -
+                             in.dense[i]),
+                    slack)
               << DescribeCompressionConfig(config) << " i=" << i;
         }
       }
@@ -505,6 +570,9 @@ TEST(CompressionIndexTest, AutoPicksTheSmallestBody) {
       pb::IndexCoding best = pb::INDEX_CODING_UNSPECIFIED;
       for (pb::IndexCoding index :
            {pb::INDEX_DENSE, pb::INDEX_BITMAP, pb::INDEX_DELTA_VARINT}) {
+        // INT2 is refused with INDEX_DENSE (no zero level): AUTO chooses
+        // between the indexed forms.
+        if (!Compatible(index, value)) continue;
         UpdateEncoder encoder =
             MustCreate(MakeConfig(pb::SELECT_ALL, index, value, 0));
         Result<EncodedUpdate> e = encoder.EncodeDense(x, {});
@@ -518,6 +586,14 @@ TEST(CompressionIndexTest, AutoPicksTheSmallestBody) {
           MustCreate(MakeConfig(pb::SELECT_ALL, pb::INDEX_AUTO, value, 0));
       Result<EncodedUpdate> e = automatic.EncodeDense(x, {});
       ASSERT_OK(e);
+      if (!Compatible(pb::INDEX_DENSE, value) &&
+          ToSparse(x).indices.size() == n) {
+        // Every element sent: the dense form is exact even for INT2, and
+        // AUTO may take it where a forced INDEX_DENSE is refused.
+        EXPECT_EQ(e->summary.index_coding, pb::INDEX_DENSE);
+        EXPECT_LE(e->summary.body_bytes, smallest);
+        continue;
+      }
       EXPECT_EQ(e->summary.body_bytes, smallest) << density << " " << value;
       EXPECT_EQ(e->summary.index_coding, best) << density << " " << value;
     }
@@ -746,6 +822,7 @@ std::vector<std::vector<std::byte>> ValidBuffers() {
   for (pb::IndexCoding index :
        {pb::INDEX_DELTA_VARINT, pb::INDEX_BITMAP, pb::INDEX_DENSE}) {
     for (pb::ValueCoding value : kValueCodings) {
+      if (!Compatible(index, value)) continue;
       for (int zstd : {0, 1}) {
         UpdateEncoder encoder = MustCreate(MakeConfig(
             pb::SELECT_ALL, index, value, zstd, pb::ROUND_NEAREST, 16));

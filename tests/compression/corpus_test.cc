@@ -47,6 +47,8 @@ std::string CodingName(pb::ValueCoding value) {
       return "bf16";
     case pb::VALUE_INT8:
       return "int8";
+    case pb::VALUE_INT2:
+      return "int2";
     default:
       return "int4";
   }
@@ -69,9 +71,13 @@ std::vector<Seed> SeedCorpus() {
   // Small valid buffers of every coding, with and without zstd.
   const std::vector<float> x = RandomUpdate(40, 0.3, 5);
   for (pb::ValueCoding value : {pb::VALUE_FP32, pb::VALUE_FP16, pb::VALUE_BF16,
-                                pb::VALUE_INT8, pb::VALUE_INT4}) {
+                                pb::VALUE_INT8, pb::VALUE_INT4,
+                                pb::VALUE_INT2}) {
     for (pb::IndexCoding index :
          {pb::INDEX_DELTA_VARINT, pb::INDEX_BITMAP, pb::INDEX_DENSE}) {
+      // INT2 has no zero level: its encoders never write INDEX_DENSE of a
+      // partial selection.
+      if (value == pb::VALUE_INT2 && index == pb::INDEX_DENSE) continue;
       for (int zstd : {0, 1}) {
         Result<UpdateEncoder> encoder = UpdateEncoder::Create(MakeConfig(
             pb::SELECT_ALL, index, value, zstd, pb::ROUND_NEAREST, 5));
@@ -140,6 +146,18 @@ std::vector<Seed> SeedCorpus() {
   seeds.push_back(
       {"int8_minus_128_bad",
        HandMade(1, int8_bitmap, {4, 1, 8}, Bytes({0x1, 0, 0, 128, 63, 0x80}))});
+  // INT2, 3 values of a slice of 4 (bitmap 0b0111), block 8: scale 1,
+  // codes 0, 3, 1 (levels -3, 3, -1); then the same with a padding bit.
+  const uint8_t int2_bitmap = Codings(pb::VALUE_INT2, pb::INDEX_BITMAP, false);
+  seeds.push_back({"int2_bitmap_handmade_valid",
+                   HandMade(1, int2_bitmap, {4, 3, 8},
+                            Bytes({0x7, 0, 0, 128, 63, 0x1c}))});
+  seeds.push_back({"int2_padding_bits_bad",
+                   HandMade(1, int2_bitmap, {4, 3, 8},
+                            Bytes({0x7, 0, 0, 128, 63, 0x5c}))});
+  seeds.push_back({"int2_negative_scale_bad",
+                   HandMade(1, int2_bitmap, {4, 3, 8},
+                            Bytes({0x7, 0, 0, 128, 191, 0x1c}))});
   seeds.push_back({"bitmap_count_mismatch_bad",
                    HandMade(1, Codings(pb::VALUE_FP32, pb::INDEX_BITMAP, false),
                             {4, 1}, Bytes({0x3, 0, 0, 128, 63}))});

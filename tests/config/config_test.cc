@@ -1053,8 +1053,8 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   // checkpoint_period_s, restart_backoff_s; sync.skewscout: target_loss,
   // dead_band, smoothing, tighten_factor, loosen_factor, min_theta,
   // max_theta, significance_z, min_density, max_density; sync.diloco:
-  // outer_lr, outer_momentum.
-  EXPECT_EQ(visited, 45);
+  // outer_lr, outer_momentum, error_feedback_decay.
+  EXPECT_EQ(visited, 46);
 }
 
 // A change of the sync block and what validation says of it.
@@ -1208,6 +1208,26 @@ TEST(ValidateJobConfigTest, DiLoCoOptions) {
        "sync.diloco.outer_lr", ""},
       {[](auto* s) { s->mutable_diloco()->set_outer_momentum(1); },
        "sync.diloco.outer_momentum", ""},
+      // SparseLoCo: error feedback, top-k, int2 (not with INDEX_DENSE).
+      {[](auto* s) {
+         s->mutable_diloco()->set_outer_momentum(0);
+         s->mutable_diloco()->set_error_feedback(true);
+         s->mutable_diloco()->set_error_feedback_decay(0.95);
+         s->mutable_compression()->set_selection(pb::TOP_K);
+         s->mutable_compression()->set_top_k_fraction(0.02);
+         s->mutable_compression()->set_value_coding(pb::VALUE_INT2);
+       },
+       "", ""},
+      {[](auto* s) {
+         s->mutable_diloco()->set_error_feedback(true);
+         s->mutable_diloco()->set_error_feedback_decay(1.5);
+       },
+       "sync.diloco.error_feedback_decay", ""},
+      {[](auto* s) {
+         s->mutable_compression()->set_value_coding(pb::VALUE_INT2);
+         s->mutable_compression()->set_index_coding(pb::INDEX_DENSE);
+       },
+       "sync.compression.index_coding", "no zero level"},
       {[](auto* s) {
          s->set_topology(pb::STAR);
          s->set_hub("a");
@@ -1224,6 +1244,18 @@ TEST(ValidateJobConfigTest, DiLoCoOptions) {
   ExpectSyncCases(
       pb::DILOCO, [](pb::SyncConfig* s) { s->set_averaging_period(20); }, "",
       cases);
+}
+
+// Error feedback is DiLoCo's: FedAvg sends models, not outer gradients.
+TEST(ValidateJobConfigTest, ErrorFeedbackIsDiLoCosOnly) {
+  const SyncCase cases[] = {
+      {[](auto*) {}, "", ""},
+      {[](auto* s) { s->mutable_diloco()->set_error_feedback(true); },
+       "sync.diloco.error_feedback", "DILOCO only"},
+  };
+  ExpectSyncCases(
+      pb::MODEL_AVERAGING,
+      [](pb::SyncConfig* s) { s->set_averaging_period(20); }, "", cases);
 }
 
 // Sends between clocks: a period in seconds, for the kinds that send at

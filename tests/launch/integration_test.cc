@@ -274,6 +274,63 @@ TEST_F(IntegrationTest, DiLoCoOverThreeSitesConvergesWithEqualAnchors) {
   EXPECT_GT(report.wan_bytes_total(), 0);
 }
 
+// The SparseLoCo baseline across three sites through wanem: DiLoCo's
+// rounds with error feedback, no outer momentum, and messages of the top
+// 2% of β·e + Δ in 2-bit values. It learns, every site takes the same
+// outer steps (equal anchors), nothing is refused, and report.json says
+// what the rounds carried: "2.00%, 2-bit", with a residual.
+TEST_F(IntegrationTest, SparseLoCoOverThreeSitesKeepsEqualAnchors) {
+  pb::JobConfig job = OuterRoundsJob(pb::DILOCO, 25);
+  pb::SyncConfig* sync = job.mutable_sync();
+  pb::DiLoCoConfig* diloco = sync->mutable_diloco();
+  diloco->set_outer_lr(1.0);
+  diloco->set_outer_momentum(0);
+  diloco->set_nesterov(false);
+  diloco->set_error_feedback(true);
+  diloco->set_error_feedback_decay(0.95);
+  pb::CompressionConfig* coding = sync->mutable_compression();
+  coding->Clear();
+  coding->set_selection(pb::TOP_K);
+  coding->set_top_k_fraction(0.02);
+  coding->set_value_coding(pb::VALUE_INT2);
+  coding->set_block_size(256);
+  coding->set_rounding(pb::ROUND_STOCHASTIC);
+  pb::RunReport report;
+  ASSERT_NO_FATAL_FAILURE(RunToReport(
+      WriteJob(job), testing::MakeTempDir("integration-out"), &report));
+  ASSERT_EQ(report.sites_size(), 3);
+  // It learned (the first evaluation, of the initial model, is near
+  // chance).
+  EXPECT_GT(report.final_accuracy(), 0.5);
+  const double norm = report.sites(0).sync().diloco().anchor_norm();
+  EXPECT_GT(norm, 0);
+  for (const pb::SiteSummary& site : report.sites()) {
+    const pb::OuterStepSummary& rounds = site.sync().diloco();
+    EXPECT_GE(rounds.steps(), 5u) << site.name();
+    EXPECT_EQ(site.sync().rejected(), 0) << site.name();
+    EXPECT_TRUE(site.sync().flushed()) << site.name();
+    EXPECT_TRUE(rounds.error_feedback()) << site.name();
+    EXPECT_EQ(rounds.error_feedback_decay(), 0.95) << site.name();
+    EXPECT_GT(rounds.residual_norm(), 0) << site.name();
+    EXPECT_GE(rounds.rounds_sent(), rounds.steps()) << site.name();
+    // Exactly k = ceil(2% of each tensor's elements) per round and tensor
+    // (a tensor has no zero in β·e + Δ): about 2%.
+    EXPECT_NEAR(rounds.density(), 0.02, 0.002) << site.name();
+    EXPECT_EQ(rounds.value_bits(), 2u) << site.name();
+    ASSERT_GE(rounds.coding().size(), 8u) << site.name();
+    EXPECT_EQ(rounds.coding().substr(rounds.coding().size() - 8), "%, 2-bit")
+        << rounds.coding();
+    EXPECT_GT(rounds.bytes_sent(), 0u) << site.name();
+    // About 2 bits per value plus an index of at most 2 bytes: far below
+    // an int8 Δ's byte per parameter.
+    EXPECT_LT(rounds.bytes_sent(), rounds.parameters_sent() / 8)
+        << site.name();
+    if (rounds.steps() == report.sites(0).sync().diloco().steps()) {
+      EXPECT_NEAR(rounds.anchor_norm(), norm, 1e-5 * norm) << site.name();
+    }
+  }
+}
+
 // FedAvg (MODEL_AVERAGING) across three sites: DiLoCo's rounds with outer
 // lr 1 and no momentum, so every round makes the anchor the mean of the
 // sites' models. It converges, every site takes the same rounds (equal

@@ -818,6 +818,38 @@ TEST_F(SupervisionTest, KilledSiteServerResumesItsDiLoCoRounds) {
   ExpectOuterRoundsSurviveAKilledSite(ReadReport(), output);
 }
 
+// The SparseLoCo setting (error feedback, top-k 5%, int2) likewise: the
+// restarted site also resumes its residual from its checkpoint (and
+// measures the one of a round sent after it from the restored model), so
+// the anchors still agree and the residual is there at the end.
+TEST_F(SupervisionTest, KilledSiteServerResumesItsSparseLoCoRounds) {
+  pb::JobConfig job = TwoSiteJob(25);
+  pb::SyncConfig* sync = job.mutable_sync();
+  sync->set_kind(pb::DILOCO);
+  sync->set_averaging_period(5);
+  pb::DiLoCoConfig* diloco = sync->mutable_diloco();
+  diloco->set_outer_momentum(0);
+  diloco->set_nesterov(false);
+  diloco->set_error_feedback(true);
+  pb::CompressionConfig* coding = sync->mutable_compression();
+  coding->Clear();
+  coding->set_selection(pb::TOP_K);
+  coding->set_top_k_fraction(0.05);
+  coding->set_value_coding(pb::VALUE_INT2);
+  WriteJob(job);
+  std::string output;
+  ASSERT_NO_FATAL_FAILURE(RunAndKillSiteA(&output));
+  const pb::RunReport report = ReadReport();
+  ExpectOuterRoundsSurviveAKilledSite(report, output);
+  for (const pb::SiteSummary& site : report.sites()) {
+    const pb::OuterStepSummary& rounds = site.sync().diloco();
+    EXPECT_TRUE(rounds.error_feedback()) << site.name();
+    EXPECT_GT(rounds.residual_norm(), 0) << site.name();
+    EXPECT_EQ(rounds.value_bits(), 2u) << site.name();
+    EXPECT_NEAR(rounds.density(), 0.05, 0.005) << site.name();
+  }
+}
+
 // FedAvg's rounds likewise: before they were DiLoCo's, a restarted site
 // waited for peers' models that had already been delivered to the process
 // that died.

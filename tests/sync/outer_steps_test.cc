@@ -1,14 +1,19 @@
 // DiLoCo's outer steps (src/sync/outer_steps.h): the Nesterov arithmetic
 // against a hand computation, MODEL_AVERAGING as its special case, round
 // bookkeeping, what a peer may not send, fragments, the checkpoint round
-// trip, and the adaptive period (SkewScout's knob) agreed from proposals.
+// trip, the adaptive period (SkewScout's knob) agreed from proposals, and
+// SparseLoCo's error feedback (top-k + int2 messages, the residual).
 
 #include "sync/outer_steps.h"
+#include "meridian/compression/compression.h"
 #include "testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -235,6 +240,172 @@ TEST(OuterStepsTest, CheckpointRoundTripKeepsOpenRounds) {
   Checkpoint empty;
   OuterSteps fresh = Make(Options(2), 4);
   EXPECT_FALSE(fresh.RestoreFrom(meta, empty).ok());
+  EXPECT_FALSE(fresh.started());
+}
+
+// ---- Error feedback (SparseLoCo) ----------------------------------------
+
+OuterStepOptions SparseLoCoOptions(uint32_t peers, double decay) {
+  OuterStepOptions options = Options(peers);
+  options.lr = 0.7;
+  options.momentum = 0;
+  options.nesterov = false;
+  options.error_feedback = true;
+  options.feedback_decay = decay;
+  return options;
+}
+
+pb::CompressionConfig SparseLoCoCoding() {
+  pb::CompressionConfig config;
+  config.set_selection(pb::TOP_K);
+  config.set_top_k_fraction(0.02);
+  config.set_value_coding(pb::VALUE_INT2);
+  config.set_block_size(64);
+  config.set_rounding(pb::ROUND_STOCHASTIC);
+  return config;
+}
+
+std::vector<float> AsVector(std::span<const float> values) {
+  return std::vector<float>(values.begin(), values.end());
+}
+
+float MaxAbs(const std::vector<float>& values) {
+  float max = 0;
+  for (float v : values) max = std::max(max, std::abs(v));
+  return max;
+}
+
+TEST(OuterStepsTest, ErrorFeedbackRefusesADecayOutsideTheUnitInterval) {
+  EXPECT_FALSE(OuterSteps::Create(SparseLoCoOptions(1, 1.5), 8).ok());
+  EXPECT_FALSE(OuterSteps::Create(SparseLoCoOptions(1, -0.1), 8).ok());
+  EXPECT_OK(OuterSteps::Create(SparseLoCoOptions(1, 0), 8));
+  EXPECT_OK(OuterSteps::Create(SparseLoCoOptions(1, 1), 8));
+}
+
+// Three sites, three rounds of top-2% int2 messages with error feedback
+// (β = 0.9), as the outer rounds run them: each site's message is β·e + Δ,
+// e keeps what the message did not carry (e + sent = β·e_old + Δ, up to
+// float rounding), and after every round the three replicas are the same
+// model, the new anchor, identical at every site: the unsent part waits
+// in the residuals, not in the replicas.
+TEST(OuterStepsTest, ErrorFeedbackKeepsReplicasIdenticalAndCarriesTheRest) {
+  constexpr size_t kSites = 3;
+  constexpr size_t kElements = 3000;
+  constexpr float kDecay = 0.9f;
+  std::mt19937 random(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> initial(kElements);
+  for (float& v : initial) v = normal(random);
+  std::vector<OuterSteps> sites;
+  std::vector<std::vector<float>> models(kSites, initial);
+  for (size_t s = 0; s < kSites; ++s) {
+    sites.push_back(Make(SparseLoCoOptions(kSites - 1, kDecay), kElements));
+    sites[s].Start(initial);
+  }
+  Result<UpdateEncoder> encoder = UpdateEncoder::Create(SparseLoCoCoding());
+  ASSERT_OK(encoder);
+  UpdateDecoder decoder;
+  for (int64_t clock : {10, 20, 30}) {
+    const std::vector<float> anchor_before = AsVector(sites[0].anchor());
+    std::vector<std::vector<float>> sent(kSites);
+    for (size_t s = 0; s < kSites; ++s) {
+      // The workers' progress this round: different at every site.
+      for (float& v : models[s]) v += 0.01f * normal(random);
+      std::vector<float> delta;
+      sites[s].OuterGradient(0, models[s], &delta);
+      const std::vector<float> old_residual = AsVector(sites[s].residual());
+      std::vector<float> message = delta;
+      sites[s].AddResidual(0, &message);
+      Result<EncodedUpdate> encoded = encoder->EncodeDense(message, {});
+      ASSERT_OK(encoded);
+      EXPECT_EQ(encoded->summary.sent, kElements / 50);  // 2%
+      sent[s].resize(kElements);
+      ASSERT_OK(decoder.DecodeDense(encoded->bytes, sent[s]));
+      ASSERT_OK(sites[s].AddOwn(clock, sent[s], models[s]));
+      sites[s].KeepResidual(0, message, sent[s]);
+      const float tolerance = 1e-6f * MaxAbs(message);
+      size_t carried = 0;
+      for (size_t i = 0; i < kElements; ++i) {
+        carried += sent[s][i] != 0.0f;
+        ASSERT_NEAR(sites[s].residual()[i] + sent[s][i],
+                    kDecay * old_residual[i] + delta[i], tolerance)
+            << "site " << s << " element " << i << " round " << clock;
+      }
+      EXPECT_EQ(carried, kElements / 50);
+    }
+    // Every site adds the three messages in the same order (so the sums,
+    // and the anchors, are bit for bit the same).
+    for (size_t s = 0; s < kSites; ++s) {
+      for (size_t from = 0; from < kSites; ++from) {
+        if (from == s) continue;
+        const uint32_t position = from < s ? from : from - 1;
+        ASSERT_OK(sites[s].AddPeer(clock, position, sent[from], clock));
+      }
+      std::optional<OuterSteps::Step> step = sites[s].CloseReady();
+      ASSERT_TRUE(step) << s;
+      for (size_t i = 0; i < kElements; ++i) {
+        models[s][i] += step->correction[i];
+      }
+    }
+    for (size_t s = 1; s < kSites; ++s) {
+      EXPECT_EQ(AsVector(sites[s].anchor()), AsVector(sites[0].anchor()));
+    }
+    // The anchor took plain SGD on the mean message (no momentum).
+    for (size_t i = 0; i < kElements; ++i) {
+      const float mean = (sent[0][i] + sent[1][i] + sent[2][i]) / 3;
+      ASSERT_NEAR(sites[0].anchor()[i], anchor_before[i] - 0.7f * mean, 1e-5f)
+          << i;
+      for (size_t s = 0; s < kSites; ++s) {
+        ASSERT_NEAR(models[s][i], sites[0].anchor()[i],
+                    1e-6f * (1 + std::abs(sites[0].anchor()[i])))
+            << "site " << s << " element " << i << " round " << clock;
+      }
+    }
+  }
+  // The residuals hold what was not sent: most of each Δ.
+  for (size_t s = 0; s < kSites; ++s) {
+    EXPECT_GT(MaxAbs(AsVector(sites[s].residual())), 0.0f);
+  }
+}
+
+// The residual is saved with the anchor and restored; a checkpoint of a
+// job without error feedback restores a zero one; one naming a residual
+// it does not hold is refused.
+TEST(OuterStepsTest, ErrorFeedbackResidualSurvivesTheCheckpoint) {
+  OuterSteps steps = Make(SparseLoCoOptions(1, 1.0), 4);
+  steps.Start(std::vector<float>{1, 2, 3, 4});
+  std::vector<float> message;
+  steps.OuterGradient(0, std::vector<float>{0.5f, 2, 3, 3}, &message);
+  steps.AddResidual(0, &message);
+  const std::vector<float> sent = {0.5f, 0, 0, 0};
+  ASSERT_OK(steps.AddOwn(10, sent, std::vector<float>{0.5f, 2, 3, 3}));
+  steps.KeepResidual(0, message, sent);
+  EXPECT_EQ(AsVector(steps.residual()), (std::vector<float>{0, 0, 0, 1}));
+  auto [meta, arrays] = Save(steps);
+  EXPECT_TRUE(meta.has_residual());
+  ASSERT_NE(arrays.Find("outer/residual"), nullptr);
+
+  OuterSteps restored = Make(SparseLoCoOptions(1, 1.0), 4);
+  ASSERT_OK(restored.RestoreFrom(meta, arrays));
+  EXPECT_EQ(AsVector(restored.residual()), AsVector(steps.residual()));
+  EXPECT_TRUE(restored.HasOwn(10));
+
+  // Without error feedback before: a zero residual.
+  OuterSteps plain = Make(Options(1), 4);
+  plain.Start(std::vector<float>{1, 2, 3, 4});
+  auto [plain_meta, plain_arrays] = Save(plain);
+  EXPECT_FALSE(plain_meta.has_residual());
+  OuterSteps turned_on = Make(SparseLoCoOptions(1, 1.0), 4);
+  ASSERT_OK(turned_on.RestoreFrom(plain_meta, plain_arrays));
+  EXPECT_EQ(AsVector(turned_on.residual()), std::vector<float>(4, 0.0f));
+
+  // A residual named but missing: refused, nothing changed.
+  Checkpoint partial;
+  for (const NamedArray& array : arrays.arrays) {
+    if (array.name != "outer/residual") partial.arrays.push_back(array);
+  }
+  OuterSteps fresh = Make(SparseLoCoOptions(1, 1.0), 4);
+  EXPECT_FALSE(fresh.RestoreFrom(meta, partial).ok());
   EXPECT_FALSE(fresh.started());
 }
 

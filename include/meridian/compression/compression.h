@@ -14,9 +14,10 @@
 //                per element of the slice), INDEX_DENSE (no indices: every
 //                element of the slice, unselected ones as 0), or INDEX_AUTO
 //                (the smallest of the three for this message, before zstd).
-//   value coding VALUE_FP32 (exact), VALUE_FP16, VALUE_BF16, VALUE_INT8 and
-//                VALUE_INT4 with one fp32 scale per block of `block_size`
-//                sent values; rounding to nearest or seeded stochastic.
+//   value coding VALUE_FP32 (exact), VALUE_FP16, VALUE_BF16, VALUE_INT8,
+//                VALUE_INT4 and VALUE_INT2 with one fp32 scale per block
+//                of `block_size` sent values; rounding to nearest or
+//                seeded stochastic.
 //   zstd         when zstd_level != 0 (negative levels are zstd's fast
 //                modes); dropped for a message it would not shrink.
 //
@@ -38,19 +39,28 @@
 //         [-127, 127], decoded q * s. Nearest: |err| <= s/2; stochastic
 //         (unbiased): |err| < s; both plus float rounding (< 2^-15 s).
 //   INT4  the same with 7 instead of 127, two values per byte.
+//   INT2  four symmetric levels {-3, -1, 1, 3} * u, u = max|v| of the block
+//         / 3 (rounded up), i.e. {-s, -s/3, s/3, s}: no zero level (the
+//         values it is meant for are a top-k selection's, large by
+//         construction; all four codes are levels, evenly spaced, so
+//         stochastic rounding is unbiased for either sign). Nearest:
+//         |err| <= u; stochastic (unbiased): |err| < 2u; both plus float
+//         rounding. A 0 in a block with a non-zero scale decodes as +-u
+//         (its residual says so); so INDEX_DENSE with INT2 is refused and
+//         INDEX_AUTO does not pick it unless every element is sent.
 // Saturated and out-of-range parts always go to the residual.
 //
 // Encoded buffer, format version 1 (integers little-endian; varint: LEB128,
 // canonical, at most 10 bytes):
 //   bytes 0-1  magic "MC"
 //   byte  2    format version (1)
-//   byte  3    bits 0-2 value coding (pb::ValueCoding 1..5), bits 3-5 index
+//   byte  3    bits 0-2 value coding (pb::ValueCoding 1..6), bits 3-5 index
 //              coding (pb::IndexCoding 2..4, never AUTO), bit 6 zstd, bit 7 0
 //   bytes 4-7  checksum: low 32 bits of XXH64(bytes 8.., seed = bytes 0-3
 //              read as a little-endian u32)
 //   varint     size: elements of the slice (< 2^32)
 //   varint     count: entries sent (<= size; == size for INDEX_DENSE)
-//   varint     block size (INT8/INT4 only; 1..kMaxCompressionBlockSize)
+//   varint     block size (INT8/INT4/INT2 only; 1..kMaxCompressionBlockSize)
 //   varint     index bytes (INDEX_DELTA_VARINT only)
 //   body       [index section][value section]; with the zstd bit, exactly one
 //              zstd frame whose declared content size is the body's size.
@@ -61,7 +71,9 @@
 // binary16, bfloat16); INT8: ceil(count / block) fp32 scales, then one
 // signed byte per value (-128 never used); INT4: the scales, then two
 // values per byte (low nibble first, two's complement, -8 never used, a
-// final padding nibble 0). A decoder needs nothing but these bytes.
+// final padding nibble 0); INT2: the scales, then four codes per byte
+// (lowest bits first; code c in 0..3 is the level (2c - 3) * u; padding
+// bits 0). A decoder needs nothing but these bytes.
 //
 // Thread-safety: UpdateEncoder and UpdateDecoder are thread-compatible (one
 // object per thread, or external locking); distinct objects are independent.
@@ -185,7 +197,7 @@ struct EncodedInfo {
   bool zstd = false;
   uint64_t size = 0;         // elements of the slice
   uint64_t count = 0;        // entries carried
-  uint32_t block_size = 0;   // INT8/INT4; 0 otherwise
+  uint32_t block_size = 0;   // INT8/INT4/INT2; 0 otherwise
   uint64_t index_bytes = 0;  // bytes of the index section
   uint64_t body_bytes = 0;   // index + value sections (before zstd)
   size_t header_bytes = 0;   // where the (possibly compressed) body starts
