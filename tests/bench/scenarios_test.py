@@ -53,6 +53,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 MERIDIAN = None  # path of the meridian binary (--meridian)
@@ -737,6 +738,12 @@ class ChaosTest(unittest.TestCase):
             # A program whose command line does not name the run.
             child = subprocess.Popen(["sleep", "30"], env=env)
             try:
+                # Until the child has exec'd, /proc shows the parent's
+                # command line and environment: wait for that event.
+                deadline = time.monotonic() + 60
+                while (processes.proc_table().get(child.pid, [""])[0]
+                       != "sleep" and time.monotonic() < deadline):
+                    time.sleep(0.01)
                 self.assertIn(child.pid, processes.run_processes(run_dir))
                 self.assertEqual(processes.program_role(child.pid),
                                  ("worker", "eu", 3))
