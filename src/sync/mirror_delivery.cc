@@ -174,11 +174,13 @@ bool OutboundChannel::Saturated(double now) const {
 }
 
 uint64_t OutboundChannel::window() const {
+  if (link_.rate() <= 0) return kInitialWindowBytes;
   return std::max<uint64_t>(kMinWindowBytes,
                             static_cast<uint64_t>(kWindowS * link_.rate()));
 }
 
 uint64_t OutboundChannel::max_message_bytes() const {
+  if (link_.rate() <= 0) return kInitialWindowBytes / 4;
   return std::max<uint64_t>(kMinMessageBytes,
                             static_cast<uint64_t>(kMessageS * link_.rate()));
 }
