@@ -32,6 +32,16 @@
 namespace meridian::wan {
 namespace {
 
+// Whether the process's resident memory is what the code holds: not under
+// ThreadSanitizer (shadow memory several times the application's) or
+// AddressSanitizer (freed memory kept in quarantine). The bounds are
+// checked in the normal build; the threads run under the sanitizers too.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr bool kResidentMemoryIsOurs = false;
+#else
+constexpr bool kResidentMemoryIsOurs = true;
+#endif
+
 using std::chrono::milliseconds;
 using testing::Connect;
 using testing::Listener;
@@ -253,7 +263,7 @@ TEST(EmulatorFloodTest, FastSendersAndANonReadingServerAreNotBuffered) {
       static_cast<long>(kSenders * 2 * EmulatorOptions().read_bytes / 1024 +
                         2 * 2 * model.queue_limit_bytes / 1024 + 16 * 1024);
   const long grew_kib = ResidentKiB() - before_kib;
-  EXPECT_LT(grew_kib, bound_kib);
+  if (kResidentMemoryIsOurs) EXPECT_LT(grew_kib, bound_kib);
   std::printf("[ measured ] queue at most %llu of %llu bytes; clients sent "
               "%llu MiB; RSS grew %ld KiB (bound %ld KiB)\n",
               static_cast<unsigned long long>(max_queued),
@@ -348,8 +358,10 @@ TEST(EmulatorFloodTest, TenThousandHeldConnectionsLeaveALegitimateOneAlone) {
   const long bound_kib = static_cast<long>(
       128 * 2 * EmulatorOptions().read_bytes / 1024 + 128 * 4 * 128 +
       2 * 2 * EffectiveQueueLimit(model) / 1024 + 32 * 1024);
-  EXPECT_LT(peak_kib - before_kib, bound_kib)
-      << "peak " << peak_kib << " KiB, before " << before_kib << " KiB";
+  if (kResidentMemoryIsOurs) {
+    EXPECT_LT(peak_kib - before_kib, bound_kib)
+        << "peak " << peak_kib << " KiB, before " << before_kib << " KiB";
+  }
   std::printf("[ measured ] %zu connections held, %d reset at once, %zu "
               "still open; RSS grew %ld KiB (bound %ld KiB)\n",
               flood.size(), reset_at_once, open, peak_kib - before_kib,
