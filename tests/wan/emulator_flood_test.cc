@@ -43,6 +43,7 @@ constexpr bool kResidentMemoryIsOurs = true;
 #endif
 
 using std::chrono::milliseconds;
+using testing::AddRoute;
 using testing::Connect;
 using testing::Listener;
 using testing::Pattern;
@@ -50,14 +51,8 @@ using testing::PeerState;
 using testing::RecvBytes;
 using testing::SecondsSince;
 using testing::SendAll;
+using testing::Shaped;
 using testing::SteadyClock;
-
-DirectionModel Shaped(double bps, Duration latency = Duration::zero()) {
-  DirectionModel model;
-  model.bandwidth_bps = bps;
-  model.latency = latency;
-  return model;
-}
 
 std::unique_ptr<Emulator> MakeEmulator(EmulatorOptions options,
                                        const DirectionModel& model) {
@@ -66,14 +61,6 @@ std::unique_ptr<Emulator> MakeEmulator(EmulatorOptions options,
       Emulator::Create(std::move(options));
   EXPECT_OK(emulator);
   return emulator.ok() ? std::move(*emulator) : nullptr;
-}
-
-std::string AddRoute(Emulator& emulator, const std::string& forward,
-                     const std::string& from = "a") {
-  Result<std::string> bound =
-      emulator.AddRoute({"a-b", from, "127.0.0.1:0", forward});
-  EXPECT_OK(bound);
-  return bound.ok() ? *bound : "";
 }
 
 template <typename Predicate>

@@ -16,20 +16,15 @@ namespace meridian::wan {
 namespace {
 
 using std::chrono::milliseconds;
+using testing::AddRoute;
 using testing::Connect;
 using testing::Listener;
 using testing::Pattern;
 using testing::RecvBytes;
 using testing::SecondsSince;
 using testing::SendAll;
+using testing::Shaped;
 using testing::SteadyClock;
-
-DirectionModel Shaped(double bps, Duration latency = Duration::zero()) {
-  DirectionModel model;
-  model.bandwidth_bps = bps;
-  model.latency = latency;
-  return model;
-}
 
 DirectionModel Unshaped() { return Shaped(0); }
 
@@ -41,14 +36,6 @@ std::unique_ptr<Emulator> MakeEmulator(const DirectionModel& a_to_b,
       Emulator::Create(std::move(options));
   EXPECT_OK(emulator);
   return std::move(*emulator);
-}
-
-std::string AddRoute(Emulator& emulator, const std::string& forward,
-                     const std::string& from = "a") {
-  Result<std::string> bound =
-      emulator.AddRoute({"a-b", from, "127.0.0.1:0", forward});
-  EXPECT_OK(bound);
-  return bound.ok() ? *bound : "";
 }
 
 pb::WanLinkState State(Emulator& emulator) {

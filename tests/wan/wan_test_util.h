@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "testing/status_matchers.h"
+#include "wan/emulator.h"
 #include "wan/socket_util.h"  // wan/: WriteAll
 
 namespace meridian::wan::testing {
@@ -126,6 +128,25 @@ inline std::string Pattern(size_t size, uint32_t seed = 1) {
     out[i] = static_cast<char>(x);
   }
   return out;
+}
+
+// A direction of `bps` bits per second and `latency` each way (the rest as
+// DirectionModel's defaults).
+inline DirectionModel Shaped(double bps, Duration latency = Duration::zero()) {
+  DirectionModel model;
+  model.bandwidth_bps = bps;
+  model.latency = latency;
+  return model;
+}
+
+// A route of link "a-b" from site `from` to `forward`; its listening
+// address, or "" (and a test failure) when it cannot open.
+inline std::string AddRoute(Emulator& emulator, const std::string& forward,
+                            const std::string& from = "a") {
+  Result<std::string> bound =
+      emulator.AddRoute({"a-b", from, "127.0.0.1:0", forward});
+  EXPECT_OK(bound);
+  return bound.ok() ? *bound : "";
 }
 
 }  // namespace meridian::wan::testing
