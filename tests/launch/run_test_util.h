@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
+#include <cstring>
+#include <cmath>
 #include <functional>
 #include <string>
 #include <thread>
@@ -82,6 +85,25 @@ inline std::vector<pb::FaultEvent> EventsOf(const pb::RunReport& report,
     }
   }
   return found;
+}
+
+// The largest difference between two model files (model-<site>.f32);
+// infinity when they cannot be read or differ in size.
+inline double MaxDifference(const std::string& a, const std::string& b) {
+  const std::string x = ReadFile(a);
+  const std::string y = ReadFile(b);
+  if (x.empty() || x.size() != y.size() || x.size() % sizeof(float) != 0) {
+    return std::numeric_limits<double>::infinity();
+  }
+  double largest = 0;
+  for (size_t i = 0; i < x.size(); i += sizeof(float)) {
+    float u = 0;
+    float v = 0;
+    std::memcpy(&u, x.data() + i, sizeof(float));
+    std::memcpy(&v, y.data() + i, sizeof(float));
+    largest = std::max(largest, static_cast<double>(std::abs(u - v)));
+  }
+  return largest;
 }
 
 }  // namespace meridian::testing

@@ -37,28 +37,6 @@ using testing::WaitFor;
 // The liveness timeout of the jobs here (fault.peer_timeout_s).
 constexpr double kPeerTimeoutS = 3.0;
 
-// The little-endian float32 values of `path` (OUT/model-<site>.f32).
-std::vector<float> ReadModel(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)),
-                          std::istreambuf_iterator<char>());
-  std::vector<float> values(bytes.size() / sizeof(float));
-  std::copy(bytes.data(), bytes.data() + values.size() * sizeof(float),
-            reinterpret_cast<char*>(values.data()));
-  return values;
-}
-
-// The largest |a[i] - b[i]| (infinity when the sizes differ or are 0).
-double LargestDifference(const std::vector<float>& a,
-                         const std::vector<float>& b) {
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double largest = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    largest = std::max(largest, std::fabs(static_cast<double>(a[i]) - b[i]));
-  }
-  return largest;
-}
-
 class SlowLinkTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -144,8 +122,8 @@ class SlowLinkTest : public ::testing::Test {
   }
 
   double ModelDifference() const {
-    return LargestDifference(ReadModel(out_ + "/model-a.f32"),
-                             ReadModel(out_ + "/model-b.f32"));
+    return testing::MaxDifference(out_ + "/model-a.f32",
+                                  out_ + "/model-b.f32");
   }
 
   static std::string* data_dir_;

@@ -283,25 +283,6 @@ double SumOf(const std::vector<MetricSample>& samples,
 // weights it touches by at least theta = 5% of their size.
 constexpr double kRecoveredReplicaTolerance = 5e-4;
 
-// The largest difference between two model files (model-<site>.f32);
-// infinity when they cannot be read or differ in size.
-double MaxDifference(const std::string& a, const std::string& b) {
-  const std::string x = ReadFile(a);
-  const std::string y = ReadFile(b);
-  if (x.empty() || x.size() != y.size() || x.size() % sizeof(float) != 0) {
-    return std::numeric_limits<double>::infinity();
-  }
-  double largest = 0;
-  for (size_t i = 0; i < x.size(); i += sizeof(float)) {
-    float u = 0;
-    float v = 0;
-    std::memcpy(&u, x.data() + i, sizeof(float));
-    std::memcpy(&v, y.data() + i, sizeof(float));
-    largest = std::max(largest, static_cast<double>(std::abs(u - v)));
-  }
-  return largest;
-}
-
 class SupervisionTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -739,7 +720,7 @@ TEST_F(SupervisionTest, ResumeContinuesAJobWhoseEveryProcessWasKilled) {
     EXPECT_TRUE(recovered) << site.name();
     EXPECT_TRUE(site.sync().flushed()) << site.name();
   }
-  EXPECT_LT(MaxDifference(out_ + "/model-a.f32", out_ + "/model-b.f32"),
+  EXPECT_LT(testing::MaxDifference(out_ + "/model-a.f32", out_ + "/model-b.f32"),
             kRecoveredReplicaTolerance);
 }
 
@@ -767,7 +748,7 @@ TEST_F(SupervisionTest, KilledSiteServerResumesFromItsCheckpoint) {
     // Training time goes on from the checkpoint's, not from zero.
     EXPECT_GT(site.training_s(), 20);
   }
-  EXPECT_LT(MaxDifference(out_ + "/model-a.f32", out_ + "/model-b.f32"),
+  EXPECT_LT(testing::MaxDifference(out_ + "/model-a.f32", out_ + "/model-b.f32"),
             kRecoveredReplicaTolerance);
 }
 
