@@ -250,7 +250,9 @@ TEST(EmulatorFloodTest, FastSendersAndANonReadingServerAreNotBuffered) {
       static_cast<long>(kSenders * 2 * EmulatorOptions().read_bytes / 1024 +
                         2 * 2 * model.queue_limit_bytes / 1024 + 16 * 1024);
   const long grew_kib = ResidentKiB() - before_kib;
-  if (kResidentMemoryIsOurs) EXPECT_LT(grew_kib, bound_kib);
+  if (kResidentMemoryIsOurs) {
+    EXPECT_LT(grew_kib, bound_kib);
+  }
   std::printf("[ measured ] queue at most %llu of %llu bytes; clients sent "
               "%llu MiB; RSS grew %ld KiB (bound %ld KiB)\n",
               static_cast<unsigned long long>(max_queued),
