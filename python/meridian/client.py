@@ -62,6 +62,10 @@ _LOG = logging.getLogger("meridian")
 # Backoff of probes and rejoin HELLOs (kFirstProbeWait, kMaxProbeWait).
 _FIRST_PROBE_WAIT_S = 1.0
 _MAX_PROBE_WAIT_S = 30.0
+# Pauses before sending again a request the server answered with
+# ERROR_BUSY (as the C++ RpcClient).
+_FIRST_BUSY_PAUSE_S = 0.05
+_MAX_BUSY_PAUSE_S = 1.0
 # Longest single wait on the socket: how promptly heartbeats go out and a
 # stop request is noticed.
 _POLL_SLICE_S = 0.05
@@ -339,7 +343,30 @@ class _Channel:
         it is alive (see the module comment). Returns (header, payload).
         ServerGone after `silence_timeout_s` (default server_timeout_s) of
         silence, with the connection dropped so that a late reply cannot
-        answer a later request; Cancelled on a stop request."""
+        answer a later request; Cancelled on a stop request. A request
+        without payloads that the server answers with ERROR_BUSY (nothing
+        was done) is sent again after a pause (50 ms, doubling up to 1 s)
+        as long as the server keeps answering so."""
+        pause = _FIRST_BUSY_PAUSE_S
+        while True:
+            reply, payload = self._call_once(header, payloads,
+                                             silence_timeout_s)
+            if (payloads or reply.type != wire_pb2.ERROR or
+                    reply.error.code != wire_pb2.ERROR_BUSY):
+                return reply, payload
+            until = time.monotonic() + pause
+            while time.monotonic() < until:
+                if self.stop_requested():
+                    raise Cancelled("stopped while the server was busy "
+                                    "with " + describe(header))
+                time.sleep(0.02)
+            pause = min(pause * 2, _MAX_BUSY_PAUSE_S)
+
+    def _call_once(self, header: wire_pb2.Header,
+                   payloads: Sequence[np.ndarray],
+                   silence_timeout_s: Optional[float]):
+        """One request and its reply (_call without the retries after
+        ERROR_BUSY)."""
         silence = silence_timeout_s or self.server_timeout_s
         self._drain_stray()
         self._stamp(header)

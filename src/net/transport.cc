@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <thread>
 #include <zmq_addon.hpp>
 
 #include "meridian/core/log.h"
@@ -303,9 +305,65 @@ Result<Received> RpcClient::AwaitReply(std::chrono::milliseconds timeout,
   }
 }
 
+namespace {
+
+bool IsBusy(const Envelope& reply) {
+  return reply.header.type() == pb::ERROR &&
+         reply.header.error().code() == pb::ERROR_BUSY;
+}
+
+}  // namespace
+
+bool RpcClient::PauseAfterBusy(std::chrono::milliseconds* pause) const {
+  constexpr auto kLook = std::chrono::milliseconds(20);
+  const auto until = std::chrono::steady_clock::now() + *pause;
+  while (std::chrono::steady_clock::now() < until) {
+    if (cancel_ != nullptr && cancel_->load()) return false;
+    std::this_thread::sleep_for(kLook);
+  }
+  *pause = std::min<std::chrono::milliseconds>(*pause * 2,
+                                               std::chrono::seconds(1));
+  return true;
+}
+
 Result<Envelope> RpcClient::Call(pb::Header header,
                                  std::vector<zmq::message_t> payload,
                                  std::chrono::milliseconds timeout) {
+  const bool resendable = payload.empty();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(50);
+  while (true) {
+    Result<Envelope> reply = CallOnce(header, std::move(payload), timeout);
+    if (!resendable || !reply.ok() || !IsBusy(*reply)) return reply;
+    if (std::chrono::steady_clock::now() + pause >= deadline ||
+        !PauseAfterBusy(&pause)) {
+      return reply;
+    }
+    payload.clear();
+    timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+  }
+}
+
+Result<Envelope> RpcClient::CallWhileAlive(pb::Header header,
+                                           std::vector<zmq::message_t> payload,
+                                           const RpcLiveness& liveness) {
+  const bool resendable = payload.empty();
+  auto pause = std::chrono::milliseconds(50);
+  while (true) {
+    Result<Envelope> reply =
+        CallWhileAliveOnce(header, std::move(payload), liveness);
+    if (!resendable || !reply.ok() || !IsBusy(*reply) ||
+        !PauseAfterBusy(&pause)) {
+      return reply;
+    }
+    payload.clear();
+  }
+}
+
+Result<Envelope> RpcClient::CallOnce(pb::Header header,
+                                     std::vector<zmq::message_t> payload,
+                                     std::chrono::milliseconds timeout) {
   try {
     if (!socket_) Connect();
   } catch (const zmq::error_t& error) {
@@ -343,9 +401,9 @@ Result<Envelope> RpcClient::Call(pb::Header header,
   return std::move(*received->message);
 }
 
-Result<Envelope> RpcClient::CallWhileAlive(pb::Header header,
-                                           std::vector<zmq::message_t> payload,
-                                           const RpcLiveness& liveness) {
+Result<Envelope> RpcClient::CallWhileAliveOnce(
+    pb::Header header, std::vector<zmq::message_t> payload,
+    const RpcLiveness& liveness) {
   try {
     if (!socket_) Connect();
   } catch (const zmq::error_t& error) {

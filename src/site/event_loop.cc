@@ -3,6 +3,7 @@
 #include <chrono>
 #include <map>
 #include <new>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -27,21 +28,15 @@ Status SiteEventLoop::PollOnce() {
   std::vector<zmq::pollitem_t> items = {endpoint.PollItem()};
   if (parts_.sync != nullptr) parts_.sync->AddPollItems(&items);
   try {
-    zmq::poll(items.data(), items.size(), kPollInterval);
+    zmq::poll(items.data(), items.size(),
+              intake_.waiting() > 0 ? std::chrono::milliseconds(0)
+                                    : kPollInterval);
   } catch (const zmq::error_t& error) {
     if (error.num() == EINTR) return Status::Ok();  // a signal: look again
     return UnavailableError(std::string("polling: ") + error.what());
   }
-  if (items[0].revents & ZMQ_POLLIN) {
-    Result<Received> received = endpoint.Receive();
-    if (!received.ok()) return received.status();
-    if (received->refused) {
-      endpoint.Refuse(received->refused->routing_id, received->refused->header,
-                      received->refused->rejection);
-    } else if (received->message) {
-      DispatchGuarded(*received->message);
-    }
-  }
+  MERIDIAN_RETURN_IF_ERROR(
+      ServeWorkerSocket((items[0].revents & ZMQ_POLLIN) != 0));
   parts_.membership->DropWorkersNotReading();
   if (parts_.evaluator != nullptr) parts_.evaluator->OnTick();
   if (parts_.sync != nullptr) {
@@ -56,6 +51,50 @@ Status SiteEventLoop::PollOnce() {
   parts_.monitor->NoteWaiting(endpoint.endpoint());
   parts_.monitor->Publish();
   return Status::Ok();
+}
+
+Status SiteEventLoop::ServeWorkerSocket(bool readable) {
+  WorkerEndpoint& endpoint = *parts_.endpoint;
+  std::vector<Envelope> first;
+  for (size_t i = 0; readable && i < RequestIntake::kReadsPerTurn; ++i) {
+    Result<Received> received = endpoint.Receive();
+    if (!received.ok()) return received.status();
+    if (received->timed_out()) break;
+    if (received->refused) {
+      endpoint.Refuse(received->refused->routing_id, received->refused->header,
+                      received->refused->rejection);
+      continue;
+    }
+    Envelope& message = *received->message;
+    if (intake_.ServeFirst(message.routing_id,
+                           IsJoinedConnection(message.routing_id))) {
+      first.push_back(std::move(message));
+      continue;
+    }
+    std::optional<Envelope> refused = intake_.Wait(std::move(message));
+    if (refused) {
+      endpoint.Refuse(
+          *refused,
+          {pb::ERROR_BUSY,
+           "site server '" + site_.name() + "' has " +
+               std::to_string(intake_.waiting()) +
+               " requests of connections that have not joined waiting; "
+               "nothing was done, send it again later"});
+    }
+  }
+  for (const Envelope& message : first) DispatchGuarded(message);
+  for (size_t i = 0; i < RequestIntake::kOthersPerTurn; ++i) {
+    std::optional<Envelope> next = intake_.Next();
+    if (!next) break;
+    DispatchGuarded(*next);
+  }
+  return Status::Ok();
+}
+
+bool SiteEventLoop::IsJoinedConnection(const std::string& routing_id) const {
+  return parts_.membership->IsWorkerConnection(routing_id) ||
+         (parts_.evaluator != nullptr &&
+          parts_.evaluator->IsSessionConnection(routing_id));
 }
 
 void SiteEventLoop::FinishJob(const std::string& reason) {

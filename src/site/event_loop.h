@@ -22,6 +22,7 @@
 #include "site/policy_driver.h"
 #include "site/remote_evaluator.h"
 #include "site/replies.h"
+#include "site/request_intake.h"
 #include "site/site_clock.h"
 #include "site/site_context.h"
 #include "site/site_durability.h"
@@ -58,9 +59,9 @@ class SiteEventLoop {
   SiteEventLoop(const SiteEventLoop&) = delete;
   SiteEventLoop& operator=(const SiteEventLoop&) = delete;
 
-  // Waits up to kPollInterval for the worker socket and the sync sockets,
-  // then handles what arrived and does the loop's duties. Errors: the
-  // sockets failed.
+  // Waits up to kPollInterval for the worker socket and the sync sockets
+  // (not at all while requests wait in the intake), then handles what
+  // arrived and does the loop's duties. Errors: the sockets failed.
   Status PollOnce();
 
   // Ends training: nothing more is scheduled; waiting workers are told to
@@ -78,6 +79,11 @@ class SiteEventLoop {
   // handler checks a request completely before it changes the model, so a
   // failure leaves the model as it was.
   void DispatchGuarded(const Envelope& message);
+  // Reads what the worker socket holds (`readable`: poll said so) and
+  // serves it in RequestIntake's order. Errors: the socket failed.
+  Status ServeWorkerSocket(bool readable);
+  // Whether `routing_id` is a joined worker's or the evaluator's.
+  bool IsJoinedConnection(const std::string& routing_id) const;
   void Dispatch(const Envelope& message);
   // A message of the evaluator role (sender role ROLE_EVALUATOR, or an
   // EVAL_RESULT).
@@ -91,6 +97,7 @@ class SiteEventLoop {
   const SiteContext& site_;
   const std::string control_token_;
   const Parts parts_;
+  RequestIntake intake_;
   bool peers_set_ = false;
 };
 

@@ -42,6 +42,12 @@ class Membership {
   std::optional<uint32_t> Sender(const Envelope& request,
                                  bool allow_pending = false);
 
+  // Whether `routing_id` is a joined worker's connection
+  // (WorkerTable::IsWorkerConnection).
+  bool IsWorkerConnection(const std::string& routing_id) const {
+    return workers_->IsWorkerConnection(routing_id);
+  }
+
   void HandleHello(const Envelope& hello);
   void HandleBye(const Envelope& bye);
   void HandleHeartbeat(const Envelope& heartbeat);

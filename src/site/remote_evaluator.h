@@ -59,6 +59,10 @@ class RemoteEvaluator : public Evaluation {
   // A message from an evaluator (sender role ROLE_EVALUATOR): HELLO,
   // EVAL_RESULT, HEARTBEAT or BYE. Others are refused.
   void Handle(const Envelope& message);
+  // Whether `routing_id` is the connection of the evaluator that joined.
+  bool IsSessionConnection(const std::string& routing_id) const {
+    return session_ && session_->routing_id == routing_id;
+  }
   // Once per turn of the event loop: schedules curve points, declares a
   // silent evaluator gone, heartbeats a waiting one, hands out work.
   void OnTick();

@@ -37,6 +37,16 @@ std::optional<uint32_t> WorkerTable::Find(const std::string& site,
   return std::nullopt;
 }
 
+bool WorkerTable::IsWorkerConnection(const std::string& routing_id) const {
+  for (const WorkerSlot& slot : slots_) {
+    if ((slot.state == SlotState::kLive || slot.state == SlotState::kDead) &&
+        slot.routing_id == routing_id) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::string WorkerTable::Describe() const {
   std::string out;
   for (const WorkerSlot& slot : slots_) {

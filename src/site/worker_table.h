@@ -155,6 +155,9 @@ class WorkerTable {
 
   // The slot of worker (site, index), if this server serves it.
   std::optional<uint32_t> Find(const std::string& site, uint32_t index) const;
+  // Whether a live or dead slot spoke over `routing_id` last: the
+  // connection of a worker that joined (RequestIntake serves it first).
+  bool IsWorkerConnection(const std::string& routing_id) const;
   // "a/0, a/1, ..." of every slot, or of the slots not live.
   std::string Describe() const;
   std::string DescribeNotLive() const;

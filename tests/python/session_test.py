@@ -295,6 +295,31 @@ class FakeSiteSessionTest(unittest.TestCase):
             self.assertEqual(bye.stats.last_loss, 2.0)
             self.assertEqual(site.errors, [])
 
+    def test_a_busy_server_gets_the_hello_again_after_a_pause(self):
+        def script(site, received):
+            kind = received.header.type
+            if kind == wire.HELLO:
+                if len(site.of_type(wire.HELLO)) <= 2:
+                    return [FakeSite.error(received, wire.ERROR_BUSY,
+                                           "busy")]
+                return [self.model_frames(wire.WELCOME, 1.0)]
+            if kind == wire.COMMIT:
+                return [self.stop()]
+            return [(FakeSite.header(wire.BYE), [])]
+
+        with FakeSite(script) as site:
+            with self.session(site) as session:
+                self.grad(1.0)
+                session.step()
+            hellos = site.of_type(wire.HELLO)
+            self.assertEqual(len(hellos), 3)
+            # Each HELLO again is a new request: a higher sequence number.
+            self.assertLess(hellos[0].header.sequence,
+                            hellos[1].header.sequence)
+            self.assertEqual([r.type_name for r in site.received],
+                             ["HELLO", "HELLO", "HELLO", "COMMIT", "BYE"])
+            self.assertEqual(site.errors, [])
+
     def test_a_refused_commit_is_dropped_and_the_model_pulled(self):
         def script(site, received):
             kind = received.header.type

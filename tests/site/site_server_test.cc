@@ -2,6 +2,7 @@
 // of this process) fed well-formed and malformed messages.
 #include "meridian/site/site_server.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -744,6 +745,67 @@ TEST_F(SiteServerTest, AWorkerThatStopsReadingIsDroppedAndTheOthersServed) {
     }
   }
   EXPECT_TRUE(dropped) << "the deaf worker was never declared dead";
+}
+
+// Connections that have not joined pipeline far more requests than the
+// server lets wait: the excess is refused with ERROR_BUSY (nothing done),
+// and the joined worker is served all along, never refused so.
+TEST_F(SiteServerTest, AnonymousFloodIsAnsweredBusyAndTheJoinedWorkerServed) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  constexpr int kConnections = 64;
+  constexpr int kRequestsEach = 32;  // 2,048 in all; 256 may wait
+  std::vector<zmq::socket_t> flood;
+  for (int c = 0; c < kConnections; ++c) {
+    flood.emplace_back(context_, zmq::socket_type::dealer);
+    flood.back().set(zmq::sockopt::linger, 0);
+    flood.back().connect(endpoint_);
+  }
+  uint64_t sequence = 0;
+  for (zmq::socket_t& socket : flood) {
+    for (int i = 0; i < kRequestsEach; ++i) {
+      pb::Header status = MakeHeader(pb::STATUS_REQUEST, ClientEndpoint(),
+                                     ++sequence);
+      ASSERT_OK(TrySendMessage(socket, status));
+    }
+  }
+  for (int i = 0; i < 20; ++i) {
+    Envelope model = Pull(worker);
+    ASSERT_EQ(model.header.type(), pb::MODEL) << "pull " << i;
+  }
+  // Replies to connections that do not read may be dropped; wait for the
+  // first ERROR_BUSY.
+  std::vector<zmq::pollitem_t> items;
+  for (zmq::socket_t& socket : flood) {
+    items.push_back({socket.handle(), 0, ZMQ_POLLIN, 0});
+  }
+  std::string busy;
+  int status_replies = 0;
+  const auto deadline = std::chrono::steady_clock::now() + kTimeout * 3;
+  while (busy.empty() && std::chrono::steady_clock::now() < deadline) {
+    zmq::poll(items.data(), items.size(), milliseconds(100));
+    for (size_t c = 0; c < items.size() && busy.empty(); ++c) {
+      if (!(items[c].revents & ZMQ_POLLIN)) continue;
+      Result<Received> received =
+          ReceiveMessage(flood[c], false, milliseconds(0));
+      ASSERT_OK(received);
+      ASSERT_TRUE(received->message.has_value());
+      const pb::Header& reply = received->message->header;
+      if (reply.type() == pb::STATUS_REPLY) {
+        ++status_replies;
+        continue;
+      }
+      ASSERT_EQ(reply.type(), pb::ERROR) << DescribeHeader(reply);
+      ASSERT_EQ(reply.error().code(), pb::ERROR_BUSY)
+          << reply.error().message();
+      busy = reply.error().message();
+    }
+  }
+  EXPECT_THAT(busy, ::testing::HasSubstr("have not joined"))
+      << status_replies << " status replies and no ERROR_BUSY";
+  EXPECT_GT(status_replies, 0);
+  // The worker is still served after the flood.
+  EXPECT_EQ(Pull(worker).header.type(), pb::MODEL);
 }
 
 TEST_F(SiteServerTest, ASiteWhoseWorkersAllLeftBeforeTrainingFinishes) {

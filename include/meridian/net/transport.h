@@ -127,6 +127,9 @@ class RpcClient {
   // cannot be mistaken for the answer to the next request. After a
   // cancellation it keeps the connection, and the next Call first waits
   // (up to its timeout) for the cancelled call's reply and discards it.
+  // A request without payload that the server answers with ERROR_BUSY
+  // (nothing was done) is sent again after a pause (50 ms, doubling up to
+  // 1 s) while time is left; with a payload, the ERROR is returned.
   Result<Envelope> Call(pb::Header header, std::vector<zmq::message_t> payload,
                         std::chrono::milliseconds timeout);
 
@@ -137,7 +140,8 @@ class RpcClient {
   // late reply cannot be taken for a later call's), with Cancelled as Call
   // does. A stall of this process itself (it was stopped, or starved) is
   // not taken for the server's silence: after a gap of more than a quarter
-  // of the timeout between two looks, the wait starts afresh.
+  // of the timeout between two looks, the wait starts afresh. ERROR_BUSY
+  // as for Call, sent again as long as the server keeps answering.
   Result<Envelope> CallWhileAlive(pb::Header header,
                                   std::vector<zmq::message_t> payload,
                                   const RpcLiveness& liveness);
@@ -176,6 +180,17 @@ class RpcClient {
   // `cancellable` and the flag is set.
   Result<Received> AwaitReply(std::chrono::milliseconds timeout,
                               bool cancellable);
+  // One request and its reply (Call, CallWhileAlive without the retries
+  // after ERROR_BUSY).
+  Result<Envelope> CallOnce(pb::Header header,
+                            std::vector<zmq::message_t> payload,
+                            std::chrono::milliseconds timeout);
+  Result<Envelope> CallWhileAliveOnce(pb::Header header,
+                                      std::vector<zmq::message_t> payload,
+                                      const RpcLiveness& liveness);
+  // Waits `*pause` (real time; false when cancelled meanwhile) and
+  // doubles it up to 1 s: the pause after an ERROR_BUSY.
+  bool PauseAfterBusy(std::chrono::milliseconds* pause) const;
 
   zmq::context_t& context_;
   std::string endpoint_;
