@@ -63,15 +63,6 @@ void Membership::HandleHello(const Envelope& message) {
     return endpoint_->Refuse(message, layout.rejection());
   }
   const uint32_t worker = *found;
-  const bool same_process =
-      hello.incarnation() != 0 &&
-      hello.incarnation() == (*workers_)[worker].incarnation;
-  if (phase_->finished() && !same_process) {
-    // Only a process that may still hold an unanswered commit is let in
-    // after the end (to send it again).
-    return endpoint_->Refuse(message,
-                             {pb::ERROR_UNEXPECTED, "the job has finished"});
-  }
   const Admission admission =
       workers_->Admit(worker, hello.incarnation(), message.routing_id,
                       message.header.sequence(), site_.Now());
@@ -79,9 +70,13 @@ void Membership::HandleHello(const Envelope& message) {
     return endpoint_->Refuse(message, admission.refusal);
   }
   if (phase_->finished()) {
+    // A process that may hold an unanswered commit sends it again; one
+    // started after the end (a restart, `meridian run --resume` of a job
+    // whose training is over) learns that it is over and leaves with
+    // success.
     MLOG(INFO) << "worker " << (*workers_)[worker].Name()
-               << " came back after the end of the job: it may send its "
-                  "unanswered commit again, then stops";
+               << " joined after the end of the job: it is told to stop "
+                  "(and may send an unanswered commit again first)";
     return replies_->SendReply(worker);  // WELCOME with stop
   }
   OnAdmitted(worker, admission);

@@ -207,6 +207,12 @@ TEST_F(SlowLinkTest, FlushThatCannotCompleteIsReportedAndResumeCompletesIt) {
     EXPECT_TRUE(site.sync().flushed()) << site.name();
   }
   EXPECT_LT(ModelDifference(), 1e-4);
+  // The workers the resume starts join sites whose training is over: they
+  // are told so and leave with success, failing nothing.
+  for (const pb::FaultEvent& event : after.events()) {
+    EXPECT_NE(event.kind(), pb::PROCESS_FAILED)
+        << event.subject() << ": " << event.detail();
+  }
 }
 
 }  // namespace
