@@ -180,7 +180,7 @@ uint64_t OutboundChannel::window() const {
 }
 
 uint64_t OutboundChannel::max_message_bytes() const {
-  if (link_.rate() <= 0) return kInitialWindowBytes / 4;
+  if (link_.rate() <= 0) return kMinMessageBytes;
   return std::max<uint64_t>(kMinMessageBytes,
                             static_cast<uint64_t>(kMessageS * link_.rate()));
 }

@@ -171,10 +171,14 @@ class OutboundChannel {
   static constexpr double kWindowS = 2.0;
   static constexpr uint64_t kMinWindowBytes = 16 * 1024;
   // Before the first rate sample (half a second of acknowledgements) the
-  // link's rate is unknown: the window is this, and messages a quarter of
-  // it, so that a job's first updates and the clocks behind them are not
-  // held to the minimum window for every round trip while the sites start
-  // (which slowed a LAN-fast job's first half second about fourfold).
+  // link's rate is unknown: the window is this, so that a job's first
+  // updates and the clocks behind them are not held to the minimum window
+  // for every round trip while the sites start (which slowed a LAN-fast
+  // job's first half second about fourfold). Messages stay at
+  // kMinMessageBytes meanwhile: on a link that turns out slow, the peer
+  // hears one every few seconds even then (a final flush on a 48 kbit/s
+  // link that carried too little during training to be measured sent its
+  // 247 kB as one message, and the peers declared each other unreachable).
   static constexpr uint64_t kInitialWindowBytes = 1024 * 1024;
   bool congested() const { return unacknowledged_bytes() > window(); }
   uint64_t window() const;
@@ -182,8 +186,9 @@ class OutboundChannel {
   // clock announcement follows the update it covers at once.
   static constexpr uint64_t kSmallMessageBytes = 1024;
   // The most a message should carry (bytes): what the link delivers in
-  // kMessageS at its measured rate, at least kMinMessageBytes. While a
-  // flush crosses, the peer hears from this site at least that often.
+  // kMessageS at its measured rate, at least kMinMessageBytes (and that
+  // before the rate is known). While a flush crosses, the peer hears from
+  // this site at least that often.
   static constexpr double kMessageS = 0.25;
   static constexpr uint64_t kMinMessageBytes = 8 * 1024;
   uint64_t max_message_bytes() const;
