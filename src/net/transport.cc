@@ -305,6 +305,12 @@ Result<Received> RpcClient::AwaitReply(std::chrono::milliseconds timeout,
   }
 }
 
+uint64_t PayloadBytes(const Envelope& message) {
+  uint64_t bytes = 0;
+  for (const zmq::message_t& frame : message.payload) bytes += frame.size();
+  return bytes;
+}
+
 namespace {
 
 bool IsBusy(const Envelope& reply) {

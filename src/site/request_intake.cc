@@ -4,12 +4,6 @@
 
 namespace meridian {
 
-uint64_t PayloadBytes(const Envelope& message) {
-  uint64_t bytes = 0;
-  for (const zmq::message_t& frame : message.payload) bytes += frame.size();
-  return bytes;
-}
-
 std::optional<Envelope> RequestIntake::Wait(Envelope message) {
   const uint64_t bytes = PayloadBytes(message);
   if (waiting_.size() >= kMaxWaitingMessages ||

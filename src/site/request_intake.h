@@ -68,10 +68,6 @@ class RequestIntake {
   std::unordered_map<std::string, size_t> waiting_per_connection_;
 };
 
-// Payload bytes of a message (its header frame is bounded by
-// kMaxHeaderBytes and not counted).
-uint64_t PayloadBytes(const Envelope& message);
-
 }  // namespace meridian
 
 #endif  // MERIDIAN_SITE_REQUEST_INTAKE_H_

@@ -9,9 +9,7 @@ namespace {
 
 // Bytes of a message: its header and payload frames.
 uint64_t MessageBytes(const Envelope& message) {
-  uint64_t bytes = message.header.ByteSizeLong();
-  for (const zmq::message_t& frame : message.payload) bytes += frame.size();
-  return bytes;
+  return message.header.ByteSizeLong() + PayloadBytes(message);
 }
 
 }  // namespace

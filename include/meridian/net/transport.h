@@ -29,6 +29,9 @@ struct Envelope {
   std::vector<zmq::message_t> payload;  // one frame per header.slices()
 };
 
+// Bytes of `message`'s payload frames (its header not counted).
+uint64_t PayloadBytes(const Envelope& message);
+
 // Frames of a message that failed DecodeMessage: enough to answer the
 // sender with an ERROR.
 struct Refused {
