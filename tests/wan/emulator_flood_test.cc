@@ -45,6 +45,7 @@ constexpr bool kResidentMemoryIsOurs = true;
 using std::chrono::milliseconds;
 using testing::AddRoute;
 using testing::Connect;
+using testing::Eventually;
 using testing::Listener;
 using testing::Pattern;
 using testing::PeerState;
@@ -61,16 +62,6 @@ std::unique_ptr<Emulator> MakeEmulator(EmulatorOptions options,
       Emulator::Create(std::move(options));
   EXPECT_OK(emulator);
   return emulator.ok() ? std::move(*emulator) : nullptr;
-}
-
-template <typename Predicate>
-bool Eventually(Predicate predicate, double seconds = 30) {
-  const auto start = SteadyClock::now();
-  while (SecondsSince(start) < seconds) {
-    if (predicate()) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return predicate();
 }
 
 long ResidentKiB() {

@@ -18,6 +18,7 @@ namespace {
 using std::chrono::milliseconds;
 using testing::AddRoute;
 using testing::Connect;
+using testing::Eventually;
 using testing::Listener;
 using testing::Pattern;
 using testing::RecvBytes;
@@ -42,17 +43,6 @@ pb::WanLinkState State(Emulator& emulator) {
   Result<pb::WanLinkState> state = emulator.LinkState("a-b");
   EXPECT_OK(state);
   return *state;
-}
-
-// Waits until `predicate` holds or `seconds` pass.
-template <typename Predicate>
-bool Eventually(Predicate predicate, double seconds = 5) {
-  const auto start = SteadyClock::now();
-  while (SecondsSince(start) < seconds) {
-    if (predicate()) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return predicate();
 }
 
 TEST(EmulatorTest, ForwardsEveryByteInOrderAndCountsThemExactly) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "testing/status_matchers.h"
@@ -39,6 +40,20 @@ template <typename Attempt>
 void UntilWithinBounds(Attempt attempt, int attempts = 3) {
   for (int i = 0; i < attempts && !attempt(); ++i) {
   }
+}
+
+// Waits until `predicate` holds or `seconds` pass; says whether it held.
+// The deadline only matters when the test fails, so it is generous.
+// The emulator counts a chunk after writing it on, so a reader can see
+// bytes before the counters do: wait for the counter, not for the bytes.
+template <typename Predicate>
+bool Eventually(Predicate predicate, double seconds = 30) {
+  const auto start = SteadyClock::now();
+  while (SecondsSince(start) < seconds) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return predicate();
 }
 
 // A listening socket on 127.0.0.1 with a free port (-1 / 0 when the

@@ -176,7 +176,15 @@ TEST(WanemE2eTest, ZeroMqThroughWanemCountsBytesAndMessages) {
     EXPECT_EQ(message.to_string(), "pong!");
   }
 
-  auto status = client.GetStatus();
+  // The last reply reached the REQ socket an instant before wanem counted
+  // it (it counts a chunk once written on): wait for the counters.
+  Result<pb::WanControlReply> status = client.GetStatus();
+  EXPECT_TRUE(testing::Eventually([&] {
+    status = client.GetStatus();
+    return status.ok() && status->links_size() == 1 &&
+           status->links(0).a_to_b().messages() >= 70 &&
+           status->links(0).b_to_a().messages() >= 20;
+  }));
   ASSERT_OK(status);
   ASSERT_EQ(status->links_size(), 1);
   const pb::WanLinkState& link = status->links(0);
