@@ -25,15 +25,42 @@ void LinkDelivery::Acknowledged(double now, bool in_flight) {
     return;
   }
   const double elapsed = now - rate_start_s_;
-  if (elapsed >= 0.5) {
-    const double sample = static_cast<double>(rate_bytes_) / elapsed;
-    rate_ = idle_ ? std::max(sample, rate_ * std::pow(0.9, elapsed / 0.5))
-                  : sample;
-    rate_bytes_ = 0;
-    rate_start_s_ = now;
-    idle_ = false;
+  if (elapsed < kSampleS || (rate_bytes_ == 0 && !idle_)) {
+    // Too short, or busy and nothing delivered yet (a slow link): the
+    // sample goes on.
+    if (!in_flight) idle_ = true;
+    return;
   }
-  if (!in_flight) idle_ = true;
+  if (rate_bytes_ == 0) {
+    // Idle and nothing delivered: says nothing about the link.
+    rate_start_s_ = now;
+    idle_ = !in_flight;
+    return;
+  }
+  const Sample sample{now, static_cast<double>(rate_bytes_) / elapsed};
+  if (!idle_) {
+    // The link set the pace: this is its rate now, whatever came before.
+    peak_count_ = 0;
+  } else {
+    // Forget samples older than kPeakS (and the oldest if full).
+    size_t keep_from = 0;
+    while (keep_from < peak_count_ &&
+           (now - peak_samples_[keep_from].at_s > kPeakS ||
+            peak_count_ - keep_from >= kPeakSamples)) {
+      ++keep_from;
+    }
+    std::copy(peak_samples_.begin() + keep_from,
+              peak_samples_.begin() + peak_count_, peak_samples_.begin());
+    peak_count_ -= keep_from;
+  }
+  peak_samples_[peak_count_++] = sample;
+  rate_ = 0;
+  for (size_t i = 0; i < peak_count_; ++i) {
+    rate_ = std::max(rate_, peak_samples_[i].rate);
+  }
+  rate_bytes_ = 0;
+  rate_start_s_ = now;
+  idle_ = !in_flight;
 }
 
 // ---- OutboundChannel --------------------------------------------------------
@@ -174,13 +201,13 @@ bool OutboundChannel::Saturated(double now) const {
 }
 
 uint64_t OutboundChannel::window() const {
-  if (link_.rate() <= 0) return kInitialWindowBytes;
+  if (!link_.measured()) return kInitialWindowBytes;
   return std::max<uint64_t>(kMinWindowBytes,
                             static_cast<uint64_t>(kWindowS * link_.rate()));
 }
 
 uint64_t OutboundChannel::max_message_bytes() const {
-  if (link_.rate() <= 0) return kMinMessageBytes;
+  if (!link_.measured()) return kMinMessageBytes;
   return std::max<uint64_t>(kMinMessageBytes,
                             static_cast<uint64_t>(kMessageS * link_.rate()));
 }

@@ -41,6 +41,7 @@
 #define MERIDIAN_SYNC_MIRROR_DELIVERY_H_
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <limits>
@@ -82,15 +83,24 @@ struct RetainedMessage {
 
 // What the acknowledgements of one channel show of its link: the bytes
 // delivered, the delivery rate and the shortest round trip. The rate is
-// sampled every half second of acknowledgements: a sample taken while
-// messages were on their way all along (the link, not the sender, limited
-// it) is what the link delivers now, and replaces the rate at once, so a
-// link slowed at run time shows its new rate within a second; a sample
-// with idle time in it only says the link delivers at least that much, so
-// the rate is then the larger of the sample and the recent peak, decaying
-// 10% per half second. Part of an OutboundChannel; fixed size.
+// sampled every half second of acknowledgements, and a sample spans at
+// least one delivered message (on a link slower than a message per half
+// second a shorter one would read as rate 0, "not measured"). A sample
+// taken while messages were on their way all along (the link, not the
+// sender, limited it) is what the link delivers now and replaces the rate
+// at once, so a link slowed at run time shows its new rate within a
+// second. A sample with idle time in it only says the link delivers at
+// least that much: the rate is then the largest sample of the last
+// kPeakS. A peak older than that is forgotten, so a link slowed while the
+// sender never filled it is not taken for its old speed for long (a
+// decaying peak still read 226 kB/s 12 s after the link fell to 6 kB/s,
+// and the final flush sent 56 kB messages the peer took 10 s to hear).
+// Part of an OutboundChannel; fixed size.
 class LinkDelivery {
  public:
+  static constexpr double kSampleS = 0.5;
+  static constexpr double kPeakS = 3.0;
+
   // The peer acknowledged a message of `bytes` as applied.
   void Delivered(uint64_t bytes) {
     delivered_bytes_ += bytes;
@@ -107,17 +117,32 @@ class LinkDelivery {
   // keep the link busy (the channel: at least kMinMessageBytes).
   void Acknowledged(double now, bool in_flight);
 
+  // Bytes/s; 0 before the first sample.
   double rate() const { return rate_; }
+  // A sample delivered bytes: rate() is the link's, not "unknown".
+  bool measured() const { return rate_ > 0; }
   double min_round_trip_s() const { return min_round_trip_s_; }
   uint64_t delivered_bytes() const { return delivered_bytes_; }
 
  private:
+  struct Sample {
+    double at_s = -1;
+    double rate = 0;
+  };
+  // Samples are at least kSampleS apart: kPeakS holds at most this many.
+  static constexpr size_t kPeakSamples =
+      static_cast<size_t>(kPeakS / kSampleS) + 1;
+
   double rate_ = 0;
   double min_round_trip_s_ = -1;  // send to acknowledgement, shortest seen
   uint64_t rate_bytes_ = 0;       // delivered since rate_start_s_
   double rate_start_s_ = -1;
   bool idle_ = true;  // nothing was in flight at some point since then
   uint64_t delivered_bytes_ = 0;
+  // The samples that count for the peak: the last busy one and the idle
+  // ones since, newest last, none older than kPeakS.
+  std::array<Sample, kPeakSamples> peak_samples_{};
+  size_t peak_count_ = 0;
 };
 
 // The sending half of a channel to one peer site. Owns its DEALER socket

@@ -383,7 +383,28 @@ TEST(LinkDeliveryTest, ABusyLinkShowsItsNewRateAtOnce) {
   EXPECT_DOUBLE_EQ(link.rate(), 6000);
 }
 
-TEST(LinkDeliveryTest, AnIdleLinkKeepsItsPeakDecaying) {
+// A link slower than a message per half second: an acknowledgement that
+// delivered nothing new does not end the sample (it would read as rate 0,
+// "not measured", and open the window to kInitialWindowBytes on exactly the
+// link that can least take it); the sample spans until a message arrives.
+TEST(LinkDeliveryTest, ASlowBusyLinkIsNeverReadAsUnmeasured) {
+  LinkDelivery link;
+  EXPECT_FALSE(link.measured());
+  link.Acknowledged(0.0, true);
+  link.Delivered(8000);
+  link.Acknowledged(0.5, true);
+  ASSERT_DOUBLE_EQ(link.rate(), 16000);
+  EXPECT_TRUE(link.measured());
+  // Then 8 kB every 1.6 s (5 kB/s); acknowledgements in between carry none.
+  link.Acknowledged(1.0, true);
+  link.Acknowledged(1.5, true);
+  EXPECT_DOUBLE_EQ(link.rate(), 16000) << "no sample without a delivery";
+  link.Delivered(8000);
+  link.Acknowledged(2.1, true);
+  EXPECT_DOUBLE_EQ(link.rate(), 5000);
+}
+
+TEST(LinkDeliveryTest, AnIdleLinkKeepsItsPeakForAWhile) {
   LinkDelivery link;
   link.Acknowledged(0.0, true);
   link.Delivered(100000);
@@ -393,10 +414,38 @@ TEST(LinkDeliveryTest, AnIdleLinkKeepsItsPeakDecaying) {
   link.Delivered(1000);
   link.Acknowledged(0.7, /*in_flight=*/false);
   link.Acknowledged(1.0, false);
-  EXPECT_DOUBLE_EQ(link.rate(), 180000);
-  // Two seconds later (acknowledgements being rare): 0.9 per half second.
+  EXPECT_DOUBLE_EQ(link.rate(), 200000);
+  // Heartbeat acknowledgements of an idle link change nothing.
+  link.Acknowledged(2.0, false);
   link.Acknowledged(3.0, false);
-  EXPECT_NEAR(link.rate(), 180000 * 0.9 * 0.9 * 0.9 * 0.9, 1e-6);
+  EXPECT_DOUBLE_EQ(link.rate(), 200000);
+  // kPeakS after it, the busy sample is forgotten: the largest idle
+  // sample since is the rate (5 kB over the 0.9 s since the last empty
+  // acknowledgement).
+  link.Delivered(3000);
+  link.Acknowledged(3.4, false);
+  link.Delivered(2000);
+  link.Acknowledged(3.9, false);
+  EXPECT_DOUBLE_EQ(link.rate(), 5000 / 0.9);
+  EXPECT_TRUE(link.measured());
+}
+
+// A link slowed while its sender never filled it: samples with idle time
+// in them, each only "at least". The old peak goes within kPeakS, and the
+// rate is what the link carried since (not the old speed for long).
+TEST(LinkDeliveryTest, AnUnfilledLinkSlowedAtRunTimeShowsItWithinThePeakTime) {
+  LinkDelivery link;
+  link.Acknowledged(0.0, true);
+  link.Delivered(1'200'000);
+  link.Acknowledged(0.5, false);
+  ASSERT_DOUBLE_EQ(link.rate(), 2.4e6);
+  double now = 0.5;
+  for (int i = 0; i < 12; ++i) {
+    link.Delivered(2000);
+    now += 0.5;
+    link.Acknowledged(now, false);
+  }
+  EXPECT_DOUBLE_EQ(link.rate(), 4000);
 }
 
 }  // namespace
