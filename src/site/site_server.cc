@@ -475,9 +475,14 @@ Status SiteServer::Impl::CompleteFlush() {
     }
     MERIDIAN_RETURN_IF_ERROR(loop_->PollOnce());
   }
-  if (sync_->flush_complete() || StopRequested()) return Status::Ok();
-  MLOG(INFO) << "the final flush was incomplete when this site stopped: "
-                "completing it";
+  if (StopRequested()) return Status::Ok();
+  // Complete here, the flush may not be at a peer, which needs this site
+  // to acknowledge its final (FinalFlush: after the exchange).
+  MLOG(INFO) << (sync_->flush_complete()
+                     ? "the final flush was complete when this site stopped: "
+                       "staying until the peers say theirs is too"
+                     : "the final flush was incomplete when this site "
+                       "stopped: completing it");
   if (Status status = sync_->Connect(); !status.ok()) {
     MLOG(ERROR) << "cannot reach the peer sites: " << status;
   }

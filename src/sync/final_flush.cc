@@ -28,6 +28,7 @@ void FinalFlush::Start(double now) {
   started_ = true;
   ended_ = false;
   start_s_ = now;
+  linger_start_s_ = -1;
   for (const auto& peer : peers_.all()) {
     PeerWait& wait = WaitFor(*peer);
     wait = PeerWait();
@@ -93,6 +94,31 @@ bool FinalFlush::Waiting(const std::vector<int>& sites, double now) {
     if (StillWaiting(*peer, WaitFor(*peer), now)) waiting = true;
   }
   return waiting;
+}
+
+bool FinalFlush::Lingering(double now) {
+  if (linger_start_s_ < 0) linger_start_s_ = now;
+  const double silence_s = context_.fault.peer_timeout_s();
+  bool lingering = false;
+  for (const auto& peer : peers_.all()) {
+    if (!peers_.Flushed(*peer) || peer->receiving.said_flushed) continue;
+    PeerWait& wait = WaitFor(*peer);
+    if (wait.stayed) continue;
+    const double silent_s = peers_.SilentFor(*peer);
+    if (silent_s < silence_s && now - linger_start_s_ < kLingerS) {
+      lingering = true;
+      continue;
+    }
+    wait.stayed = true;
+    MLOG(INFO) << "final flush with site '" << peer->name
+               << "' complete here; it did not say it is complete there ("
+               << (silent_s >= silence_s
+                       ? "silent for " + FormatSeconds(silent_s) + " s"
+                       : "after " + FormatSeconds(now - linger_start_s_) +
+                             " s")
+               << "): no longer staying for it";
+  }
+  return lingering;
 }
 
 void FinalFlush::End(double now) {

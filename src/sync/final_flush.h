@@ -18,6 +18,15 @@
 // the bound. kMarginS covers the peer's own end (its workers leave, its
 // final evaluation) before its flush starts.
 //
+// After the exchange. The peer whose flush completes last cannot know it
+// did until this site acknowledges its final, and an acknowledgement
+// sent as the process ends can be lost with it (a peer then reported an
+// incomplete flush the replicas did not show; after a --resume, a site
+// whose own flush was complete ended at once and the peer's never
+// could). So a site whose flush with a peer is complete stays and
+// answers until the peer says its own is complete too (MirrorAck.flushed),
+// or goes silent for fault.peer_timeout_s, or kLingerS pass.
+//
 // Ownership and threads: owned by the SyncEngine, driven by its Finish on
 // the event-loop thread (not thread-safe). Size: one entry per peer.
 #ifndef MERIDIAN_SYNC_FINAL_FLUSH_H_
@@ -36,6 +45,7 @@ namespace meridian {
 class FinalFlush {
  public:
   static constexpr double kMarginS = 60.0;
+  static constexpr double kLingerS = 60.0;
 
   FinalFlush(const SyncContext& context, PeerTable& peers);
   FinalFlush(const FinalFlush&) = delete;
@@ -49,6 +59,10 @@ class FinalFlush {
   // Whether Finish keeps waiting for any of `sites` at `now` (see the
   // bound above); logs the peers it stops waiting for.
   bool Waiting(const std::vector<int>& sites, double now);
+  // Whether Finish stays after the exchange at `now`, for a peer whose
+  // flush with this site is complete here but not, as far as this site
+  // heard, there (see above); logs the peers it stops staying for.
+  bool Lingering(double now);
   // Finish ended at `now`.
   void End(double now);
 
@@ -70,6 +84,7 @@ class FinalFlush {
     uint64_t applied = 0;     // its messages applied here
     double progress_s = 0;    // when either last moved
     bool gave_up = false;
+    bool stayed = false;  // no longer staying for it after the exchange
   };
   PeerWait& WaitFor(const Peer& peer);
   // Notes progress of `peer` at `now`; whether Finish still waits for it.
@@ -82,6 +97,7 @@ class FinalFlush {
   bool ended_ = false;
   double start_s_ = 0;
   double end_s_ = 0;
+  double linger_start_s_ = -1;
 };
 
 }  // namespace meridian

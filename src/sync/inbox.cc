@@ -321,6 +321,9 @@ void Inbox::HandleAck(const Envelope& message, Peer& peer) {
   peers_.HeardFrom(peer);
   const uint64_t resends = peer.out.resend_requests();
   peer.out.OnAck(*ack, context_.Now());
+  if (ack->flushed() && ack->incarnation() == peer.out.incarnation()) {
+    peer.receiving.said_flushed = true;
+  }
   if (peer.out.resend_requests() > resends) {
     MLOG(WARNING) << "site '" << peer.name << "' missed messages after "
                   << ack->applied_sequence() << ": sending them again";
@@ -331,8 +334,16 @@ void Inbox::HandleAck(const Envelope& message, Peer& peer) {
 }
 
 void Inbox::AcknowledgeIfDue(Peer& peer, double now) {
+  // The peer waits to hear that the flush is complete here too: say so
+  // at once.
+  const bool flushed = peers_.Flushed(peer);
+  if (flushed && !peer.receiving.told_flushed) peer.in.AckSoon();
   if (std::optional<pb::MirrorAck> ack =
           peer.in.AckDue(now, peers_.ClockOf(peer))) {
+    ack->set_flushed(flushed);
+    if (flushed && !peer.receiving.routing_id.empty()) {
+      peer.receiving.told_flushed = true;
+    }
     SendAck(peer, *ack);
   }
 }

@@ -155,6 +155,8 @@ class OutboundChannel {
   OutboundChannel& operator=(const OutboundChannel&) = delete;
 
   const std::string& peer() const { return peer_; }
+  // This run of the site (its MIRROR_HELLO): acknowledgements name it.
+  uint64_t incarnation() const { return incarnation_; }
   bool attached() const { return socket_ != nullptr; }
   zmq::socket_t* socket() { return socket_.get(); }
 

@@ -73,6 +73,10 @@ struct PeerReceiving {
   // Its channel's connection to our mirror socket (acks go back on it).
   std::string routing_id;
   bool final_received = false;
+  // An acknowledgement saying this site's flush with it is complete
+  // (MirrorAck.flushed) went out; it said the same of its own.
+  bool told_flushed = false;
+  bool said_flushed = false;
   uint64_t bytes_received = 0;  // of its mirror messages (metrics)
   uint64_t messages_received = 0;
   // How old its changes were when applied here.

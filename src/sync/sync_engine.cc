@@ -342,8 +342,10 @@ bool SyncEngine::Impl::Finish(const std::function<Status()>& poll) {
       break;
     }
   }
-  // Acknowledge what arrived last (peers wait for it); the mirror socket
-  // lingers long enough to deliver it.
+  // Stay while a peer may still need our acknowledgement of its final.
+  while (flush_->Lingering(context_.Now())) turn();
+  // Acknowledge what arrived last; the mirror socket lingers long enough
+  // to deliver it.
   Service();
   flush_->End(context_.Now());
   const bool flushed = complete && peers_->AllFlushed();

@@ -53,21 +53,33 @@ class MirrorInputTest : public ::testing::Test {
     job_.mutable_security()->set_curve(false);
     ConfigureJob(&job_);
     ASSERT_TRUE(ValidateJobConfig(job_).empty());
-    SiteServerOptions options_a;
-    options_a.job = job_;
-    options_a.site = "site-a";
-    options_a.bind = "tcp://127.0.0.1:*";
-    options_a.mirror_bind = "tcp://127.0.0.1:*";
-    options_a.control_token = testing::kTestControlToken;
-    Result<std::unique_ptr<SiteServer>> server =
-        SiteServer::Create(std::move(options_a));
-    ASSERT_OK(server);
-    server_ = std::move(*server);
-    thread_ = std::thread([this] { run_status_ = server_->Run(); });
+    StartSite();
     Result<std::unique_ptr<Model>> model = MakeModel(job_.model(), 784, 10);
     ASSERT_OK(model);
     layout_ = (*model)->layout();
     initial_ = server_->Snapshot();
+  }
+
+  // Starts site a of job_ on its own thread (its metrics endpoint too
+  // with `metrics`) and connects this peer's channel to it.
+  void StartSite(bool metrics = false) {
+    SiteServerOptions options;
+    options.job = job_;
+    options.site = "site-a";
+    options.bind = "tcp://127.0.0.1:*";
+    options.mirror_bind = "tcp://127.0.0.1:*";
+    options.control_token = testing::kTestControlToken;
+    if (metrics) options.metrics_address = "127.0.0.1:0";
+    Result<std::unique_ptr<SiteServer>> server =
+        SiteServer::Create(std::move(options));
+    ASSERT_OK(server);
+    server_ = std::move(*server);
+    run_done_ = false;
+    thread_ = std::thread([this] {
+      run_status_ = server_->Run();
+      run_done_ = true;
+    });
+    sequence_ = 0;
     peer_ = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
     peer_->set(zmq::sockopt::linger, 0);
     peer_->connect(server_->mirror_endpoint());
@@ -176,6 +188,7 @@ class MirrorInputTest : public ::testing::Test {
   std::unique_ptr<SiteServer> server_;
   std::thread thread_;
   Status run_status_;
+  std::atomic<bool> run_done_{false};  // Run returned
   ModelLayout layout_;
   std::vector<float> initial_;
   zmq::context_t context_;
@@ -404,22 +417,8 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   // This fixture's site serves one worker; restart it with two.
   TearDown();
   job_.mutable_site(0)->mutable_workers(0)->set_count(2);
-  SiteServerOptions options;
-  options.job = job_;
-  options.site = "site-a";
-  options.bind = "tcp://127.0.0.1:*";
-  options.mirror_bind = "tcp://127.0.0.1:*";
-  options.control_token = testing::kTestControlToken;
-  options.metrics_address = "127.0.0.1:0";  // to see the held replies
-  Result<std::unique_ptr<SiteServer>> server =
-      SiteServer::Create(std::move(options));
-  ASSERT_OK(server);
-  server_ = std::move(*server);
+  StartSite(/*metrics=*/true);  // to see the held replies
   ASSERT_FALSE(server_->metrics_address().empty());
-  thread_ = std::thread([this] { run_status_ = server_->Run(); });
-  peer_ = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
-  peer_->set(zmq::sockopt::linger, 0);
-  peer_->connect(server_->mirror_endpoint());
   Hello("b", layout_);
 
   // Peer b announces a change to fc0.bias[0..2].
@@ -538,6 +537,68 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   thread_.join();
   EXPECT_OK(run_status_);
   EXPECT_TRUE(server_->summary().stopped_by_peer());
+  EXPECT_TRUE(server_->summary().sync().flushed());
+}
+
+// After the exchange: the site's flush with b is complete here (it has b's
+// final, and b acknowledged the site's), but b has not said its own is
+// complete there — it may not have the site's acknowledgement of its final
+// (lost as the site's process ended; or b resumed). The site stays and
+// keeps talking to b, and ends as soon as b says its flush is complete.
+TEST_F(MirrorInputTest, AFlushedSiteStaysUntilThePeerSaysItsFlushIsComplete) {
+  // Liveness longer than the test: only b's word ends the stay.
+  TearDown();
+  job_.mutable_fault()->set_peer_timeout_s(120);
+  StartSite();
+  Hello("b", layout_);
+  testing::AckingPeer b_mirror(b_mirror_.get(), "b", /*says_flushed=*/false);
+  RpcClient worker(context_, server_->endpoint(), WorkerOf(0));
+  pb::Header hello;
+  hello.set_type(pb::HELLO);
+  hello.mutable_hello()->set_worker_index(0);
+  LayoutToSpecs(layout_, hello.mutable_hello()->mutable_layout());
+  ASSERT_OK(worker.Call(hello, {}, kTimeout));
+
+  pb::Header final_clock = Clock("b", 1);
+  final_clock.mutable_mirror_clock()->set_final(true);
+  const uint64_t final_sequence = final_clock.sequence();
+  Send(final_clock);
+  bool final_taken = false;
+  const auto ack_deadline = std::chrono::steady_clock::now() + kTimeout;
+  while (!final_taken && std::chrono::steady_clock::now() < ack_deadline) {
+    Result<Received> reply = ReceiveMessage(*peer_, false, milliseconds(100));
+    final_taken = reply.ok() && reply->message &&
+                  reply->message->header.type() == pb::MIRROR_ACK &&
+                  reply->message->header.mirror_ack().applied_sequence() >=
+                      final_sequence;
+  }
+  ASSERT_TRUE(final_taken) << "the site never acknowledged b's final clock";
+  pb::Header bye;
+  bye.set_type(pb::BYE);
+  bye.mutable_bye();
+  (void)worker.Call(bye, {}, kTimeout);
+
+  // The site's final went out and b acknowledged it: the exchange is
+  // complete here. The site stays: its heartbeats keep coming.
+  const auto stay_deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (b_mirror.heartbeats_after_final() < 2 && !run_done_ &&
+         std::chrono::steady_clock::now() < stay_deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_GE(b_mirror.heartbeats_after_final(), 2);
+  EXPECT_FALSE(run_done_) << "the site ended before b said it was done";
+
+  // b says so: the site ends (long before FinalFlush::kLingerS, 60 s).
+  b_mirror.SayFlushed();
+  const auto end_deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!run_done_ && std::chrono::steady_clock::now() < end_deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(run_done_) << "the site did not end when b said it was done";
+  thread_.join();
+  EXPECT_OK(run_status_);
   EXPECT_TRUE(server_->summary().sync().flushed());
 }
 

@@ -36,8 +36,9 @@ Status MakeBiasUpdate(const ModelLayout& layout, int64_t clock,
   return Status::Ok();
 }
 
-AckingPeer::AckingPeer(zmq::socket_t* socket, std::string site)
-    : socket_(socket), site_(std::move(site)) {
+AckingPeer::AckingPeer(zmq::socket_t* socket, std::string site,
+                       bool says_flushed)
+    : socket_(socket), site_(std::move(site)), says_flushed_(says_flushed) {
   thread_ = std::thread([this] { Serve(); });
 }
 
@@ -56,6 +57,8 @@ void AckingPeer::Serve() {
   self.set_site(site_);
   self.set_role(pb::ROLE_SITE_SERVER);
   uint64_t incarnation = 0;
+  uint64_t applied = 0;
+  bool final_received = false;
   while (!stop_) {
     Result<Received> received =
         ReceiveMessage(*socket_, true, std::chrono::milliseconds(20));
@@ -69,11 +72,21 @@ void AckingPeer::Serve() {
       incarnation = header.mirror_hello().incarnation();
       continue;
     }
-    if (header.sequence() == 0) continue;  // heartbeats
+    if (header.sequence() == 0) {  // a heartbeat
+      if (!final_received) continue;
+      ++heartbeats_after_final_;
+      if (!says_flushed_) continue;
+    } else {
+      applied = header.sequence();
+      if (header.type() == pb::MIRROR_CLOCK && header.mirror_clock().final()) {
+        final_received = true;
+      }
+    }
     pb::Header ack = MakeHeader(pb::MIRROR_ACK, self, 0);
-    ack.mutable_mirror_ack()->set_applied_sequence(header.sequence());
-    ack.mutable_mirror_ack()->set_durable_sequence(header.sequence());
+    ack.mutable_mirror_ack()->set_applied_sequence(applied);
+    ack.mutable_mirror_ack()->set_durable_sequence(applied);
     ack.mutable_mirror_ack()->set_incarnation(incarnation);
+    ack.mutable_mirror_ack()->set_flushed(final_received && says_flushed_);
     (void)SendMessage(*socket_, ack, {}, received->message->routing_id);
   }
 }
