@@ -67,7 +67,7 @@ def scenario(name):
 
 
 SCENARIOS = ("chaos", "compression_updates", "geo_vs_lan", "heterogeneity",
-             "noniid", "worker_endpoint", "workload_speed")
+             "noniid", "slow_link", "worker_endpoint", "workload_speed")
 
 
 def script(name):
