@@ -16,7 +16,8 @@ PEER_UNREACHABLE events) and the replicas (OUTDIR/model-SITE.f32). The
 goals, per rate: exit status 0, the flush complete, no peer declared
 unreachable, and replicas identical up to rounding (largest difference
 between any two at most 1e-4). Writes DIR/results.md and DIR/results.json
-(default DIR: build/slow_link); a run with the default rates, link, time
+(default DIR: build/slow_link; --summarize-only writes them again from
+DIR/results.json); a run with the default rates, link, time
 and job publishes results.md into docs/results/slow_link.md, others only
 with --publish. The exit status is 0 whether the goals are met or not (1
 when a run could not start). A missing build/bin/meridian is built first.
@@ -59,7 +60,9 @@ def parse_args() -> argparse.Namespace:
                         help="seconds of training before it is slowed")
     parser.add_argument("--config", default=CONFIG, help="the job")
     cli.add_binary(parser, text="the meridian binary")
+    cli.add_summarize_only(parser)
     cli.add_publishing(parser, "--rates, --link, --at or --config")
+    parser.set_defaults(quick=False)  # publish.py's; this has no quick form
     return cli.parse(parser)
 
 
@@ -136,7 +139,8 @@ def run_slowed(binary: str, config: str, run_dir: str, link: str,
             raise
     return {"exit": proc.returncode, "wall_s": time.time() - start,
             "slowed": bool(set_result and set_result.returncode == 0),
-            "set_output": set_result.stdout.strip() if set_result else ""}
+            "set_output": (set_result.stdout.strip().splitlines() or [""])[0]
+            if set_result else ""}
 
 
 def replicas(run_dir: str, sites: list[str]) -> tuple[Optional[float], float]:
@@ -222,17 +226,25 @@ def table(rows: list[dict]) -> list[str]:
 
 def main() -> int:
     args = parse_args()
-    binary = runner.require_binary(args.binary, TAG)
-    os.makedirs(args.out, exist_ok=True)
-    rows, all_goals = [], []
-    for rate in [r.strip() for r in args.rates.split(",") if r.strip()]:
-        run_dir = os.path.join(args.out, "runs", rate)
-        os.makedirs(os.path.dirname(run_dir), exist_ok=True)
-        run = run_slowed(binary, os.path.abspath(args.config), run_dir,
-                         args.link, rate, args.at)
-        row = analyse(run, run_dir, rate)
-        rows.append(row)
-        all_goals += row_goals(row)
+    rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    if args.summarize_only:
+        previous = read_json(os.path.join(args.out, "results.json"))
+        if not previous:
+            raise SystemExit(f"[{TAG}] no results.json in {args.out}")
+        rows = [r for r in previous["rows"] if r["rate"] in rates]
+    else:
+        binary = runner.require_binary(args.binary, TAG)
+        os.makedirs(args.out, exist_ok=True)
+        rows = []
+        for rate in rates:
+            run_dir = os.path.join(args.out, "runs", rate)
+            os.makedirs(os.path.dirname(run_dir), exist_ok=True)
+            run = run_slowed(binary, os.path.abspath(args.config), run_dir,
+                             args.link, rate, args.at)
+            rows.append(analyse(run, run_dir, rate))
+    for row in rows:
+        row["set_output"] = (row["set_output"].splitlines() or [""])[0]
+    all_goals = [goal for row in rows for goal in row_goals(row)]
     text = "\n".join(
         [f"`{os.path.basename(args.config)}`, link {args.link} slowed "
          f"{args.at:g} s into training to each rate, to the end of the run "
