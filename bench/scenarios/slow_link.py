@@ -117,7 +117,7 @@ def run_slowed(binary: str, config: str, run_dir: str, link: str,
     with open(run_dir + ".out", "w") as out:
         proc = subprocess.Popen([binary, "run", config, "--out", run_dir],
                                 stdout=out, stderr=subprocess.STDOUT)
-        set_result, trained_at = None, None
+        set_result, trained_at, control = None, None, None
         try:
             while proc.poll() is None:
                 if time.time() - start > RUN_TIMEOUT_S:
@@ -125,13 +125,13 @@ def run_slowed(binary: str, config: str, run_dir: str, link: str,
                     break
                 time.sleep(0.5)
                 if trained_at is None:
-                    if training_control(run_dir):
+                    control = training_control(run_dir)
+                    if control:
                         trained_at = time.time()
                 elif set_result is None and time.time() - trained_at >= at_s:
                     set_result = subprocess.run(
-                        [binary, "wanem", "ctl", "--control",
-                         training_control(run_dir) or "", "set", link,
-                         "--bandwidth", rate],
+                        [binary, "wanem", "ctl", "--control", control, "set",
+                         link, "--bandwidth", rate],
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                         text=True)
         except BaseException:

@@ -320,8 +320,7 @@ void Inbox::HandleAck(const Envelope& message, Peer& peer) {
   if (!ack.ok()) return;  // nobody to answer on a channel
   peers_.HeardFrom(peer);
   const uint64_t resends = peer.out.resend_requests();
-  peer.out.OnAck(*ack, context_.Now());
-  if (ack->flushed() && ack->incarnation() == peer.out.incarnation()) {
+  if (peer.out.OnAck(*ack, context_.Now()) && ack->flushed()) {
     peer.receiving.said_flushed = true;
   }
   if (peer.out.resend_requests() > resends) {

@@ -1,7 +1,6 @@
 #include "sync/mirror_delivery.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "meridian/core/log.h"
 #include "meridian/net/message.h"
@@ -135,12 +134,12 @@ void OutboundChannel::Pump(double now) {
   }
 }
 
-void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
+bool OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
   last_ack_s_ = now;
   // Incarnation 0: the receiver does not know who we are (it restarted
   // without our hello) and asks for the hello and everything it misses.
   if (ack.incarnation() != 0 && ack.incarnation() != incarnation_) {
-    return;  // for an earlier run of this site
+    return false;  // for an earlier run of this site
   }
   peer_clock_ = ack.clock();
   const uint64_t applied = std::min(ack.applied_sequence(), last_sequence());
@@ -186,6 +185,7 @@ void OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
     hello_pending_ = true;
     Pump(now);
   }
+  return true;
 }
 
 bool OutboundChannel::Saturated(double now) const {

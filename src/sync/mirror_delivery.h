@@ -155,8 +155,6 @@ class OutboundChannel {
   OutboundChannel& operator=(const OutboundChannel&) = delete;
 
   const std::string& peer() const { return peer_; }
-  // This run of the site (its MIRROR_HELLO): acknowledgements name it.
-  uint64_t incarnation() const { return incarnation_; }
   bool attached() const { return socket_ != nullptr; }
   zmq::socket_t* socket() { return socket_.get(); }
 
@@ -182,8 +180,9 @@ class OutboundChannel {
 
   // An acknowledgement from the peer (received on this channel's socket).
   // Forgets what it allows, and on `resend` sends the hello and everything
-  // after applied_sequence again.
-  void OnAck(const pb::MirrorAck& ack, double now);
+  // after applied_sequence again. Returns whether it acknowledges this run
+  // of the site (an ack for an earlier run changes nothing but liveness).
+  bool OnAck(const pb::MirrorAck& ack, double now);
 
   // Retention at its limit: create no new messages for this peer.
   bool full() const {

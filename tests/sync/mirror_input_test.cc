@@ -129,6 +129,26 @@ class MirrorInputTest : public ::testing::Test {
         << reply->message->header.error().message();
   }
 
+  // Sends b's final clock and waits (kTimeout) until the site
+  // acknowledges it; whether it did.
+  bool SendFinalAndAwaitItsAck() {
+    pb::Header final_clock = Clock("b", 1);
+    final_clock.mutable_mirror_clock()->set_final(true);
+    const uint64_t final_sequence = final_clock.sequence();
+    Send(final_clock);
+    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      Result<Received> reply = ReceiveMessage(*peer_, false, milliseconds(100));
+      if (reply.ok() && reply->message &&
+          reply->message->header.type() == pb::MIRROR_ACK &&
+          reply->message->header.mirror_ack().applied_sequence() >=
+              final_sequence) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   // The next reply that is not an acknowledgement (the site acknowledges
   // what it applies; those are not what these tests look for).
   Result<Received> NextError() {
@@ -512,22 +532,10 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   // Peer b ends its job (final flush, nothing more): the site finishes
   // too, and b's mirror socket acknowledges the site's own final flush.
   testing::AckingPeer b_mirror(b_mirror_.get(), "b");
-  pb::Header final_clock = Clock("b", 1);
-  final_clock.mutable_mirror_clock()->set_final(true);
-  const uint64_t final_sequence = final_clock.sequence();
-  Send(final_clock);
   // The workers leave only once the site has taken b's final (it
   // acknowledges it); before, "every worker left" could end the job first.
-  bool final_taken = false;
-  const auto ack_deadline = std::chrono::steady_clock::now() + kTimeout;
-  while (!final_taken && std::chrono::steady_clock::now() < ack_deadline) {
-    Result<Received> reply = ReceiveMessage(*peer_, false, milliseconds(100));
-    final_taken = reply.ok() && reply->message &&
-                  reply->message->header.type() == pb::MIRROR_ACK &&
-                  reply->message->header.mirror_ack().applied_sequence() >=
-                      final_sequence;
-  }
-  EXPECT_TRUE(final_taken) << "the site never acknowledged b's final clock";
+  EXPECT_TRUE(SendFinalAndAwaitItsAck())
+      << "the site never acknowledged b's final clock";
   for (RpcClient* client : {&w0, &w1}) {
     pb::Header bye;
     bye.set_type(pb::BYE);
@@ -559,20 +567,8 @@ TEST_F(MirrorInputTest, AFlushedSiteStaysUntilThePeerSaysItsFlushIsComplete) {
   LayoutToSpecs(layout_, hello.mutable_hello()->mutable_layout());
   ASSERT_OK(worker.Call(hello, {}, kTimeout));
 
-  pb::Header final_clock = Clock("b", 1);
-  final_clock.mutable_mirror_clock()->set_final(true);
-  const uint64_t final_sequence = final_clock.sequence();
-  Send(final_clock);
-  bool final_taken = false;
-  const auto ack_deadline = std::chrono::steady_clock::now() + kTimeout;
-  while (!final_taken && std::chrono::steady_clock::now() < ack_deadline) {
-    Result<Received> reply = ReceiveMessage(*peer_, false, milliseconds(100));
-    final_taken = reply.ok() && reply->message &&
-                  reply->message->header.type() == pb::MIRROR_ACK &&
-                  reply->message->header.mirror_ack().applied_sequence() >=
-                      final_sequence;
-  }
-  ASSERT_TRUE(final_taken) << "the site never acknowledged b's final clock";
+  ASSERT_TRUE(SendFinalAndAwaitItsAck())
+      << "the site never acknowledged b's final clock";
   pb::Header bye;
   bye.set_type(pb::BYE);
   bye.mutable_bye();
