@@ -44,23 +44,28 @@ def header(name: str, target_field: str, target: float, budget_s: float,
 
 
 def site(name: str, region: Optional[str], workers: int,
-         step_time_s: float, server_site: Optional[str] = None) -> str:
+         step_time_s: float, server_site: Optional[str] = None,
+         command: str = "") -> str:
     """A site block on one line: `workers` workers of `step_time_s` device
-    steps; with `server_site`, its workers use that site's server."""
+    steps (running `command`, a `command: [...]` field, when given); with
+    `server_site`, its workers use that site's server."""
     where = f' region: "{region}"' if region else ""
     server = f' server_site: "{server_site}"' if server_site else ""
+    program = f" {command}" if command else ""
     return (f'site {{ name: "{name}"{where}{server} workers {{ count: '
-            f"{workers} step_time_s: {step_time_s} }} }}")
+            f"{workers} step_time_s: {step_time_s}{program} }} }}")
 
 
 def sites(regions: Iterable[tuple[str, str]], workers_each: int,
-          step_time_s: float, server_site: Optional[str] = None) -> str:
+          step_time_s: float, server_site: Optional[str] = None,
+          command: str = "") -> str:
     """A site block per (name, region), one a line; with `server_site`,
     every other site's workers use that site's server (one parameter
     server for all)."""
     return "\n".join(
         site(name, region, workers_each, step_time_s,
-             server_site if server_site and name != server_site else None)
+             server_site if server_site and name != server_site else None,
+             command)
         for name, region in regions)
 
 

@@ -21,6 +21,13 @@ easier one, high: "the target"), and a default budget.
   mf       matrix factorisation, rank 16, on a generated 50,000 x 5,000
            rating matrix (deploy/configs/three-regions-mf.pbtxt); metric
            test RMSE, lower is better
+  lm       the language model of examples/language_model (a 4-layer GPT,
+           0.94 M parameters, on the Brown corpus, docs/language-model.md):
+           the user's own PyTorch model (model { kind: EXTERNAL }), its
+           train.py workers (AdamW) and evaluate.py evaluators; metric
+           validation perplexity, lower is better; one worker per site
+           (three in the single-site variants) on 0.4 s device steps,
+           as the example's jobs are sized
 
 A LeNet step at batch 64 takes ~5 ms of one core (8 ms with a norm layer;
 bench/scenarios/workload_speed), so twelve workers and three evaluating site
@@ -31,7 +38,11 @@ carries the whole 3.7 MB model), hence 32 local steps per commit.
 
 import argparse
 import collections
-from typing import Callable, Optional
+import os
+import subprocess
+from typing import Callable, Optional, Sequence
+
+from scenariolib import ROOT
 
 Workload = collections.namedtuple(
     "Workload",
@@ -39,7 +50,15 @@ Workload = collections.namedtuple(
     # The rest have classifier defaults (see below).
     "dataset data optimizer_per_worker optimizer_max_lr optimizer server "
     "local_steps metric metric_name metric_key higher_is_better "
-    "partition_by_label")
+    "partition_by_label workers_per_site eval_period_s worker_command "
+    "evaluator_command weights_command lan_time_goal bsp_bytes_goal",
+    # workers_per_site: None, the scenario's own; eval_period_s: the site's
+    # (or its evaluator's); worker_command, evaluator_command: the words of
+    # the program the workers / every site's evaluator run (None: built-in
+    # ones); weights_command: writes initial.safetensors in the directory
+    # it runs in; the geo_vs_lan goals: Gaia's time to the target at most
+    # lan_time_goal x LAN's, its WAN bytes bsp_bytes_goal x fewer than BSP's.
+    defaults=(None, 2.0, None, None, None, 1.10, 500))
 
 # The scenarios' classifier optimizer (unchanged).
 CLASSIFIER_OPTIMIZER = """optimizer {
@@ -65,6 +84,20 @@ CLASSIFIER_DEFAULTS = dict(
 def _classifier(name, model, description, step_time_s, targets, budget_s):
     return Workload(name, model, description, step_time_s, targets, budget_s,
                     **CLASSIFIER_DEFAULTS)
+
+
+# The EXTERNAL models' weights file, in their model block: the scenario
+# writes it (weights_command, run in its OUTDIR) and puts its path here.
+WEIGHTS = "@WEIGHTS@"
+LM_DIR = os.path.join(ROOT, "examples", "language_model")
+
+
+def _lm_program(program: str, split: str = "iid") -> tuple[str, ...]:
+    """The command of one of the language model's programs: one PyTorch
+    thread, the `python3` on PATH (a scenario puts one with the package
+    first: pytorch.use_venv)."""
+    return ("env", "OMP_NUM_THREADS=1", "python3",
+            os.path.join(LM_DIR, program), "--split", split)
 
 
 MF_DATA = """data { ratings {
@@ -93,6 +126,31 @@ WORKLOADS = collections.OrderedDict((w.name, w) for w in [
              optimizer=None, server="apply_rule: MEAN", local_steps=32,
              metric="rmse", metric_name="RMSE", metric_key="metric",
              higher_is_better=False, partition_by_label=False),
+    # The job's sizing is the example's (docs/language-model.md, "Sizing
+    # the jobs"): three workers' 0.17 s of compute per 0.4 s device step
+    # leave the second core to the evaluators (about a second each per
+    # evaluation), site servers and wanem. Targets: the perplexity one
+    # site with the three workers reaches in 300 s
+    # (docs/results/language_model.md: 54.9) and an easier 80. The goals
+    # are issue 36's: the time of Gaia's default within 1.2x LAN's, 100x
+    # fewer WAN bytes than BSP over the WAN.
+    Workload("lm", "model {\n  kind: EXTERNAL\n  weights: \"" + WEIGHTS +
+             '"\n  metrics { name: "perplexity" higher_is_better: false }\n'
+             '  metrics { name: "loss" higher_is_better: false }\n}',
+             "A 4-layer GPT (0.94 M parameters, AdamW in each worker)", 0.4,
+             (80.0, 55.0), 300.0,
+             dataset="the Brown corpus (validation perplexity)",
+             data=None, optimizer_per_worker=None, optimizer_max_lr=None,
+             optimizer="", server="apply_rule: MEAN join_timeout_s: 120",
+             local_steps=8, metric="perplexity", metric_name="perplexity",
+             metric_key="metric", higher_is_better=False,
+             partition_by_label=False, workers_per_site=1,
+             eval_period_s=10.0,
+             worker_command=_lm_program("train.py"),
+             evaluator_command=_lm_program("evaluate.py"),
+             weights_command=("python3", os.path.join(
+                 LM_DIR, "train.py"), "--write-weights"),
+             lan_time_goal=1.2, bsp_bytes_goal=100),
 ])
 
 
@@ -162,3 +220,38 @@ def reached_at(w: Workload, target: float) -> Callable[[dict], bool]:
     """A predicate of timeline points: the point's metric reaches `target`
     (reports.first / reports.time_to)."""
     return lambda point: reached(w, value(w, point), target)
+
+
+def command_field(words: Optional[Sequence[str]]) -> str:
+    """`command: [...]` of a worker group or evaluator ("" for none)."""
+    if not words:
+        return ""
+    return "command: [" + ", ".join(f'"{w}"' for w in words) + "]"
+
+
+def evaluator_block(w: Workload) -> str:
+    """The job's evaluator block ("" when the sites evaluate the model
+    themselves)."""
+    field = command_field(w.evaluator_command)
+    return f"evaluator {{ {field} }}" if field else ""
+
+
+def with_weights(w: Workload, outdir: str) -> Workload:
+    """`w` with its model block naming the initial weights in OUTDIR,
+    written there first (w.weights_command, run in OUTDIR) when missing;
+    `w` itself when its model needs none. Exits naming the command when it
+    fails."""
+    if w.weights_command is None:
+        return w
+    path = os.path.abspath(os.path.join(outdir, "initial.safetensors"))
+    if not os.path.exists(path):
+        os.makedirs(outdir, exist_ok=True)
+        proc = subprocess.run(list(w.weights_command), cwd=outdir,
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0 or not os.path.exists(path):
+            raise SystemExit(
+                f"workload {w.name}: {' '.join(w.weights_command)} did not "
+                f"write {path} (exit {proc.returncode}): "
+                f"{proc.stdout.strip()[-2000:]}")
+    return w._replace(model=w.model.replace(WEIGHTS, path))
