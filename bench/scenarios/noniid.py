@@ -9,7 +9,11 @@
 
 Runs the three-region job (3 sites x 4 workers, Fashion-MNIST, the MLP or
 another --workload of bench/scenarios/scenariolib/workloads.py: cnn, cnn-bn,
-cnn-gn for the LeNet-style CNN plain, with BatchNorm or with GroupNorm (not mf:
+cnn-gn for the LeNet-style CNN plain, with BatchNorm or with GroupNorm; lm, the
+language model of examples/language_model, one worker a site, skewed by
+genre: its skews are its programs' splits, iid (texts dealt round-robin) and
+genre (each site whole genres), and its metric the validation perplexity,
+the loss against one parameter server in percent; not mf:
 its ratings can only be split at random, a label skew would split them by
 rating value, and `meridian validate` refuses it); a fixed device step time (20
 ms for the MLP) so that the machine is not what limits the sites, `wan.emulate:
@@ -79,8 +83,8 @@ import statistics
 import sys
 from typing import Optional
 
-from scenariolib import (cli, jobs, reports, repeats, results, runner,
-                         tables, workloads)
+from scenariolib import (cli, jobs, pytorch, reports, repeats, results,
+                         runner, tables, workloads)
 
 SCENARIO = results.Scenario("noniid", "Label skew across sites")
 TAG = SCENARIO.name
@@ -94,6 +98,9 @@ SKEWS = {
                  "classes { label: [6, 7, 8, 9] } }"),
 }
 QUICK_SKEWS = ["iid", "disjoint"]
+# A workload whose programs split the data (the language model: by text,
+# or by genre) is skewed by their `--split`, not by a data block.
+PROGRAM_SKEWS_DOC = "the workload's own splits (lm: iid, genre)"
 QUICK_ALGORITHMS = ["one-ps", "dense", "gaia-0.05", "skewscout"]
 
 # SkewScout: a travel every 25 clocks (about 2 s here; up to 8x that while
@@ -101,6 +108,23 @@ QUICK_ALGORITHMS = ["one-ps", "dense", "gaia-0.05", "skewscout"]
 # one-point target. On Gaia it starts at theta 0.05, on top-k at density
 # 0.01.
 SKEWSCOUT = "skewscout { enabled: true travel_period: 25 target_loss: 0.01 }"
+# The language model's clock is 8 steps of 0.4 s: a travel every 5 clocks
+# (16 s) gives its controller ~25 decisions in a run of 420 s.
+TRAVEL_PERIOD = {"lm": 5}
+
+
+def skewscout(w: workloads.Workload) -> str:
+    """SKEWSCOUT with the workload's travel period."""
+    return SKEWSCOUT.replace("travel_period: 25", "travel_period: "
+                             f"{TRAVEL_PERIOD.get(w.name, 25)}")
+
+
+def skews_of(w: workloads.Workload) -> dict[str, Optional[str]]:
+    """The skews of workload `w`: name -> the data block's site_partition,
+    or None for a workload whose programs split the data themselves."""
+    if w.splits:
+        return {split: None for split in w.splits}
+    return dict(SKEWS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +137,39 @@ class Setup:
 
     @property
     def target(self) -> float:
-        """The accuracy whose time is measured (the workload's lower)."""
+        """The metric value whose time is measured (the workload's easier
+        target)."""
         return self.workload.targets[0]
+
+    @property
+    def per_site(self) -> int:
+        return self.workload.workers_per_site or 4
+
+    @property
+    def final(self) -> str:
+        """The key of the final metric in a row: final_accuracy (or
+        final_perplexity, ...)."""
+        return workloads.row_key(self.workload)
+
+    @property
+    def replica(self) -> str:
+        """The key of the replicas' metric over the last third."""
+        return "replica_" + self.final[len("final_"):]
+
+
+def shortfall(w: workloads.Workload, ref: float, value: float) -> float:
+    """How far `value` is behind one parameter server's `ref`: points of
+    accuracy, or percent of a lower-is-better metric (perplexity); positive
+    is worse."""
+    if w.higher_is_better:
+        return (ref - value) * 100
+    return (value / ref - 1) * 100 if ref else 0.0
+
+
+def shortfall_unit(w: workloads.Workload) -> tuple[str, float]:
+    """The unit of `shortfall` and the goal's bound in it: a point of
+    accuracy; 3% of perplexity (issue 36)."""
+    return ("points", 1.0) if w.higher_is_better else ("%", 3.0)
 
 
 def topk(ds: int, extra: str = "") -> str:
@@ -123,8 +178,10 @@ def topk(ds: int, extra: str = "") -> str:
             f"value_coding: VALUE_FP32 }} {extra} }}")
 
 
-def algorithms(ds: int) -> dict[str, Optional[str]]:
+def algorithms(ds: int, w: workloads.Workload = workloads.get("mlp")
+               ) -> dict[str, Optional[str]]:
     """Each algorithm's sync block (None: one parameter server)."""
+    scout = skewscout(w)
     def gaia(theta: float, compression: str, extra: str = "") -> str:
         return jobs.gaia_sync(theta, compression, ds, extra=extra)
 
@@ -138,11 +195,11 @@ def algorithms(ds: int) -> dict[str, Optional[str]]:
         "fedavg-10": jobs.model_averaging(10),
         "fedavg-50": jobs.model_averaging(50),
         "topk-0.01": topk(ds),
-        "skewscout": gaia(0.05, jobs.INT8, SKEWSCOUT),
-        "topk-skewscout": topk(ds, SKEWSCOUT),
+        "skewscout": gaia(0.05, jobs.INT8, scout),
+        "topk-skewscout": topk(ds, scout),
         "fedavg-skewscout": (
             "sync { kind: MODEL_AVERAGING averaging_period: 50 "
-            + SKEWSCOUT.replace(
+            + scout.replace(
                 "}", "min_averaging_period: 2 max_averaging_period: 200 }")
             + " }"),
     }
@@ -164,22 +221,30 @@ def streamed(algos: dict[str, Optional[str]], name: str) -> Optional[str]:
 
 
 def job_text(s: Setup, name: str, skew: str, sync: Optional[str]) -> str:
-    """The three-region job of one cell: 4 workers a site, no WAN
-    emulation, the training set split by `skew`, `sync` between the sites
-    (None: every worker uses us's server)."""
+    """The three-region job of one cell: the workload's workers a site (4
+    for the built-in models), no WAN emulation, the training set split by
+    `skew`, `sync` between the sites (None: every worker uses us's
+    server)."""
     w = s.workload
-    return "\n".join([
+    data = None
+    if w.splits:
+        w = workloads.with_split(w, skew)
+    else:
+        data = f"data {{ normalization: STANDARDIZE {SKEWS[skew]} }}"
+    server = w.server + " " if w.server else ""
+    return "\n".join(part for part in [
         jobs.header(name, workloads.target_field(w), s.target, s.budget),
-        jobs.sites(jobs.THREE_REGIONS, 4, w.step_time_s,
-                   server_site="us" if sync is None else None),
+        jobs.sites(jobs.THREE_REGIONS, s.per_site, w.step_time_s,
+                   "us" if sync is None else None,
+                   workloads.command_field(w.worker_command)),
         "wan { emulate: false }",
-        workloads.training_blocks(
-            w, 12, f"data {{ normalization: STANDARDIZE {SKEWS[skew]} }}"),
-        "server { eval_period_s: 2 }",
-        "policy { kind: ASYNC local_steps: 4 }",
+        workloads.training_blocks(w, 3 * s.per_site, data),
+        workloads.evaluator_block(w),
+        f"server {{ {server}eval_period_s: {w.eval_period_s:g} }}",
+        f"policy {{ kind: ASYNC local_steps: {w.local_steps or 4} }}",
         jobs.PLAINTEXT,
         "" if s.checkpoints else "fault { checkpoint_period_s: 0 }",
-        sync or ""]) + "\n"
+        sync or ""] if part is not None) + "\n"
 
 
 def estimate_noise(scouts: list[dict], budget: float) -> dict:
@@ -212,8 +277,10 @@ def estimate_noise(scouts: list[dict], budget: float) -> dict:
 def measure(s: Setup, report: dict) -> dict:
     """The numbers of one run."""
     sites = report.get("sites", [])
-    late = [p["accuracy"] for site in sites for p in site.get("timeline", [])
+    late = [workloads.value(s.workload, p) for site in sites
+            for p in site.get("timeline", [])
             if p.get("t_s", 0) >= s.budget * 2 / 3]
+    late = [v for v in late if v is not None]
     ages = [a for site in sites
             for a in site.get("sync", {}).get("remote_update_age", [])]
     unsent = [u["mean_relative_norm"] for site in sites
@@ -229,8 +296,8 @@ def measure(s: Setup, report: dict) -> dict:
         thetas = periods
     travel = sum(sc.get("travel_bytes", 0.0) for sc in scouts)
     return {
-        "final_accuracy": report.get("final_accuracy", 0.0),
-        "replica_accuracy": statistics.mean(late) if late else None,
+        s.final: workloads.final(s.workload, report),
+        s.replica: statistics.mean(late) if late else None,
         "time_to_target_s": reports.time_to(
             reports.timelines(report),
             workloads.reached_at(s.workload, s.target)),
@@ -254,14 +321,16 @@ def med(results: dict, skew: str, name: str, key: str) -> Optional[float]:
     return cell[key]["median"] if cell and cell[key] else None
 
 
-def scout_goal(results: dict, target: float, skew: str, scout: str,
+def scout_goal(s: Setup, results: dict, skew: str, scout: str,
                names: list[str]) -> Optional[str]:
     """The goal line of one SkewScout variant under one skew: within a
-    point of one parameter server, at >= 10x fewer bytes than DENSE and
+    point (3% of perplexity) of one parameter server, at >= 10x fewer
+    bytes than DENSE and
     fewer than the cheapest fixed setting of its knob that is as accurate;
     under IID, its time to target against the fixed default's. None when
     it did not run."""
-    acc = med(results, skew, scout, "final_accuracy")
+    w, target = s.workload, s.target
+    acc = med(results, skew, scout, s.final)
     if acc is None:
         return None
     # The fixed settings of the knob it moves.
@@ -269,18 +338,19 @@ def scout_goal(results: dict, target: float, skew: str, scout: str,
     fixed = [n for n in names if scout in family and
              n.startswith(family[scout]) and n != scout]
     parts = []
-    ref = med(results, skew, "one-ps", "final_accuracy")
+    ref = med(results, skew, "one-ps", s.final)
+    unit, bound = shortfall_unit(w)
     if ref is not None:
-        loss = (ref - acc) * 100
-        # The replicas' accuracy over the last third swings far
+        loss = shortfall(w, ref, acc)
+        # The replicas' metric over the last third swings far
         # less than one final evaluation under skew: shown beside.
-        replica = med(results, skew, scout, "replica_accuracy")
-        replica_ref = med(results, skew, "one-ps", "replica_accuracy")
+        replica = med(results, skew, scout, s.replica)
+        replica_ref = med(results, skew, "one-ps", s.replica)
         steadier = ("" if replica is None or replica_ref is None else
-                    f"; replicas {(replica_ref - replica) * 100:+.1f}")
-        parts.append(f"{loss:+.1f} points against one PS "
-                     f"({'met' if loss <= 1.0 else 'missed'}: <= 1"
-                     f"{steadier})")
+                    f"; replicas {shortfall(w, replica_ref, replica):+.1f}")
+        parts.append(f"{loss:+.1f} {unit} against one PS "
+                     f"({'met' if loss <= bound else 'missed'}: <= "
+                     f"{bound:g}{steadier})")
     mine = med(results, skew, scout, "wan_bytes")
     dense = med(results, skew, "dense", "wan_bytes")
     if mine and dense:
@@ -288,7 +358,8 @@ def scout_goal(results: dict, target: float, skew: str, scout: str,
         parts.append(f"DENSE sends {ratio:.1f}x its bytes "
                      f"({'met' if ratio >= 10 else 'missed'}: >= 10x)")
     reaching = [(med(results, skew, n, "wan_bytes"), n) for n in fixed
-                if (med(results, skew, n, "final_accuracy") or 0) >= acc]
+                if workloads.reached(w, med(results, skew, n, s.final),
+                                     acc)]
     knob = "theta" if scout == "skewscout" else "period"
     if fixed and mine:
         if reaching:
@@ -311,14 +382,14 @@ def scout_goal(results: dict, target: float, skew: str, scout: str,
     return f"- {skew}, {scout}: " + "; ".join(parts)
 
 
-def goals(results: dict, target: float, skews: list[str],
+def goals(s: Setup, results: dict, skews: list[str],
           names: list[str]) -> list[str]:
     """The issue's goals per skew and SkewScout variant, from the medians
     (scout_goal)."""
     lines = ["", "Goals (medians):", ""]
     for skew in skews:
         for scout in ("skewscout", "topk-skewscout", "fedavg-skewscout"):
-            line = scout_goal(results, target, skew, scout, names)
+            line = scout_goal(s, results, skew, scout, names)
             if line is not None:
                 lines.append(line)
     return lines
@@ -358,10 +429,13 @@ def noise_table(results: dict, skews: list[str],
                       "sd / se"], rows)
 
 
-def cells_table(results: dict, target: float, skews: list[str],
+def cells_table(s: Setup, results: dict, skews: list[str],
                 names: list[str]) -> list[str]:
     """Every cell's medians (ranges), its loss against one parameter
     server under the same skew."""
+    w = s.workload
+    unit = shortfall_unit(w)[0]
+    digits = 3 if w.higher_is_better else 1
     rows = []
     for skew in skews:
         ref = results.get((skew, "one-ps"))
@@ -371,43 +445,47 @@ def cells_table(results: dict, target: float, skews: list[str],
             def loss(key):
                 if not ref or not ref[key] or not cell[key]:
                     return "—"
-                diff = (ref[key]["median"] - cell[key]["median"]) * 100
+                diff = shortfall(w, ref[key]["median"], cell[key]["median"])
                 return f"{diff:+.1f}"
 
             rows.append([
-                skew, name, fmt(cell["final_accuracy"]),
-                loss("final_accuracy"), fmt(cell["replica_accuracy"]),
-                loss("replica_accuracy"),
+                skew, name, fmt(cell[s.final], digits=digits),
+                loss(s.final), fmt(cell[s.replica], digits=digits),
+                loss(s.replica),
                 fmt(cell["time_to_target_s"], 1.0, 1, "reached"),
                 fmt(cell["wan_bytes"], 1e-6, 1),
                 fmt(cell["travel_bytes"], 1e-6, 1), fmt(cell["age_p90_s"]),
                 fmt(cell["unsent"], digits=4),
                 fmt(cell["final_theta"], digits=3)])
     return tables.table(
-        ["skew", "algorithm", "final accuracy", "loss (points)",
-         "replica accuracy", "replica loss (points)",
-         f"time to {target} (s)", "WAN MB", "of it travels", "age p90 (s)",
+        ["skew", "algorithm", f"final {w.metric_name}", f"loss ({unit})",
+         f"replica {w.metric_name}", f"replica loss ({unit})",
+         f"time to {s.target:g} (s)", "WAN MB", "of it travels", "age p90 (s)",
          "held back ‖acc‖/‖w‖", "final knob (θ, density or period)"], rows)
 
 
 def results_text(s: Setup, repeat: int, skews: list[str], names: list[str],
                  results: dict) -> str:
     """results.md: the cells, the SkewScout estimates, the goals."""
+    w = s.workload
+    unit = ("points below" if w.higher_is_better else
+            f"how much higher (%) the {w.metric_name} is than that of")
     lines = ["# Label skew across sites (bench/scenarios/noniid)", "",
-             f"{s.workload.description} on Fashion-MNIST, 3 sites x 4 "
+             f"{w.description} on {w.dataset}, 3 sites x {s.per_site} "
              "workers, device step "
-             f"{s.workload.step_time_s * 1000:.0f} ms, no WAN emulation, "
-             f"ASYNC with 4 local steps, DS {s.ds}, checkpoints "
-             f"{'on' if s.checkpoints else 'off'}, {s.budget:.0f} s per run, "
+             f"{w.step_time_s * 1000:.0f} ms, no WAN emulation, "
+             f"ASYNC with {w.local_steps or 4} local steps, DS {s.ds}, "
+             f"checkpoints {'on' if s.checkpoints else 'off'}, "
+             f"{s.budget:.0f} s per run, "
              + ("1 run per cell" if repeat == 1 else
                 f"median of {repeat} runs per cell (range)") +
-             ". Loss: points below one parameter server "
+             f". Loss: {unit} one parameter server "
              "under the same skew (medians).", ""]
-    lines += cells_table(results, s.target, skews, names)
+    lines += cells_table(s, results, skews, names)
     if repeat > 1:
         lines += ["", repeats.note(repeat)]
     lines += noise_table(results, skews, names)
-    lines += goals(results, s.target, skews, names)
+    lines += goals(s, results, skews, names)
     return "\n".join(lines) + "\n"
 
 
@@ -428,7 +506,8 @@ def parse_args():
     cli.add_dry_run(parser)
     cli.add_publishing(parser, "--only or --skews")
     args = cli.parse(parser)
-    if not workloads.get(args.workload).partition_by_label:
+    w = workloads.get(args.workload)
+    if not w.partition_by_label and not w.splits:
         parser.error(
             f"--workload {args.workload}: this scenario skews the sites by "
             "label (Dirichlet, disjoint classes); the ratings of matrix "
@@ -445,13 +524,15 @@ def main() -> int:
     s = Setup(workload=w, budget=args.budget or (
         w.budget_s * 2 / 3 if args.quick else w.budget_s), ds=args.ds,
         checkpoints=args.checkpoints == "on")
-    skews = list(SKEWS)
-    algos = algorithms(args.ds)
+    known = skews_of(w)
+    cell_skews = list(known)
+    algos = algorithms(args.ds, w)
     names = list(algos)
     if args.quick:
-        skews, names = list(QUICK_SKEWS), list(QUICK_ALGORITHMS)
+        cell_skews = [sk for sk in QUICK_SKEWS if sk in known] or list(known)
+        names = list(QUICK_ALGORITHMS)
     if args.skews:
-        skews = [sk for sk in args.skews.split(",") if sk in SKEWS]
+        cell_skews = [sk for sk in args.skews.split(",") if sk in known]
     if args.only:
         wanted = args.only.split(",")
         for name in wanted:
@@ -461,8 +542,14 @@ def main() -> int:
                 names.append(name)
         names = [n for n in names if n in wanted]
     runner.prepare_outdir(args.outdir)
+    if w.worker_command and not args.summarize_only:
+        # The user's own PyTorch programs: the package as installed
+        # (docs/python.md), and the initial weights every site serves.
+        pytorch.use_venv(pytorch.ensure_venv(pytorch.DEFAULT_VENV, TAG))
+    s = dataclasses.replace(s, workload=workloads.with_weights(
+        w, args.outdir))
 
-    cells = [(skew, name) for skew in skews for name in names]
+    cells = [(skew, name) for skew in cell_skews for name in names]
     if args.dry_run:
         binary = runner.require_binary(args.binary, TAG, build=False)
         return runner.dry_run(
@@ -485,17 +572,18 @@ def main() -> int:
                                     runner.timeout_for(s.budget)).report
         m = measure(s, report)
         runs[(skew, name)].append(m)
-        runner.log(TAG, f"{label}: final {m['final_accuracy']:.4f}, "
-                   f"replicas {m['replica_accuracy'] or 0:.4f}, WAN "
+        runner.log(TAG, f"{label}: final {m[s.final]:.4f}, "
+                   f"replicas {m[s.replica] or 0:.4f}, WAN "
                    f"{m['wan_bytes'] / 1e6:.1f} MB")
     cell_summary = {cell: {key: repeats.median_range(
         [m[key] for m in runs[cell]], key == "time_to_target_s")
         for key in runs[cell][0]} for cell in cells}
 
-    text = results_text(s, args.repeat, skews, names, cell_summary)
+    text = results_text(s, args.repeat, cell_skews, names, cell_summary)
     results.write(args.outdir, text, {
         "budget_s": s.budget, "ds": args.ds,
         "checkpoints": args.checkpoints, "repeat": args.repeat,
+        "workload": w.name,
         "results": [{"skew": sk, "algorithm": n, **cell_summary[(sk, n)],
                      "runs": runs[(sk, n)]} for sk, n in cells]}, indent=2)
     return results.publish_if_wanted(

@@ -40,6 +40,11 @@ NoniidTest         ALGORITHM@SECONDS: a valid job that sends between
                    --summarize-only rebuilds the medians from the runs in
                    OUTDIR, names a missing one, publishes only with
                    --publish; --dry-run validates every cell's job
+LanguageModelWorkloadTest
+                   --workload lm: geo_vs_lan's and noniid's jobs run the
+                   example's programs (one worker a site, an evaluator,
+                   the genre split through --split) and validate; issue
+                   36's goals; the shortfall of a perplexity in percent
 PytorchMlpTest     --dry-run exports the built-in MLP's weights and validates
                    the built-in and the PyTorch job
 ChaosTest          --dry-run validates the job (the shipped one with the
@@ -756,6 +761,90 @@ class ChaosTest(unittest.TestCase):
             finally:
                 child.kill()
                 child.wait()
+
+
+class LanguageModelWorkloadTest(unittest.TestCase):
+    """--workload lm in geo_vs_lan and noniid: the jobs run the example's
+    programs, one worker a site, an evaluator per site, the genre split
+    through the programs' --split; validated on a stand-in weights file
+    (the real one needs PyTorch; `meridian validate` reads only the
+    tensors' names, shapes and data)."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        header = json.dumps({"w": {"dtype": "F32", "shape": [2],
+                                   "data_offsets": [0, 8]}}).encode()
+        weights = os.path.join(self.tmp.name, "initial.safetensors")
+        with open(weights, "wb") as f:
+            f.write(len(header).to_bytes(8, "little") + header + bytes(8))
+        workloads = scenario("scenariolib.workloads")
+        lm = workloads.get("lm")
+        self.lm = lm._replace(model=lm.model.replace(workloads.WEIGHTS,
+                                                      weights))
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def validate(self, name, text):
+        path = os.path.join(self.tmp.name, name + ".pbtxt")
+        with open(path, "w") as f:
+            f.write(text)
+        proc = subprocess.run([MERIDIAN, "validate", path],
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        self.assertEqual(proc.returncode, 0, name + ": " + proc.stdout)
+        return proc.stdout
+
+    def test_geo_vs_lan_jobs_run_the_programs(self):
+        geo = scenario("geo_vs_lan")
+        setup = geo.Setup(workload=self.lm, budget=420)
+        self.assertEqual((setup.per_site, setup.workers), (1, 3))
+        configs = geo.variant_configs(setup)
+        for name in ("lan", "lan-bsp", "bsp-over-wan", "gaia-compressed",
+                     "diloco-stream"):
+            text = configs[name]
+            self.assertIn("train.py", text)
+            self.assertIn('evaluate.py", "--split", "iid"', text)
+            self.assertIn("eval_period_s: 10", text)
+            self.assertNotIn("optimizer", text)  # AdamW is the worker's
+            out = self.validate(name, text)
+            self.assertIn("3 workers", out)
+        self.assertIn("count: 3", configs["lan"])
+        self.assertEqual(configs["gaia-compressed"].count("count: 1"), 3)
+        # Issue 36's goals, not the MLP's.
+        lan = {"time_to_55.0_s": 300.0, "final_perplexity": 55.0}
+        gaia = {"time_to_55.0_s": 350.0, "wan_bytes_to_55.0": 1e8,
+                "final_perplexity": 56.0}
+        bsp = {"time_to_55.0_s": 3000.0, "wan_bytes_to_55.0": 1.1e10}
+        goals = {g.goal: g for g in geo.evaluate_goals(setup, {
+            "lan": lan, "gaia-compressed": gaia, "bsp-over-wan": bsp})}
+        time_goal = goals["gaia-compressed: time to 55.0 vs LAN"]
+        self.assertEqual((time_goal.wanted, time_goal.met), ("≤ 1.20×", True))
+        bytes_goal = goals[
+            "gaia-compressed: fewer WAN bytes to 55.0 than BSP over WAN"]
+        self.assertEqual((bytes_goal.wanted, bytes_goal.met), ("≥ 100×", True))
+        final = goals["gaia-compressed: final perplexity vs LAN"]
+        self.assertFalse(final.met)  # 1.8% higher: more than 1%
+
+    def test_noniid_skews_by_the_programs_split(self):
+        noniid = scenario("noniid")
+        self.assertEqual(list(noniid.skews_of(self.lm)), ["iid", "genre"])
+        setup = noniid.Setup(workload=self.lm, budget=420)
+        algos = noniid.algorithms(1, self.lm)
+        self.assertIn("travel_period: 5", algos["skewscout"])
+        for name in ("one-ps", "gaia-0.05", "skewscout"):
+            text = noniid.job_text(setup, name, "genre", algos[name])
+            self.assertEqual(text.count('"--split", "genre"'), 4, text)
+            self.assertNotIn("site_partition", text)
+            self.validate(name, text)
+        with self.assertRaises(ValueError):
+            noniid.job_text(setup, "x", "disjoint", algos["dense"])
+        # Perplexity: percent above one parameter server; accuracy: points
+        # below.
+        self.assertAlmostEqual(noniid.shortfall(self.lm, 50.0, 51.5), 3.0)
+        mlp = scenario("scenariolib.workloads").get("mlp")
+        self.assertAlmostEqual(noniid.shortfall(mlp, 0.87, 0.86), 1.0)
+        self.assertEqual(noniid.shortfall_unit(self.lm), ("%", 3.0))
 
 
 class PytorchMlpTest(unittest.TestCase):

@@ -51,14 +51,16 @@ Workload = collections.namedtuple(
     "dataset data optimizer_per_worker optimizer_max_lr optimizer server "
     "local_steps metric metric_name metric_key higher_is_better "
     "partition_by_label workers_per_site eval_period_s worker_command "
-    "evaluator_command weights_command lan_time_goal bsp_bytes_goal",
+    "evaluator_command weights_command lan_time_goal bsp_bytes_goal splits",
     # workers_per_site: None, the scenario's own; eval_period_s: the site's
     # (or its evaluator's); worker_command, evaluator_command: the words of
     # the program the workers / every site's evaluator run (None: built-in
     # ones); weights_command: writes initial.safetensors in the directory
     # it runs in; the geo_vs_lan goals: Gaia's time to the target at most
-    # lan_time_goal x LAN's, its WAN bytes bsp_bytes_goal x fewer than BSP's.
-    defaults=(None, 2.0, None, None, None, 1.10, 500))
+    # lan_time_goal x LAN's, its WAN bytes bsp_bytes_goal x fewer than BSP's;
+    # splits: the values of the programs' `--split` (how they share the
+    # data between sites; None: the job's data block splits it).
+    defaults=(None, 2.0, None, None, None, 1.10, 500, None))
 
 # The scenarios' classifier optimizer (unchanged).
 CLASSIFIER_OPTIMIZER = """optimizer {
@@ -150,7 +152,8 @@ WORKLOADS = collections.OrderedDict((w.name, w) for w in [
              evaluator_command=_lm_program("evaluate.py"),
              weights_command=("python3", os.path.join(
                  LM_DIR, "train.py"), "--write-weights"),
-             lan_time_goal=1.2, bsp_bytes_goal=100),
+             lan_time_goal=1.2, bsp_bytes_goal=100,
+             splits=("iid", "genre")),
 ])
 
 
@@ -227,6 +230,19 @@ def command_field(words: Optional[Sequence[str]]) -> str:
     if not words:
         return ""
     return "command: [" + ", ".join(f'"{w}"' for w in words) + "]"
+
+
+def with_split(w: Workload, split: str) -> Workload:
+    """`w` whose programs split the data by `split` (one of w.splits)."""
+    def with_flag(words):
+        if words is None:
+            return None
+        i = list(words).index("--split")
+        return tuple(words[:i + 1]) + (split,) + tuple(words[i + 2:])
+    if split not in (w.splits or ()):
+        raise ValueError(f"workload {w.name} has no split {split!r}")
+    return w._replace(worker_command=with_flag(w.worker_command),
+                      evaluator_command=with_flag(w.evaluator_command))
 
 
 def evaluator_block(w: Workload) -> str:
