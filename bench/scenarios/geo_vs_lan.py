@@ -705,7 +705,7 @@ def main() -> int:
     results.write(args.outdir, text, results_json(
         args.repeat, order, runs, summary, medians, goals))
     return results.publish_if_wanted(
-        SCENARIO, args, text, restricted=bool(args.only) or
+        dataclasses.replace(SCENARIO, file=w.results_file), args, text, restricted=bool(args.only) or
         args.summarize_only)
 
 

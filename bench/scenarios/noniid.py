@@ -587,7 +587,7 @@ def main() -> int:
         "results": [{"skew": sk, "algorithm": n, **cell_summary[(sk, n)],
                      "runs": runs[(sk, n)]} for sk, n in cells]}, indent=2)
     return results.publish_if_wanted(
-        SCENARIO, args, text, restricted=bool(args.only or args.skews) or
+        dataclasses.replace(SCENARIO, file=w.results_file), args, text, restricted=bool(args.only or args.skews) or
         args.summarize_only)
 
 

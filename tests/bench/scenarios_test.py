@@ -259,6 +259,21 @@ class PublishTest(unittest.TestCase):
             self.assertTrue(text.startswith("# Toy (--quick)\n\n" +
                                             self.BEGIN))
 
+    def test_a_workload_publishes_into_its_own_file(self):
+        with tempfile.TemporaryDirectory() as out:
+            other = os.path.join(out, "language_model.md")
+            with open(other, "w") as f:
+                f.write("# Language model\n\nkept\n")
+            path = self.publish.publish("toy", "Toy", "| x |\n",
+                                        self.provenance, False, out,
+                                        "language_model")
+            self.assertEqual(path, other)
+            self.assertFalse(os.path.exists(os.path.join(out, "toy.md")))
+            with open(path) as f:
+                text = f.read()
+            self.assertIn(self.BEGIN, text)
+            self.assertTrue(text.rstrip().endswith("kept"))
+
 
 class RunnerTest(unittest.TestCase):
     # A stand-in for the meridian binary: `run CONFIG --out DIR` writes

@@ -127,11 +127,13 @@ def update(existing: Optional[str], name: str, title: str,
 
 
 def publish(name: str, title: str, results: str, provenance: Provenance,
-            quick: bool, results_dir: str = RESULTS_DIR) -> str:
+            quick: bool, results_dir: str = RESULTS_DIR,
+            file_name: Optional[str] = None) -> str:
     """Writes `results` (OUTDIR/results.md's text) as scenario `name`'s
-    block of its results file; returns the file's path. PublishError when
-    the file has a broken block (then it is left as it was)."""
-    path = path_of(results_dir, name, quick)
+    block of its results file (docs/results/<file_name or name>.md);
+    returns the file's path. PublishError when the file has a broken block
+    (then it is left as it was)."""
+    path = path_of(results_dir, file_name or name, quick)
     try:
         with open(path) as f:
             existing: Optional[str] = f.read()

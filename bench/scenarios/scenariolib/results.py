@@ -14,9 +14,12 @@ from scenariolib import publish, runner, shown
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     """A scenario as its published results name it: bench/scenarios/NAME,
-    and the heading of docs/results/NAME.md when the file is created."""
+    and the heading of docs/results/NAME.md when the file is created;
+    `file`: another file of docs/results/ than NAME.md (a workload's own:
+    the language model's runs go to language_model.md)."""
     name: str
     title: str
+    file: Optional[str] = None
 
 
 def write(outdir: str, text: str, data: Any, *, indent: int = 1,
@@ -42,7 +45,7 @@ def publish_if_wanted(scenario: Scenario, args: argparse.Namespace,
     try:
         path = publish.publish(scenario.name, scenario.title, text,
                                args.provenance, bool(args.quick),
-                               args.results_dir)
+                               args.results_dir, scenario.file)
     except (publish.PublishError, OSError) as error:
         runner.log(scenario.name, f"not published: {error}")
         return 1

@@ -51,7 +51,8 @@ Workload = collections.namedtuple(
     "dataset data optimizer_per_worker optimizer_max_lr optimizer server "
     "local_steps metric metric_name metric_key higher_is_better "
     "partition_by_label workers_per_site eval_period_s worker_command "
-    "evaluator_command weights_command lan_time_goal bsp_bytes_goal splits",
+    "evaluator_command weights_command lan_time_goal bsp_bytes_goal splits "
+    "results_file",
     # workers_per_site: None, the scenario's own; eval_period_s: the site's
     # (or its evaluator's); worker_command, evaluator_command: the words of
     # the program the workers / every site's evaluator run (None: built-in
@@ -59,8 +60,10 @@ Workload = collections.namedtuple(
     # it runs in; the geo_vs_lan goals: Gaia's time to the target at most
     # lan_time_goal x LAN's, its WAN bytes bsp_bytes_goal x fewer than BSP's;
     # splits: the values of the programs' `--split` (how they share the
-    # data between sites; None: the job's data block splits it).
-    defaults=(None, 2.0, None, None, None, 1.10, 500, None))
+    # data between sites; None: the job's data block splits it);
+    # results_file: the docs/results/ file its runs publish into (None: the
+    # scenario's own).
+    defaults=(None, 2.0, None, None, None, 1.10, 500, None, None))
 
 # The scenarios' classifier optimizer (unchanged).
 CLASSIFIER_OPTIMIZER = """optimizer {
@@ -153,7 +156,7 @@ WORKLOADS = collections.OrderedDict((w.name, w) for w in [
              weights_command=("python3", os.path.join(
                  LM_DIR, "train.py"), "--write-weights"),
              lan_time_goal=1.2, bsp_bytes_goal=100,
-             splits=("iid", "genre")),
+             splits=("iid", "genre"), results_file="language_model"),
 ])
 
 
