@@ -45,6 +45,10 @@ LanguageModelWorkloadTest
                    example's programs (one worker a site, an evaluator,
                    the genre split through --split) and validate; issue
                    36's goals; the shortfall of a perplexity in percent
+SweepTest          every method the same trials, its documented setting
+                   first; the best trial (fastest, ties by bytes); the
+                   goals from the best settings' medians (--summarize-only);
+                   --dry-run validates every trial
 PytorchMlpTest     --dry-run exports the built-in MLP's weights and validates
                    the built-in and the PyTorch job
 ChaosTest          --dry-run validates the job (the shipped one with the
@@ -72,7 +76,8 @@ def scenario(name):
 
 
 SCENARIOS = ("chaos", "compression_updates", "geo_vs_lan", "heterogeneity",
-             "noniid", "slow_link", "worker_endpoint", "workload_speed")
+             "noniid", "slow_link", "sweep", "worker_endpoint",
+             "workload_speed")
 
 
 def script(name):
@@ -860,6 +865,105 @@ class LanguageModelWorkloadTest(unittest.TestCase):
         mlp = scenario("scenariolib.workloads").get("mlp")
         self.assertAlmostEqual(noniid.shortfall(mlp, 0.87, 0.86), 1.0)
         self.assertEqual(noniid.shortfall_unit(self.lm), ("%", 3.0))
+
+
+class SweepTest(unittest.TestCase):
+    """bench/scenarios/sweep: every method the same number of trials (its
+    documented setting first, the same draw for the same seed); the best
+    trial is the fastest to the target, ties within an evaluation period
+    broken by fewer bytes; --summarize-only picks the best from the trials
+    in OUTDIR and computes the goals from the best settings' medians;
+    --dry-run validates every trial."""
+
+    @staticmethod
+    def report(t_target, final, wan_mb):
+        """A run that reaches 0.87 at `t_target` (None: never) and sends
+        `wan_mb` MB evenly over 100 s."""
+        timeline = [{"t_s": 10.0, "accuracy": 0.5}]
+        if t_target is not None:
+            timeline.append({"t_s": t_target, "accuracy": 0.871})
+        timeline.append({"t_s": 100.0, "accuracy": final})
+        return {"final_accuracy": final, "wan_bytes_total": wan_mb * 1e6,
+                "sites": [{"timeline": timeline, "training_s": 100}]}
+
+    @staticmethod
+    def write_run(out, label, report, wan_mb):
+        run_dir = os.path.join(out, "runs", label)
+        os.makedirs(run_dir)
+        with open(os.path.join(run_dir, "report.json"), "w") as f:
+            json.dump(report, f)
+        with open(os.path.join(run_dir, "traffic.csv"), "w") as f:
+            f.write("t_s,link,from_site,bytes,messages\n")
+            for t in (0, 100):
+                f.write(f"{t},us-eu,us,{wan_mb * 1e6 * t / 100},1\n")
+
+    def test_settings_and_the_best_trial(self):
+        sweep = scenario("sweep")
+        gaia = sweep.METHODS["gaia"]
+        first = gaia.settings(4, seed=1)
+        self.assertEqual(len(first), 4)
+        self.assertEqual(first[0], {"theta": 0.05,
+                                    "schedule": "THRESHOLD_CONSTANT",
+                                    "inner_lr": 1.0})
+        self.assertEqual(first, gaia.settings(4, seed=1))
+        self.assertNotEqual(first, gaia.settings(4, seed=2))
+        self.assertEqual(len({json.dumps(k, sort_keys=True)
+                              for k in gaia.settings(60, 1)}), 30)  # grid
+        s = scenario("geo_vs_lan").Setup(budget=90)
+        rows = [{"time_to_target_s": 20.0, "wan_bytes_to_0.87": 5e6},
+                {"time_to_target_s": 21.5, "wan_bytes_to_0.87": 1e6},
+                {"time_to_target_s": 30.0, "wan_bytes_to_0.87": 1e5},
+                {"time_to_target_s": None, "wan_bytes_to_0.87": None,
+                 "final_accuracy": 0.86}]
+        # Within one evaluation period (2 s) of the fastest: fewer bytes.
+        self.assertIs(sweep.best_trial(s, rows), rows[1])
+        missed = [{"time_to_target_s": None, "final_accuracy": a}
+                  for a in (0.84, 0.86)]
+        self.assertIs(sweep.best_trial(s, missed), missed[1])
+        lm = scenario("scenariolib.workloads").get("lm")
+        self.assertEqual(sweep.with_inner_lr(lm, 0.5).worker_command[-2:],
+                         ("--lr", "0.001"))
+        self.assertEqual(sweep.setting_text(first[0]),
+                         "θ 0.05, schedule constant, inner lr x1")
+
+    def test_summarize_only_picks_the_best_and_checks_the_goals(self):
+        # gaia trial 2 is best; diloco trial 1; every best run repeats.
+        trials = {"gaia": [(40, 0.88, 20), (30, 0.88, 4)],
+                  "diloco": [(35, 0.88, 10), (None, 0.85, 2)]}
+        best = {"gaia": (31, 0.88, 4), "diloco": (36, 0.88, 10)}
+        with tempfile.TemporaryDirectory() as out:
+            for method, rows in trials.items():
+                for i, (t, final, mb) in enumerate(rows, 1):
+                    self.write_run(out, f"{method}-t{i}",
+                                   self.report(t, final, mb), mb)
+                for r in (1, 2, 3):
+                    t, final, mb = best[method]
+                    self.write_run(out, f"{method}-best-r{r}",
+                                   self.report(t, final, mb), mb)
+            proc = run_script("sweep", out, "--methods", "gaia,diloco",
+                              "--trials", "2", "--summarize-only",
+                              "--no-publish")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            self.assertNotIn("running", proc.stdout)
+            with open(os.path.join(out, "results.json")) as f:
+                data = json.load(f)
+            by_name = {m["method"]: m for m in data["methods"]}
+            self.assertEqual(by_name["gaia"]["best_setting"],
+                             scenario("sweep").METHODS["gaia"].settings(
+                                 2, 1)[1])
+            self.assertEqual(by_name["diloco"]["best_setting"]["H"], 160)
+            goals = {g["goal"]: g for g in data["goals"]}
+            self.assertTrue(goals["gaia: time to 0.87 vs diloco's best"][
+                "met"])  # 31 s against 36 s
+            self.assertTrue(goals["gaia: WAN bytes to 0.87 vs diloco's "
+                                  "best"]["met"])  # 1.24 MB against 3.6 MB
+
+    def test_dry_run_validates_every_trial(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script("sweep", out, "--trials", "2", "--dry-run")
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            self.assertEqual(len(os.listdir(os.path.join(out, "configs"))),
+                             2 * len(scenario("sweep").METHODS))
 
 
 class PytorchMlpTest(unittest.TestCase):
