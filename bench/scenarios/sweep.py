@@ -36,6 +36,11 @@ optimizer block, or the programs' --lr for the language model):
                values, error feedback (beta 0.95); outer lr 0.7 1.0 (no
                momentum); inner lr
   fedavg       averaging period 10 25 50 100 clocks; inner lr
+  gaia-topk    a candidate for the default: Gaia's accumulators (what is
+               not sent stays, quantisation error included: error
+               feedback) sending the top-k of each tensor every clock at
+               density 0.1% 0.25% 0.5% 1%, values in 2 or 4 bits with
+               stochastic rounding; DS 8; inner lr
 
 Goals (issue 37, from the medians of the best settings): the default
 (gaia) reaches the target no later than the best DiLoCo / Streaming
@@ -125,6 +130,13 @@ METHODS = {m.name: m for m in [
            lambda k: sparseloco_sync(k["H"], k["density"], k["outer_lr"])),
     Method("fedavg", {"period": (50, 10, 25, 100), "inner_lr": INNER_LR},
            lambda k: jobs.model_averaging(k["period"])),
+    Method("gaia-topk", {"density": (0.0025, 0.001, 0.005, 0.01),
+                         "bits": (2, 4), "inner_lr": INNER_LR},
+           lambda k: jobs.gaia_sync(
+               0, "compression { selection: TOP_K top_k_fraction: "
+               f"{k['density']:g} value_coding: VALUE_INT{k['bits']} "
+               "block_size: 256 rounding: ROUND_STOCHASTIC zstd_level: 1 }",
+               8)),
 ]}
 
 
