@@ -322,6 +322,11 @@ def measure(s: Setup, name: str, run_dir: str, report: dict,
                           default=0.0),
         "extrapolated": False,
         "dense_equivalent_bytes": report.get("dense_equivalent_bytes", 0.0),
+        # What the workers lose and what an exchange carries
+        # (report.json; 0 from a binary that predates them).
+        "compute_utilization": report.get("compute_utilization", 0.0),
+        "round_density": report.get("round_density", 0.0),
+        "bits_per_entry": report.get("bits_per_entry", 0.0),
     }
     timelines = reports.timelines(report)
     for target in s.workload.targets:

@@ -294,12 +294,17 @@ def best_table(s: geo.Setup, methods: list[Method], settings: dict,
                      cell(f"wan_bytes_to_{s.high}", tables.data_size,
                           "reached"),
                      cell(s.final, lambda v: f"{v:.4f}"),
-                     cell("wan_bytes", tables.data_size)])
+                     cell("wan_bytes", tables.data_size),
+                     cell("compute_utilization", lambda v: f"{v * 100:.0f}%"),
+                     cell("round_density", lambda v: f"{v * 100:.3g}%"),
+                     cell("bits_per_entry", lambda v: f"{v:.1f}")])
     return tables.table(["method", "best setting",
                          f"time to {s.high:g} (s)",
                          f"WAN bytes to {s.high:g}",
                          f"final {s.workload.metric_name}",
-                         "WAN bytes (run)"], rows) + (
+                         "WAN bytes (run)", "compute utilization",
+                         "density of an exchange",
+                         "wire bits per entry"], rows) + (
         ["", repeats.note(n)] if n > 1 else [])
 
 

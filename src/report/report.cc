@@ -96,6 +96,52 @@ void SetFlushVerdict(const pb::JobConfig& job,
   }
 }
 
+// Clocks per round of the job's sync: 1 for GAIA and DENSE, the averaging
+// period for the outer methods.
+double ClocksPerRound(const pb::SyncConfig& sync) {
+  const bool outer = sync.kind() == pb::DILOCO ||
+                     sync.kind() == pb::MODEL_AVERAGING;
+  return outer ? std::max<uint32_t>(sync.averaging_period(), 1) : 1.0;
+}
+
+// report->compute_utilization, round_density and bits_per_entry, and each
+// site's sync round_density and bits_per_entry (see report.proto).
+void SetCostTerms(const pb::JobConfig& job, pb::RunReport* report) {
+  double busy_s = 0;
+  double waiting_s = 0;
+  for (const pb::WorkerSummary& worker : report->workers()) {
+    busy_s += worker.compute_s() + worker.device_wait_s();
+    waiting_s += worker.blocked_s();
+  }
+  report->set_compute_utilization(
+      busy_s + waiting_s > 0 ? busy_s / (busy_s + waiting_s) : 0.0);
+  const bool mesh = job.sync().topology() == pb::FULL_MESH;
+  const double peers = job.site_size() > 1 ? job.site_size() - 1 : 0;
+  double density_sum = 0;
+  int densities = 0;
+  double bytes = 0;
+  double entries = 0;
+  for (pb::SiteSummary& site : *report->mutable_sites()) {
+    if (!site.has_sync()) continue;
+    pb::SyncSummary& sync = *site.mutable_sync();
+    const double rounds = sync.clock() / ClocksPerRound(job.sync());
+    const double exchanged =
+        rounds * peers * static_cast<double>(site.model_parameters());
+    if (mesh && exchanged > 0) {
+      sync.set_round_density(sync.entries_sent() / exchanged);
+      density_sum += sync.round_density();
+      ++densities;
+    }
+    if (sync.entries_sent() > 0) {
+      sync.set_bits_per_entry(sync.bytes_sent() * 8 / sync.entries_sent());
+    }
+    bytes += sync.bytes_sent();
+    entries += sync.entries_sent();
+  }
+  report->set_round_density(densities > 0 ? density_sum / densities : 0.0);
+  report->set_bits_per_entry(entries > 0 ? bytes * 8 / entries : 0.0);
+}
+
 }  // namespace
 
 pb::RunReport BuildRunReport(const pb::JobConfig& job,
@@ -167,6 +213,7 @@ pb::RunReport BuildRunReport(const pb::JobConfig& job,
   }
   report.set_lost_commits(lost_commits);
   SetFlushVerdict(job, sites, &report);
+  SetCostTerms(job, &report);
   report.set_reached_target(all_reached);
   report.set_time_to_target_s(all_reached ? last_target_time : -1);
   if (!sites.empty()) {
@@ -360,8 +407,9 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
   const std::string metric =
       reports.front().metric().empty() ? "accuracy" : reports.front().metric();
   out << "| run | job | time to target (s) | final " << metric
-      << " | WAN bytes | wall (s) | time vs first | WAN bytes vs first |\n"
-      << "|---|---|---|---|---|---|---|---|\n";
+      << " | WAN bytes | wall (s) | time vs first | WAN bytes vs first | "
+         "compute utilization | an exchange |\n"
+      << "|---|---|---|---|---|---|---|---|---|---|\n";
   const pb::RunReport& first = reports.front();
   char buf[64];
   for (size_t i = 0; i < reports.size(); ++i) {
@@ -381,14 +429,32 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
         << Ratio(r.reached_target() ? r.time_to_target_s() : 0,
                  first.reached_target() ? first.time_to_target_s() : 0)
         << " | " << Ratio(r.wan_bytes_total(), first.wan_bytes_total())
-        << " |\n";
+        << " | " << DescribeCostTerms(r) << " |\n";
   }
   out << "\nRatios are each run's value divided by the first run's (target "
       << metric << " "
       << (first.metric().empty() ? first.target_accuracy()
                                  : first.target_metric())
-      << ").\n";
+      << "). Compute utilization: the share of the workers' time spent "
+         "computing rather than waiting for the server and the sync; an "
+         "exchange: the share of the model one exchange carries to one "
+         "peer, and wire bits per entry sent (report.json: "
+         "compute_utilization, round_density, bits_per_entry).\n";
   return out.str();
+}
+
+std::string DescribeCostTerms(const pb::RunReport& report) {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%.0f%% | ",
+                report.compute_utilization() * 100);
+  std::string text = report.workers_size() > 0 ? buf : "— | ";
+  if (report.bits_per_entry() <= 0) return text + "—";
+  if (report.round_density() > 0) {
+    std::snprintf(buf, sizeof(buf), "%.3g%%, ", report.round_density() * 100);
+    text += buf;
+  }
+  std::snprintf(buf, sizeof(buf), "%.1f bits/entry", report.bits_per_entry());
+  return text + buf;
 }
 
 Status WriteTimelineCsv(const std::vector<pb::SiteSummary>& sites,

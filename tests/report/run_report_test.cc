@@ -1,5 +1,6 @@
 // BuildRunReport's verdict on the final flush: flush_complete at the top of
-// report.json, with the sites and peers it did not complete with.
+// report.json, with the sites and peers it did not complete with; the cost
+// terms: compute utilisation, the density of an exchange, bits per entry.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -59,6 +60,60 @@ TEST(RunReportTest, ASyncingSiteWithoutASummaryCountsAsUnflushed) {
   ASSERT_EQ(report.unflushed_size(), 1);
   EXPECT_EQ(report.unflushed(0).site(), "b");
   EXPECT_EQ(DescribeUnflushed(report), "b with its peers");
+}
+
+// A site of `parameters` parameters at `clock` that sent `entries` entries
+// in `bytes` bytes, with one worker busy `busy_s` and blocked `blocked_s`.
+pb::SiteSummary Sent(const std::string& name, uint32_t clock, double entries,
+                     double bytes, double busy_s, double blocked_s) {
+  pb::SiteSummary site = Synced(name, true);
+  site.set_model_parameters(1000);
+  site.mutable_sync()->set_clock(clock);
+  site.mutable_sync()->set_entries_sent(entries);
+  site.mutable_sync()->set_bytes_sent(bytes);
+  pb::WorkerSummary* worker = site.add_workers();
+  worker->set_compute_s(busy_s / 2);
+  worker->set_device_wait_s(busy_s / 2);
+  worker->set_blocked_s(blocked_s);
+  return site;
+}
+
+TEST(RunReportTest, ComputeUtilizationDensityAndBitsPerEntry) {
+  // Gaia, three sites: a round is a clock, two peers each.
+  pb::JobConfig job = JobOf({"a", "b", "c"});
+  const pb::RunReport gaia = BuildRunReport(
+      job,
+      {Sent("a", 100, 3000, 6000, 90, 10), Sent("b", 100, 1000, 3000, 60, 40),
+       Sent("c", 50, 1000, 2000, 100, 0)},
+      1, "done");
+  EXPECT_DOUBLE_EQ(gaia.compute_utilization(), 250.0 / 300.0);
+  // 3000 / (100 x 2 x 1000), 1000 / 200000, 1000 / 100000.
+  EXPECT_DOUBLE_EQ(gaia.sites(0).sync().round_density(), 0.015);
+  EXPECT_DOUBLE_EQ(gaia.sites(2).sync().round_density(), 0.01);
+  EXPECT_DOUBLE_EQ(gaia.round_density(), (0.015 + 0.005 + 0.01) / 3);
+  EXPECT_DOUBLE_EQ(gaia.sites(1).sync().bits_per_entry(), 24.0);
+  EXPECT_DOUBLE_EQ(gaia.bits_per_entry(), 11000.0 * 8 / 5000);
+  // DiLoCo: a round is averaging_period clocks; a dense exchange is 1.
+  job.mutable_sync()->set_kind(pb::DILOCO);
+  job.mutable_sync()->set_averaging_period(50);
+  const pb::RunReport diloco = BuildRunReport(
+      job, {Sent("a", 100, 4000, 4000, 1, 0)}, 1, "done");
+  EXPECT_DOUBLE_EQ(diloco.sites(0).sync().round_density(), 1.0);
+  // Hubs: the peers differ by site, no density; bits still.
+  job.mutable_sync()->set_topology(pb::GROUPS);
+  const pb::RunReport hubs = BuildRunReport(
+      job, {Sent("a", 100, 4000, 4000, 1, 0)}, 1, "done");
+  EXPECT_EQ(hubs.round_density(), 0.0);
+  EXPECT_DOUBLE_EQ(hubs.bits_per_entry(), 8.0);
+  // Nothing sent, no workers: zeros, not NaN.
+  const pb::RunReport idle =
+      BuildRunReport(JobOf({"a"}), {Synced("a", true)}, 1, "done");
+  EXPECT_EQ(idle.compute_utilization(), 0.0);
+  EXPECT_EQ(idle.bits_per_entry(), 0.0);
+  // As `meridian compare` and summary.md show them.
+  EXPECT_EQ(DescribeCostTerms(gaia), "83% | 1%, 17.6 bits/entry");
+  EXPECT_EQ(DescribeCostTerms(hubs), "100% | 8.0 bits/entry");
+  EXPECT_EQ(DescribeCostTerms(idle), "— | —");
 }
 
 }  // namespace

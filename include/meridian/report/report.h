@@ -66,10 +66,16 @@ Status MergeTrafficCsv(const std::vector<std::string>& inputs,
                        const std::string& path);
 
 // A markdown table comparing the runs in `dirs` (each holding a
-// report.json): time to target, final accuracy, WAN bytes, wall time, and
-// each ratio against the first run. Errors name the directory that has no
-// readable report.
+// report.json): time to target, final accuracy, WAN bytes, wall time, each
+// ratio against the first run, compute utilisation and what an exchange
+// carries. Errors name the directory that has no readable report.
 Result<std::string> CompareRuns(const std::vector<std::string>& dirs);
+
+// Two markdown cells: "83% | 1.5%, 4.2 bits/entry" (compute utilisation;
+// the share of the model an exchange carries to one peer and wire bits per
+// entry), "—" where the run has no workers, sent nothing, or its topology
+// has no single density.
+std::string DescribeCostTerms(const pb::RunReport& report);
 
 // "site,t_s,accuracy,loss,model_version,commits" and one row per
 // evaluation of every site.
