@@ -29,7 +29,7 @@ import shlex
 import subprocess
 from typing import Sequence
 
-from scenariolib import ROOT, runner, shown
+from scenariolib import ROOT, runner, shown, workloads
 
 EXAMPLE_DIR = os.path.join(ROOT, "examples", "mlp")
 DEFAULT_VENV = os.path.join(ROOT, "build", "python-venv")
@@ -53,10 +53,9 @@ def export_weights(binary: str, job_path: str, out: str, tag: str) -> str:
 
 
 def _command(program: str, hidden: Sequence[int]) -> str:
-    words = ["env", "OMP_NUM_THREADS=1", "python3",
-             os.path.join(EXAMPLE_DIR, program), "--hidden",
-             *map(str, hidden)]
-    return "command: [" + ", ".join(f'"{w}"' for w in words) + "]"
+    return workloads.command_field(
+        ["env", "OMP_NUM_THREADS=1", "python3",
+         os.path.join(EXAMPLE_DIR, program), "--hidden", *map(str, hidden)])
 
 
 def _model_block(text: str) -> re.Match:
