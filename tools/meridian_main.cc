@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -128,6 +129,17 @@ std::string DefaultOutDir(const pb::JobConfig& job) {
 bool CheckWeightsFile(const std::string& path, const pb::JobConfig& job,
                       std::string* summary) {
   if (job.model().kind() != pb::EXTERNAL || job.model().weights().empty()) {
+    return true;
+  }
+  std::error_code missing;
+  if (!job.model().weights_command().empty() &&
+      !std::filesystem::exists(job.model().weights(), missing)) {
+    std::string command;
+    for (const std::string& word : job.model().weights_command()) {
+      command += (command.empty() ? "" : " ") + word;
+    }
+    *summary = "missing; `meridian run` writes it first with `" + command +
+               "` (model.weights_command)";
     return true;
   }
   Result<TensorFile> weights = ReadSafetensors(job.model().weights());

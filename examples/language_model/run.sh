@@ -4,9 +4,10 @@
 #
 #   examples/language_model/run.sh [JOB] [meridian run options, e.g. --out DIR]
 #
-# JOB: three-regions.pbtxt (default) or single-site.pbtxt, in this
-# directory. Writes initial.safetensors from train.py's model when it is
-# missing, then runs `meridian run JOB` (report in runs/ here). The job's
+# JOB: deploy/configs/three-regions-lm.pbtxt (default), or a job file
+# (single-site.pbtxt, in this directory). Runs `meridian run JOB` (report
+# in runs/ here), which first writes initial.safetensors from train.py's
+# model when it is missing (the jobs' model.weights_command). The job's
 # programs start as `python3`: the repository's .venv (docs/python.md) when
 # there is one, else Debian's /usr/bin/python3 with the package from the
 # source tree (build/python and python/, after a build). The binary:
@@ -15,7 +16,7 @@
 set -eu
 cd "$(dirname "$0")"
 repo=$(cd ../.. && pwd)
-job=three-regions.pbtxt
+job=$repo/deploy/configs/three-regions-lm.pbtxt
 case "${1:-}" in
   *.pbtxt) job=$1; shift ;;
 esac
@@ -28,7 +29,4 @@ else
 fi
 export PATH
 meridian=${MERIDIAN:-$(command -v meridian || echo "$repo/build/bin/meridian")}
-if [ ! -f initial.safetensors ]; then
-  python3 train.py --write-weights
-fi
 exec "$meridian" run "$job" "$@"

@@ -1,5 +1,7 @@
 """A GPT-style language model on the Brown corpus, trained with Meridian:
 each worker trains on its share of its site's texts with AdamW."""
+import os
+
 import meridian
 import torch
 from torch.utils.data import DataLoader
@@ -15,7 +17,9 @@ def main():
     torch.manual_seed(args.seed)
     model = GPT(args.model)
     if args.write_weights:  # the initial weights every site starts from
-        return meridian.save_initial_weights(model, "initial.safetensors",
+        # Where the job wants them (model.weights_command), else here.
+        path = os.environ.get("MERIDIAN_WEIGHTS", "initial.safetensors")
+        return meridian.save_initial_weights(model, path,
                                              {"model": repr(args.model)})
     texts = lm.load_corpus()
     tok = lm.tokenizer(texts, args.model.vocab_size)

@@ -75,6 +75,9 @@ void ValidateModel(const pb::ModelConfig& model, const IssueReporter& r) {
   r.Check(!model.has_weights(), "weights",
           "is for kind EXTERNAL (a built-in model makes its initial "
           "weights from the job's seed)");
+  r.Check(model.weights_command_size() == 0, "weights_command",
+          "is for kind EXTERNAL (a built-in model makes its initial "
+          "weights from the job's seed)");
   r.Check(model.metrics_size() == 0, "metrics",
           "are for kind EXTERNAL (a built-in model's metric is accuracy, "
           "or the test RMSE of MATRIX_FACTORIZATION)");

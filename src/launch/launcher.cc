@@ -1,6 +1,7 @@
 #include "meridian/launch/launcher.h"
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -39,6 +40,10 @@ constexpr double kProgressPeriodS = 1.0;
 constexpr double kDownAfterS = 2.0;
 constexpr auto kStatusTimeout = std::chrono::milliseconds(300);
 constexpr auto kSetPeersTimeout = std::chrono::seconds(10);
+// model.weights_command: how long it may take (a language model's
+// tokenizer is built from its corpus first), and how often it is polled.
+constexpr double kWeightsTimeoutS = 600.0;
+constexpr auto kPollInterval = std::chrono::milliseconds(20);
 
 // Removes the "metrics=HOST:PORT" field from the fields of a ready line
 // and returns its value ("" without one).
@@ -99,6 +104,7 @@ class JobRun final : private SupervisorHooks {
     MERIDIAN_RETURN_IF_ERROR(FindJobPrograms(job_, options_.config_path));
     MERIDIAN_RETURN_IF_ERROR(PrepareOutDir());
     MERIDIAN_RETURN_IF_ERROR(PrepareSecurity());
+    MERIDIAN_RETURN_IF_ERROR(WriteMissingWeights());
     MERIDIAN_RETURN_IF_ERROR(PrepareControlToken());
     manifest_.Save();
     if (Status started = StartChildren(); !started.ok()) {
@@ -164,6 +170,51 @@ class JobRun final : private SupervisorHooks {
     programs_.job_path =
         std::filesystem::absolute(options_.config_path, error).string();
     ephemeral_keys_ = std::move(security.ephemeral_keys);
+    return Status::Ok();
+  }
+
+  // An EXTERNAL model's weights file that does not exist yet is written
+  // by model.weights_command, once, before any site reads it; the run
+  // fails naming the command when it fails, outlives kWeightsTimeout or
+  // writes no file. Its output: OUT/logs/weights.log.
+  Status WriteMissingWeights() {
+    const pb::ModelConfig& model = job_.model();
+    std::error_code error;
+    if (model.kind() != pb::EXTERNAL || model.weights_command().empty() ||
+        std::filesystem::exists(model.weights(), error)) {
+      return Status::Ok();
+    }
+    MERIDIAN_ASSIGN_OR_RETURN(ProgramProcess program,
+                              WeightsProgram(job_, programs_));
+    const std::string log = options_.out_dir + "/logs/weights.log";
+    MLOG(INFO) << model.weights() << " is missing: writing it with `"
+               << program.command << "` (log: " << log << ")";
+    MERIDIAN_ASSIGN_OR_RETURN(
+        ChildProcess child,
+        ChildProcess::Spawn("weights", program.argv, log, program.spawn));
+    const double deadline = Now() + kWeightsTimeoutS;
+    while (!child.Poll()) {
+      if (Now() > deadline || (options_.stop_requested != nullptr &&
+                               options_.stop_requested->load())) {
+        child.Signal(SIGKILL);
+        while (!child.Poll()) std::this_thread::sleep_for(kPollInterval);
+        return DeadlineExceededError(
+            "model.weights_command `" + program.command + "` was stopped " +
+            (Now() > deadline ? "after " + FormatSeconds(kWeightsTimeoutS) +
+                                    " s"
+                              : std::string("(the run was interrupted)")) +
+            " before it wrote " + model.weights() + "; see " + log);
+      }
+      std::this_thread::sleep_for(kPollInterval);
+    }
+    if (!child.succeeded() ||
+        !std::filesystem::exists(model.weights(), error)) {
+      return FailedPreconditionError(
+          "model.weights_command `" + program.command + "` " +
+          (child.succeeded() ? "exited 0 but did not write "
+                             : child.DescribeExit() + " and did not write ") +
+          model.weights() + "; its output ends with:\n" + child.LogTail(10));
+    }
     return Status::Ok();
   }
 

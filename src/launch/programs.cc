@@ -72,12 +72,18 @@ std::string NotExecutable(const fs::path& path) {
 // added by the caller.
 class Environment {
  public:
+  // A program of site `site`.
   Environment(const pb::JobConfig& job, const ProgramContext& context,
-              const char* role, int site) {
-    Set("MERIDIAN_ROLE", role);
-    Set("MERIDIAN_JOB", context.job_path);
+              const char* role, int site)
+      : Environment(job, context, role) {
     Set("MERIDIAN_SITE", job.site(site).name());
     Set("MERIDIAN_SITE_INDEX", std::to_string(site));
+  }
+  // A program of the whole job (model.weights_command).
+  Environment(const pb::JobConfig& job, const ProgramContext& context,
+              const char* role) {
+    Set("MERIDIAN_ROLE", role);
+    Set("MERIDIAN_JOB", context.job_path);
     Set("MERIDIAN_SITE_COUNT", std::to_string(job.site_size()));
     if (!job.model().weights().empty()) {
       Set("MERIDIAN_WEIGHTS", Absolute(job.model().weights()));
@@ -210,6 +216,10 @@ Status FindJobPrograms(const pb::JobConfig& job, const std::string& config_path,
                       "': " + found.status().message() +
                       "; programs run in the job file's directory " + job_dir);
   };
+  MERIDIAN_RETURN_IF_ERROR(
+      find({job.model().weights_command().begin(),
+            job.model().weights_command().end()},
+           "model.weights_command", "the program that writes the weights"));
   for (int s = 0; s < job.site_size(); ++s) {
     if (site_index >= 0 && s != site_index) continue;
     const pb::SiteConfig& site = job.site(s);
@@ -259,6 +269,17 @@ Result<ProgramProcess> EvaluatorProgram(const pb::JobConfig& job,
   Environment environment(job, context, "evaluator", site);
   environment.Set("MERIDIAN_CONNECT", connect);
   MERIDIAN_RETURN_IF_ERROR(environment.SetWorkerKeys(job, site));
+  process.spawn = environment.Finish(context);
+  return process;
+}
+
+Result<ProgramProcess> WeightsProgram(const pb::JobConfig& job,
+                                      const ProgramContext& context) {
+  const auto& command = job.model().weights_command();
+  MERIDIAN_ASSIGN_OR_RETURN(
+      ProgramProcess process,
+      Resolve({command.begin(), command.end()}, context));
+  Environment environment(job, context, "weights");
   process.spawn = environment.Finish(context);
   return process;
 }

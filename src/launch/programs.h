@@ -83,6 +83,13 @@ Result<ProgramProcess> EvaluatorProgram(const pb::JobConfig& job,
                                         const ProgramContext& context, int site,
                                         const std::string& connect);
 
+// The program that writes an EXTERNAL model's missing weights file
+// (model.weights_command, non-empty): MERIDIAN_ROLE=weights, the job's
+// MERIDIAN_JOB, MERIDIAN_WEIGHTS, MERIDIAN_SEED, MERIDIAN_SITE_COUNT and
+// MERIDIAN_OUT; no site of its own.
+Result<ProgramProcess> WeightsProgram(const pb::JobConfig& job,
+                                      const ProgramContext& context);
+
 }  // namespace meridian
 
 #endif  // MERIDIAN_LAUNCH_PROGRAMS_H_

@@ -75,6 +75,19 @@ TEST(ProgramsConfigTest, ExternalNeedsWeights) {
                  {"EXTERNAL", "safetensors", "job file's directory"});
 }
 
+TEST(ProgramsConfigTest, WeightsCommandNamesAProgramForAnExternalModel) {
+  pb::JobConfig config = Parse(kExternal);
+  config.mutable_model()->add_weights_command("python3");
+  EXPECT_TRUE(Issues(config).empty())
+      << ::testing::PrintToString(Issues(config));
+  config.mutable_model()->set_weights_command(0, "");
+  ExpectOneIssue(config, "model.weights_command",
+                 {"first element", "must be non-empty"});
+  config = Parse("site { name: \"a\" workers {} } model { kind: MLP }");
+  config.mutable_model()->add_weights_command("python3");
+  ExpectOneIssue(config, "model.weights_command", {"is for kind EXTERNAL"});
+}
+
 TEST(ProgramsConfigTest, ExternalNeedsNamedUniqueMetrics) {
   pb::JobConfig config = Parse(kExternal);
   config.mutable_model()->clear_metrics();

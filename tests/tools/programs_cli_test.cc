@@ -2,7 +2,9 @@
 // external models: a program that cannot be found is refused before
 // anything starts (exit code 2), naming the field, the program, where it
 // was looked for and the working directory; `meridian validate` reads the
-// initial weights; `meridian worker` takes its place from the environment.
+// initial weights, or accepts them missing when model.weights_command will
+// write them, which `meridian run` runs once before any site starts;
+// `meridian worker` takes its place from the environment.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -157,6 +159,73 @@ model {
   EXPECT_TRUE(Contains(
       result.output, "model.weights " + dir + "/initial.safetensors: w[2]:F16"))
       << result.output;
+}
+
+// An external job in a fresh directory whose model.weights_command is
+// `sh -c SCRIPT` and whose worker exits at once; its path.
+std::string WriteWeightsCommandJob(const std::string& script) {
+  const std::string dir = testing::MakeTempDir("programs-cli-weights");
+  std::ofstream(dir + "/job.pbtxt") << R"(
+site { name: "a" workers { count: 1 command: ["sh", "-c", "exit 0"] } }
+model {
+  kind: EXTERNAL
+  weights: "initial.safetensors"
+  weights_command: ["sh", "-c", ")" + script + R"("]
+  metrics { name: "accuracy" }
+}
+time_budget_s: 5
+)";
+  return dir + "/job.pbtxt";
+}
+
+TEST(ProgramsCliTest, MissingWeightsAreWrittenByTheWeightsCommand) {
+  // validate accepts the missing file and says what will write it.
+  std::string path = WriteWeightsCommandJob("exit 3");
+  CommandResult result = Meridian("validate " + path);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(Contains(result.output, "missing; `meridian run` writes it "
+                                      "first with `sh -c exit 3`"))
+      << result.output;
+  // A command that fails fails the run before any site starts.
+  result = Meridian("run " + path + " --fail-fast --out " + DirOf(path) +
+                    "/out");
+  EXPECT_FALSE(result.crashed);
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(Contains(result.output, "model.weights_command `sh -c exit 3` "
+                                      "exited with status 3 and did not "
+                                      "write " +
+                                          DirOf(path) +
+                                          "/initial.safetensors"))
+      << result.output;
+  EXPECT_FALSE(std::filesystem::exists(DirOf(path) + "/out/site-a.json"));
+
+  // One that writes the file runs once, in the job's directory, as the
+  // role "weights"; the sites then start from what it wrote.
+  const std::string dir =
+      DirOf(WriteWeightsCommandJob("")) + "/";  // for the prepared file
+  WriteWeights(dir + "prepared.safetensors");
+  path = WriteWeightsCommandJob(
+      "env | grep ^MERIDIAN_ | sort >> weights-env; cp " + dir +
+      "prepared.safetensors \\\"$MERIDIAN_WEIGHTS\\\"");
+  result = Meridian("run " + path + " --fail-fast --out " + DirOf(path) +
+                    "/out");
+  EXPECT_FALSE(result.crashed) << result.output;
+  EXPECT_TRUE(std::filesystem::exists(DirOf(path) + "/initial.safetensors"))
+      << result.output;
+  const std::string env = testing::ReadFile(DirOf(path) + "/weights-env");
+  EXPECT_TRUE(Contains(env, "MERIDIAN_ROLE=weights\n")) << env;
+  EXPECT_TRUE(Contains(env, "MERIDIAN_WEIGHTS=" + DirOf(path) +
+                                "/initial.safetensors\n"))
+      << env;
+  EXPECT_FALSE(Contains(env, "MERIDIAN_SITE=")) << env;
+  EXPECT_TRUE(Contains(result.output, "is missing: writing it with"))
+      << result.output;
+  // The site server read the weights: it got as far as its workers.
+  EXPECT_TRUE(Contains(result.output, "worker")) << result.output;
+  // A second run finds the file and does not run the command again.
+  result = Meridian("run " + path + " --fail-fast --out " + DirOf(path) +
+                    "/out2");
+  EXPECT_EQ(testing::ReadFile(DirOf(path) + "/weights-env"), env);
 }
 
 TEST(ProgramsCliTest, WorkerTakesItsPlaceFromTheEnvironment) {
