@@ -4,6 +4,7 @@
     bench/scenarios/geo_vs_lan OUTDIR [--quick] [--repeat N] [--only NAME,...]
                                [--budget SECONDS] [--workload NAME]
                                [--regions 3|11] [--bandwidth RATE]
+                               [--step-time SECONDS]
                                [--binary PATH] [--dry-run]
                                [--summarize-only] [--publish | --no-publish]
 
@@ -63,6 +64,12 @@ significant changes, so the speed-up over BSP grows as links narrow
 relative to the model: at 64 Mbit/s a dense MLP transfer takes five
 device steps; at 500kbit a dense mlp-small transfer takes about 65 (the
 eleven-region run of docs/results/eleven_regions.md).
+--step-time S sets every worker's emulated device step instead of the
+workload's. The table's "s per step" is what a worker's step took
+(computing, the emulated device and waiting for the server, over every
+worker): more than the device step when the machine could not keep the pace
+(every variant's site servers, evaluators and wanem share its cores with
+the workers) or the sync held the workers; compare variants at equal pace.
 --quick runs lan, lan-bsp, bsp-over-wan (bounded) and gaia-compressed
 only. --dry-run writes the configs of the selected variants to
 OUTDIR/configs, checks each with `meridian validate` and runs nothing (with
@@ -337,6 +344,14 @@ def measure(s: Setup, name: str, run_dir: str, report: dict,
     row["time_to_target_s"] = row[f"time_to_{s.high}_s"]
     row["commits"] = sum(w.get("commits", 0)
                          for w in report.get("workers", []))
+    # What a worker's step took (computing, the emulated device, waiting
+    # for the server): longer than the device step when the machine could
+    # not keep the pace, or the sync held the workers.
+    workers = report.get("workers", [])
+    steps = sum(w.get("steps", 0) for w in workers)
+    row["s_per_step"] = (sum(w.get("compute_s", 0) + w.get("device_wait_s", 0)
+                             + w.get("blocked_s", 0) for w in workers) / steps
+                         if steps else None)
     # WAN messages (counted by wanem) per site clock, for the topology
     # comparison; the mean clock over sites that sync.
     clocks = [site.get("sync", {}).get("clock", 0) for site in sites]
@@ -523,11 +538,12 @@ def variants_table(s: Setup, n: int, order: list[str], summary: dict,
             cell(name, s.final, lambda v: f"{v:.4f}"),
             cell(name, "wan_bytes", tables.data_size),
             cell(name, f"wan_bytes_to_{high}", tables.data_size, "reached"),
+            cell(name, "s_per_step", lambda v: f"{v:.3f}"),
             cell(name, "wall_s", f0), note])
     return tables.table(
         ["variant", f"time to {low} (s)", f"time to {high} (s)",
          f"final {s.workload.metric_name}", "WAN bytes (run)",
-         f"WAN bytes to {high}", "wall (s)", "note"], rows)
+         f"WAN bytes to {high}", "s per step", "wall (s)", "note"], rows)
 
 
 def topology_table(s: Setup, runs: dict, summary: dict,
@@ -632,6 +648,12 @@ def parse_args():
     parser.add_argument("--regions", type=int, choices=[3, 11], default=3,
                         help="sites of the geo-distributed variants: 3 "
                              "(4 workers each) or Gaia's 11 (1 each)")
+    parser.add_argument("--step-time", type=float, default=None,
+                        metavar="SECONDS",
+                        help="every worker's emulated device step (default "
+                             "the workload's): longer when the machine cannot "
+                             "keep the workload's pace with every variant's "
+                             "site servers beside the workers")
     parser.add_argument("--bandwidth", default=DEFAULT_LINK_BANDWIDTH,
                         help="every inter-site link's bandwidth, as wanem "
                              "reads it (default %(default)s)")
@@ -648,6 +670,8 @@ def main() -> int:
         # (docs/python.md), and the initial weights every site serves.
         pytorch.use_venv(pytorch.ensure_venv(pytorch.DEFAULT_VENV, TAG))
     w = workloads.with_weights(w, args.outdir)
+    if args.step_time is not None:
+        w = w._replace(step_time_s=args.step_time)
     s = Setup(workload=w, regions=args.regions, bandwidth=args.bandwidth,
               budget=(args.budget if args.budget is not None
                       else w.budget_s * 1.5),
