@@ -70,6 +70,8 @@ workload's. The table's "s per step" is what a worker's step took
 worker): more than the device step when the machine could not keep the pace
 (every variant's site servers, evaluators and wanem share its cores with
 the workers) or the sync held the workers; compare variants at equal pace.
+"steps to" the target is the time to it divided by that: the steps a worker
+had taken, what the algorithm needed whatever the machine's pace.
 --quick runs lan, lan-bsp, bsp-over-wan (bounded) and gaia-compressed
 only. --dry-run writes the configs of the selected variants to
 OUTDIR/configs, checks each with `meridian validate` and runs nothing (with
@@ -158,7 +160,8 @@ SPARSELOCO_SYNC = (
 QUICK_VARIANTS = ["lan", "lan-bsp", "bsp-over-wan", "gaia-compressed"]
 # The quantities of a run that are times (or bytes, steps) to a target: a
 # run that did not reach it counts as later than any that did.
-TO_TARGET = ("time_to_", "wan_bytes_to_", "lan_bsp_steps_to_")
+TO_TARGET = ("time_to_", "wan_bytes_to_", "lan_bsp_steps_to_",
+             "steps_to_target")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,6 +355,11 @@ def measure(s: Setup, name: str, run_dir: str, report: dict,
     row["s_per_step"] = (sum(w.get("compute_s", 0) + w.get("device_wait_s", 0)
                              + w.get("blocked_s", 0) for w in workers) / steps
                          if steps else None)
+    # The steps a worker had taken when the target was reached, at that
+    # pace: what the algorithm needed, whatever the machine's pace.
+    t = row["time_to_target_s"]
+    row["steps_to_target"] = (t / row["s_per_step"]
+                              if t is not None and row["s_per_step"] else None)
     # WAN messages (counted by wanem) per site clock, for the topology
     # comparison; the mean clock over sites that sync.
     clocks = [site.get("sync", {}).get("clock", 0) for site in sites]
@@ -539,11 +547,13 @@ def variants_table(s: Setup, n: int, order: list[str], summary: dict,
             cell(name, "wan_bytes", tables.data_size),
             cell(name, f"wan_bytes_to_{high}", tables.data_size, "reached"),
             cell(name, "s_per_step", lambda v: f"{v:.3f}"),
+            cell(name, "steps_to_target", f0, "reached"),
             cell(name, "wall_s", f0), note])
     return tables.table(
         ["variant", f"time to {low} (s)", f"time to {high} (s)",
          f"final {s.workload.metric_name}", "WAN bytes (run)",
-         f"WAN bytes to {high}", "s per step", "wall (s)", "note"], rows)
+         f"WAN bytes to {high}", "s per step", f"steps to {high}",
+         "wall (s)", "note"], rows)
 
 
 def topology_table(s: Setup, runs: dict, summary: dict,
