@@ -1,11 +1,13 @@
 #include "export_weights.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "meridian/config/config.h"
+#include "meridian/launch/launcher.h"
 #include "meridian/train/dataset.h"
 #include "meridian/train/model.h"
 #include "meridian/train/safetensors.h"
@@ -71,6 +73,50 @@ int ExportWeights(const ExportWeightsFlags& flags) {
               pb::ModelKind_Name(job->model().kind()).c_str(),
               static_cast<unsigned long long>(job->seed()));
   return 0;
+}
+
+// Here rather than in config, which sits below train (the safetensors
+// reader) in the layer order; the site servers check the file again when
+// they start.
+bool CheckWeightsFile(const std::string& path, const pb::JobConfig& job,
+                      std::string* summary) {
+  if (job.model().kind() != pb::EXTERNAL || job.model().weights().empty()) {
+    return true;
+  }
+  std::error_code missing;
+  if (!job.model().weights_command().empty() &&
+      !std::filesystem::exists(job.model().weights(), missing)) {
+    *summary = "missing; `meridian run` writes it first with `" +
+               DescribeCommand({job.model().weights_command().begin(),
+                                job.model().weights_command().end()}) +
+               "` (model.weights_command)";
+    return true;
+  }
+  Result<TensorFile> weights = ReadSafetensors(job.model().weights());
+  if (!weights.ok()) {
+    std::fprintf(stderr, "%s: model.weights: %s\n", path.c_str(),
+                 weights.status().message().c_str());
+    return false;
+  }
+  for (const FileTensor& tensor : weights->tensors) {
+    if (!IsFloating(tensor.type)) continue;  // stays with each worker
+    *summary += (summary->empty() ? "" : " ") + tensor.name + "[";
+    for (size_t d = 0; d < tensor.shape.size(); ++d) {
+      *summary += (d > 0 ? "," : "") + std::to_string(tensor.shape[d]);
+    }
+    *summary += "]";
+    if (tensor.type != ElementType::kF32) {
+      *summary += ":" + std::string(ElementTypeName(tensor.type));
+    }
+  }
+  if (summary->empty()) {
+    std::fprintf(stderr,
+                 "%s: model.weights: %s holds no floating-point tensor: "
+                 "nothing for the sites to serve\n",
+                 path.c_str(), job.model().weights().c_str());
+    return false;
+  }
+  return true;
 }
 
 }  // namespace meridian

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -120,53 +119,6 @@ std::string DefaultOutDir(const pb::JobConfig& job) {
   localtime_r(&now, &local);
   std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
   return "runs/" + job.name() + "-" + stamp;
-}
-
-// An EXTERNAL model's initial weights must be a safetensors file that
-// parses (config cannot read it: it sits below train in the layer order).
-// The site servers check it again when they start. `summary`: the tensors
-// the sites serve, "name[d0,d1]" (":TYPE" when not F32), in data order.
-bool CheckWeightsFile(const std::string& path, const pb::JobConfig& job,
-                      std::string* summary) {
-  if (job.model().kind() != pb::EXTERNAL || job.model().weights().empty()) {
-    return true;
-  }
-  std::error_code missing;
-  if (!job.model().weights_command().empty() &&
-      !std::filesystem::exists(job.model().weights(), missing)) {
-    std::string command;
-    for (const std::string& word : job.model().weights_command()) {
-      command += (command.empty() ? "" : " ") + word;
-    }
-    *summary = "missing; `meridian run` writes it first with `" + command +
-               "` (model.weights_command)";
-    return true;
-  }
-  Result<TensorFile> weights = ReadSafetensors(job.model().weights());
-  if (!weights.ok()) {
-    std::fprintf(stderr, "%s: model.weights: %s\n", path.c_str(),
-                 weights.status().message().c_str());
-    return false;
-  }
-  for (const FileTensor& tensor : weights->tensors) {
-    if (!IsFloating(tensor.type)) continue;  // stays with each worker
-    *summary += (summary->empty() ? "" : " ") + tensor.name + "[";
-    for (size_t d = 0; d < tensor.shape.size(); ++d) {
-      *summary += (d > 0 ? "," : "") + std::to_string(tensor.shape[d]);
-    }
-    *summary += "]";
-    if (tensor.type != ElementType::kF32) {
-      *summary += ":" + std::string(ElementTypeName(tensor.type));
-    }
-  }
-  if (summary->empty()) {
-    std::fprintf(stderr,
-                 "%s: model.weights: %s holds no floating-point tensor: "
-                 "nothing for the sites to serve\n",
-                 path.c_str(), job.model().weights().c_str());
-    return false;
-  }
-  return true;
 }
 
 int Validate(const std::string& path) {

@@ -44,12 +44,12 @@ void ValidateExternalModel(const pb::JobConfig& config,
           "file every site reads (relative to the job file's directory), "
           "e.g. weights: \"initial.safetensors\" (meridian."
           "save_initial_weights writes one from a state_dict)");
-  r.Check(model.weights_command_size() == 0 ||
-              !model.weights_command(0).empty(),
-          "weights_command",
-          "its first element is the program that writes model.weights (a "
-          "name looked up in PATH, or a path relative to the job file's "
-          "directory) and must be non-empty");
+  r.Check(
+      model.weights_command_size() == 0 || !model.weights_command(0).empty(),
+      "weights_command",
+      "its first element is the program that writes model.weights (a "
+      "name looked up in PATH, or a path relative to the job file's "
+      "directory) and must be non-empty");
   r.Check(model.metrics_size() > 0, "metrics",
           "model.kind EXTERNAL needs at least one metric its evaluators "
           "report, e.g. metrics { name: \"accuracy\" higher_is_better: true "

@@ -1,8 +1,8 @@
 #include "meridian/launch/launcher.h"
 
 #include <algorithm>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -200,9 +200,9 @@ class JobRun final : private SupervisorHooks {
         while (!child.Poll()) std::this_thread::sleep_for(kPollInterval);
         return DeadlineExceededError(
             "model.weights_command `" + program.command + "` was stopped " +
-            (Now() > deadline ? "after " + FormatSeconds(kWeightsTimeoutS) +
-                                    " s"
-                              : std::string("(the run was interrupted)")) +
+            (Now() > deadline
+                 ? "after " + FormatSeconds(kWeightsTimeoutS) + " s"
+                 : std::string("(the run was interrupted)")) +
             " before it wrote " + model.weights() + "; see " + log);
       }
       std::this_thread::sleep_for(kPollInterval);

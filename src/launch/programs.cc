@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "meridian/config/config.h"
+#include "meridian/launch/launcher.h"
 #include "meridian/net/security.h"
 
 namespace meridian {
@@ -36,19 +37,6 @@ std::string Absolute(const std::string& path) {
   std::error_code error;
   const fs::path absolute = fs::absolute(path, error);
   return error ? path : absolute.lexically_normal().string();
-}
-
-// The command as written, for messages: arguments joined by spaces, an
-// empty one or one with a space quoted.
-std::string Describe(const std::vector<std::string>& command) {
-  std::string text;
-  for (const std::string& arg : command) {
-    if (!text.empty()) text += ' ';
-    const bool quote =
-        arg.empty() || arg.find_first_of(" \t'\"") != std::string::npos;
-    text += quote ? "'" + arg + "'" : arg;
-  }
-  return text;
 }
 
 std::string FormatDouble(double value) {
@@ -134,7 +122,7 @@ Result<ProgramProcess> Resolve(const std::vector<std::string>& command,
   ProgramProcess process;
   process.argv = command;
   process.argv.front() = std::move(program);
-  process.command = Describe(command);
+  process.command = DescribeCommand(command);
   return process;
 }
 
@@ -212,14 +200,15 @@ Status FindJobPrograms(const pb::JobConfig& job, const std::string& config_path,
         FindProgram(command.front(), job_dir, std::getenv("PATH"));
     if (found.ok()) return Status::Ok();
     return Status(found.status().code(),
-                  field + ": cannot start " + what + " '" + Describe(command) +
+                  field + ": cannot start " + what + " '" +
+                      DescribeCommand(command) +
                       "': " + found.status().message() +
                       "; programs run in the job file's directory " + job_dir);
   };
-  MERIDIAN_RETURN_IF_ERROR(
-      find({job.model().weights_command().begin(),
-            job.model().weights_command().end()},
-           "model.weights_command", "the program that writes the weights"));
+  MERIDIAN_RETURN_IF_ERROR(find({job.model().weights_command().begin(),
+                                 job.model().weights_command().end()},
+                                "model.weights_command",
+                                "the program that writes the weights"));
   for (int s = 0; s < job.site_size(); ++s) {
     if (site_index >= 0 && s != site_index) continue;
     const pb::SiteConfig& site = job.site(s);
@@ -273,12 +262,22 @@ Result<ProgramProcess> EvaluatorProgram(const pb::JobConfig& job,
   return process;
 }
 
+std::string DescribeCommand(const std::vector<std::string>& command) {
+  std::string text;
+  for (const std::string& arg : command) {
+    if (!text.empty()) text += ' ';
+    const bool quote =
+        arg.empty() || arg.find_first_of(" \t'\"") != std::string::npos;
+    text += quote ? "'" + arg + "'" : arg;
+  }
+  return text;
+}
+
 Result<ProgramProcess> WeightsProgram(const pb::JobConfig& job,
                                       const ProgramContext& context) {
   const auto& command = job.model().weights_command();
-  MERIDIAN_ASSIGN_OR_RETURN(
-      ProgramProcess process,
-      Resolve({command.begin(), command.end()}, context));
+  MERIDIAN_ASSIGN_OR_RETURN(ProgramProcess process,
+                            Resolve({command.begin(), command.end()}, context));
   Environment environment(job, context, "weights");
   process.spawn = environment.Finish(context);
   return process;

@@ -81,9 +81,9 @@ void SetFlushVerdict(const pb::JobConfig& job,
   }
   // A site of a syncing job that wrote no summary (killed) cannot say
   // whether its flush completed: it counts as not.
-  const bool syncs = std::any_of(
-      sites.begin(), sites.end(),
-      [](const pb::SiteSummary& site) { return site.has_sync(); });
+  const bool syncs =
+      std::any_of(sites.begin(), sites.end(),
+                  [](const pb::SiteSummary& site) { return site.has_sync(); });
   for (const pb::SiteConfig& config : job.site()) {
     if (!syncs || std::any_of(sites.begin(), sites.end(),
                               [&](const pb::SiteSummary& site) {
@@ -99,8 +99,8 @@ void SetFlushVerdict(const pb::JobConfig& job,
 // Clocks per round of the job's sync: 1 for GAIA and DENSE, the averaging
 // period for the outer methods.
 double ClocksPerRound(const pb::SyncConfig& sync) {
-  const bool outer = sync.kind() == pb::DILOCO ||
-                     sync.kind() == pb::MODEL_AVERAGING;
+  const bool outer =
+      sync.kind() == pb::DILOCO || sync.kind() == pb::MODEL_AVERAGING;
   return outer ? std::max<uint32_t>(sync.averaging_period(), 1) : 1.0;
 }
 
@@ -428,8 +428,8 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
     out << buf << " | "
         << Ratio(r.reached_target() ? r.time_to_target_s() : 0,
                  first.reached_target() ? first.time_to_target_s() : 0)
-        << " | " << Ratio(r.wan_bytes_total(), first.wan_bytes_total())
-        << " | " << DescribeCostTerms(r) << " |\n";
+        << " | " << Ratio(r.wan_bytes_total(), first.wan_bytes_total()) << " | "
+        << DescribeCostTerms(r) << " |\n";
   }
   out << "\nRatios are each run's value divided by the first run's (target "
       << metric << " "

@@ -33,7 +33,8 @@ pb::SiteSummary Synced(const std::string& name, bool flushed,
 TEST(RunReportTest, FlushCompleteWhenEverySiteFlushedOrNoneSyncs) {
   pb::SiteSummary alone;
   alone.set_name("a");
-  EXPECT_TRUE(BuildRunReport(JobOf({"a"}), {alone}, 1, "done").flush_complete());
+  EXPECT_TRUE(
+      BuildRunReport(JobOf({"a"}), {alone}, 1, "done").flush_complete());
   const pb::RunReport report = BuildRunReport(
       JobOf({"a", "b"}), {Synced("a", true), Synced("b", true)}, 1, "done");
   EXPECT_TRUE(report.flush_complete());
@@ -42,11 +43,11 @@ TEST(RunReportTest, FlushCompleteWhenEverySiteFlushedOrNoneSyncs) {
 }
 
 TEST(RunReportTest, NamesTheSitesAndPeersWhoseFlushDidNotComplete) {
-  const pb::RunReport report = BuildRunReport(
-      JobOf({"a", "b", "c"}),
-      {Synced("a", false, {"b"}), Synced("b", false, {"a", "c"}),
-       Synced("c", true)},
-      1, "done");
+  const pb::RunReport report =
+      BuildRunReport(JobOf({"a", "b", "c"}),
+                     {Synced("a", false, {"b"}), Synced("b", false, {"a", "c"}),
+                      Synced("c", true)},
+                     1, "done");
   EXPECT_FALSE(report.flush_complete());
   ASSERT_EQ(report.unflushed_size(), 2);
   EXPECT_EQ(report.unflushed(0).site(), "a");
@@ -96,13 +97,13 @@ TEST(RunReportTest, ComputeUtilizationDensityAndBitsPerEntry) {
   // DiLoCo: a round is averaging_period clocks; a dense exchange is 1.
   job.mutable_sync()->set_kind(pb::DILOCO);
   job.mutable_sync()->set_averaging_period(50);
-  const pb::RunReport diloco = BuildRunReport(
-      job, {Sent("a", 100, 4000, 4000, 1, 0)}, 1, "done");
+  const pb::RunReport diloco =
+      BuildRunReport(job, {Sent("a", 100, 4000, 4000, 1, 0)}, 1, "done");
   EXPECT_DOUBLE_EQ(diloco.sites(0).sync().round_density(), 1.0);
   // Hubs: the peers differ by site, no density; bits still.
   job.mutable_sync()->set_topology(pb::GROUPS);
-  const pb::RunReport hubs = BuildRunReport(
-      job, {Sent("a", 100, 4000, 4000, 1, 0)}, 1, "done");
+  const pb::RunReport hubs =
+      BuildRunReport(job, {Sent("a", 100, 4000, 4000, 1, 0)}, 1, "done");
   EXPECT_EQ(hubs.round_density(), 0.0);
   EXPECT_DOUBLE_EQ(hubs.bits_per_entry(), 8.0);
   // Nothing sent, no workers: zeros, not NaN.

@@ -162,15 +162,16 @@ model {
 }
 
 // An external job in a fresh directory whose model.weights_command is
-// `sh -c SCRIPT` and whose worker exits at once; its path.
+// `sh -c SCRIPT` and whose worker fails at once; its path.
 std::string WriteWeightsCommandJob(const std::string& script) {
   const std::string dir = testing::MakeTempDir("programs-cli-weights");
   std::ofstream(dir + "/job.pbtxt") << R"(
-site { name: "a" workers { count: 1 command: ["sh", "-c", "exit 0"] } }
+site { name: "a" workers { count: 1 command: ["sh", "-c", "exit 1"] } }
 model {
   kind: EXTERNAL
   weights: "initial.safetensors"
-  weights_command: ["sh", "-c", ")" + script + R"("]
+  weights_command: ["sh", "-c", ")" + script +
+                                           R"("]
   metrics { name: "accuracy" }
 }
 time_budget_s: 5
@@ -183,19 +184,20 @@ TEST(ProgramsCliTest, MissingWeightsAreWrittenByTheWeightsCommand) {
   std::string path = WriteWeightsCommandJob("exit 3");
   CommandResult result = Meridian("validate " + path);
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_TRUE(Contains(result.output, "missing; `meridian run` writes it "
-                                      "first with `sh -c exit 3`"))
+  EXPECT_TRUE(Contains(result.output,
+                       "missing; `meridian run` writes it "
+                       "first with `sh -c 'exit 3'`"))
       << result.output;
   // A command that fails fails the run before any site starts.
-  result = Meridian("run " + path + " --fail-fast --out " + DirOf(path) +
-                    "/out");
+  result =
+      Meridian("run " + path + " --fail-fast --out " + DirOf(path) + "/out");
   EXPECT_FALSE(result.crashed);
   EXPECT_NE(result.exit_code, 0) << result.output;
-  EXPECT_TRUE(Contains(result.output, "model.weights_command `sh -c exit 3` "
-                                      "exited with status 3 and did not "
-                                      "write " +
-                                          DirOf(path) +
-                                          "/initial.safetensors"))
+  EXPECT_TRUE(Contains(result.output,
+                       "model.weights_command `sh -c 'exit 3'` "
+                       "exited with status 3 and did not "
+                       "write " +
+                           DirOf(path) + "/initial.safetensors"))
       << result.output;
   EXPECT_FALSE(std::filesystem::exists(DirOf(path) + "/out/site-a.json"));
 
@@ -207,15 +209,15 @@ TEST(ProgramsCliTest, MissingWeightsAreWrittenByTheWeightsCommand) {
   path = WriteWeightsCommandJob(
       "env | grep ^MERIDIAN_ | sort >> weights-env; cp " + dir +
       "prepared.safetensors \\\"$MERIDIAN_WEIGHTS\\\"");
-  result = Meridian("run " + path + " --fail-fast --out " + DirOf(path) +
-                    "/out");
+  result =
+      Meridian("run " + path + " --fail-fast --out " + DirOf(path) + "/out");
   EXPECT_FALSE(result.crashed) << result.output;
   EXPECT_TRUE(std::filesystem::exists(DirOf(path) + "/initial.safetensors"))
       << result.output;
   const std::string env = testing::ReadFile(DirOf(path) + "/weights-env");
   EXPECT_TRUE(Contains(env, "MERIDIAN_ROLE=weights\n")) << env;
-  EXPECT_TRUE(Contains(env, "MERIDIAN_WEIGHTS=" + DirOf(path) +
-                                "/initial.safetensors\n"))
+  EXPECT_TRUE(Contains(
+      env, "MERIDIAN_WEIGHTS=" + DirOf(path) + "/initial.safetensors\n"))
       << env;
   EXPECT_FALSE(Contains(env, "MERIDIAN_SITE=")) << env;
   EXPECT_TRUE(Contains(result.output, "is missing: writing it with"))
@@ -223,8 +225,8 @@ TEST(ProgramsCliTest, MissingWeightsAreWrittenByTheWeightsCommand) {
   // The site server read the weights: it got as far as its workers.
   EXPECT_TRUE(Contains(result.output, "worker")) << result.output;
   // A second run finds the file and does not run the command again.
-  result = Meridian("run " + path + " --fail-fast --out " + DirOf(path) +
-                    "/out2");
+  result =
+      Meridian("run " + path + " --fail-fast --out " + DirOf(path) + "/out2");
   EXPECT_EQ(testing::ReadFile(DirOf(path) + "/weights-env"), env);
 }
 

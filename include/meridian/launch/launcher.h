@@ -80,6 +80,11 @@ Result<pb::RunReport> RunJob(const pb::JobConfig& job,
 Status FindJobPrograms(const pb::JobConfig& job, const std::string& config_path,
                        int site = -1);
 
+// A program's command as written, for messages: its words joined by
+// spaces, an empty word or one holding a space or quote in single quotes
+// ("sh -c 'exit 3'").
+std::string DescribeCommand(const std::vector<std::string>& command);
+
 }  // namespace meridian
 
 #endif  // MERIDIAN_LAUNCH_LAUNCHER_H_

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "meridian/core/status.h"
 #include "meridian/job.pb.h"
 #include "meridian/report.pb.h"
-#include "meridian/core/status.h"
 
 namespace meridian {
 
