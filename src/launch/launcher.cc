@@ -176,7 +176,9 @@ class JobRun final : private SupervisorHooks {
   // An EXTERNAL model's weights file that does not exist yet is written
   // by model.weights_command, once, before any site reads it; the run
   // fails naming the command when it fails, outlives kWeightsTimeout or
-  // writes no file. Its output: OUT/logs/weights.log.
+  // writes no file, and whatever a failed command left at the path goes
+  // (the file did not exist before it), so a torn file never passes for
+  // the weights on the next run. Its output: OUT/logs/weights.log.
   Status WriteMissingWeights() {
     const pb::ModelConfig& model = job_.model();
     std::error_code error;
@@ -198,6 +200,7 @@ class JobRun final : private SupervisorHooks {
                                options_.stop_requested->load())) {
         child.Signal(SIGKILL);
         while (!child.Poll()) std::this_thread::sleep_for(kPollInterval);
+        std::filesystem::remove(model.weights(), error);
         return DeadlineExceededError(
             "model.weights_command `" + program.command + "` was stopped " +
             (Now() > deadline
@@ -209,6 +212,7 @@ class JobRun final : private SupervisorHooks {
     }
     if (!child.succeeded() ||
         !std::filesystem::exists(model.weights(), error)) {
+      std::filesystem::remove(model.weights(), error);
       return FailedPreconditionError(
           "model.weights_command `" + program.command + "` " +
           (child.succeeded() ? "exited 0 but did not write "

@@ -200,6 +200,16 @@ TEST(ProgramsCliTest, MissingWeightsAreWrittenByTheWeightsCommand) {
                            DirOf(path) + "/initial.safetensors"))
       << result.output;
   EXPECT_FALSE(std::filesystem::exists(DirOf(path) + "/out/site-a.json"));
+  // What a failed command left behind goes: a torn file never passes for
+  // the weights on the next run.
+  path = WriteWeightsCommandJob(
+      "printf torn > \\\"$MERIDIAN_WEIGHTS\\\"; exit 1");
+  result = Meridian("run " + path + " --fail-fast --out " + DirOf(path) +
+                    "/out");
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(Contains(result.output, "exited with status 1"))
+      << result.output;
+  EXPECT_FALSE(std::filesystem::exists(DirOf(path) + "/initial.safetensors"));
 
   // One that writes the file runs once, in the job's directory, as the
   // role "weights"; the sites then start from what it wrote.
