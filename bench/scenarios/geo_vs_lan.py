@@ -674,12 +674,8 @@ def parse_args():
 def main() -> int:
     args = parse_args()
     runner.prepare_outdir(args.outdir)
-    w = workloads.get(args.workload)
-    if w.worker_command and not args.summarize_only:
-        # The user's own PyTorch programs: the package as installed
-        # (docs/python.md), and the initial weights every site serves.
-        pytorch.use_venv(pytorch.ensure_venv(pytorch.DEFAULT_VENV, TAG))
-    w = workloads.with_weights(w, args.outdir)
+    w = pytorch.prepare_workload(workloads.get(args.workload), args.outdir,
+                                 TAG, install=not args.summarize_only)
     if args.step_time is not None:
         w = w._replace(step_time_s=args.step_time)
     s = Setup(workload=w, regions=args.regions, bandwidth=args.bandwidth,

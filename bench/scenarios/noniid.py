@@ -542,12 +542,8 @@ def main() -> int:
                 names.append(name)
         names = [n for n in names if n in wanted]
     runner.prepare_outdir(args.outdir)
-    if w.worker_command and not args.summarize_only:
-        # The user's own PyTorch programs: the package as installed
-        # (docs/python.md), and the initial weights every site serves.
-        pytorch.use_venv(pytorch.ensure_venv(pytorch.DEFAULT_VENV, TAG))
-    s = dataclasses.replace(s, workload=workloads.with_weights(
-        w, args.outdir))
+    s = dataclasses.replace(s, workload=pytorch.prepare_workload(
+        w, args.outdir, TAG, install=not args.summarize_only))
 
     cells = [(skew, name) for skew in cell_skews for name in names]
     if args.dry_run:

@@ -339,10 +339,9 @@ def parse_args():
 def main() -> int:
     args = parse_args()
     runner.prepare_outdir(args.outdir)
-    w = workloads.get(args.workload)
-    if w.worker_command and not (args.summarize_only or args.dry_run):
-        pytorch.use_venv(pytorch.ensure_venv(pytorch.DEFAULT_VENV, TAG))
-    w = workloads.with_weights(w, args.outdir)
+    w = pytorch.prepare_workload(
+        workloads.get(args.workload), args.outdir, TAG,
+        install=not (args.summarize_only or args.dry_run))
     s = geo.Setup(workload=w, budget=(args.budget if args.budget is not None
                                       else w.budget_s * 1.5))
     methods = [METHODS[m] for m in (args.methods.split(",") if args.methods

@@ -117,6 +117,17 @@ def ensure_venv(path: str, tag: str) -> str:
     return path
 
 
+def prepare_workload(w: workloads.Workload, outdir: str, tag: str,
+                     install: bool) -> workloads.Workload:
+    """Workload `w` ready to run from OUTDIR: for the user's own PyTorch
+    programs (w.worker_command) and `install`, the package as installed
+    (docs/python.md, the default venv) first on PATH; the initial weights
+    every site serves written into OUTDIR (workloads.with_weights)."""
+    if w.worker_command and install:
+        use_venv(ensure_venv(DEFAULT_VENV, tag))
+    return workloads.with_weights(w, outdir)
+
+
 def use_venv(path: str) -> None:
     """The venv's `python3` first on this process's PATH (inherited by
     `meridian run` and the programs it starts); PYTHONPATH dropped."""
