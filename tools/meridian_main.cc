@@ -222,6 +222,12 @@ void PrintRunSummary(const pb::RunReport& report, const std::string& out_dir) {
         "sent %.2f MB for the same work (%.0fx less)\n",
         report.wan_bytes_total() / 1e6, report.links_size(),
         report.dense_equivalent_bytes() / 1e6, report.wan_reduction());
+    if (!report.wan_price_source().empty()) {
+      std::printf(
+          "WAN bill at inter-region list prices: %s (report.json "
+          "wan_cost_usd; the prices: wan_price_source)\n",
+          DescribeWanCost(report).c_str());
+    }
   }
   if (report.edge_links_size() > 0) {
     std::printf(

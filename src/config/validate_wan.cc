@@ -13,6 +13,32 @@
 
 namespace meridian::config_internal {
 
+namespace {
+
+// wan.price: a price for each entry, each pair of regions priced once.
+void ValidatePrices(const pb::WanConfig& wan, const IssueReporter& r) {
+  std::map<std::pair<std::string, std::string>, int> first_use;
+  for (int i = 0; i < wan.price_size(); ++i) {
+    const pb::TransferPriceConfig& price = wan.price(i);
+    const IssueReporter p = r.Nested("price", i);
+    p.Check(price.has_usd_per_gb(), "usd_per_gb",
+            "must be set (US dollars per GB sent)");
+    p.Real("usd_per_gb", price.usd_per_gb(), kNonNegative);
+    p.Check(!price.from_region().empty(), "from_region",
+            "must name a region, or be \"*\" for any");
+    const std::string to =
+        price.to_region().empty() ? "*" : price.to_region();
+    const auto [it, inserted] =
+        first_use.emplace(std::make_pair(price.from_region(), to), i);
+    p.Check(inserted, "to_region",
+            "the pair " + price.from_region() + " -> " + to +
+                " is already priced by wan.price[" +
+                std::to_string(it->second) + "]");
+  }
+}
+
+}  // namespace
+
 void ValidateWan(const pb::JobConfig& config, const IssueReporter& r,
                  const IssueReporter& root) {
   const pb::WanConfig& wan = config.wan();
@@ -89,6 +115,7 @@ void ValidateWan(const pb::JobConfig& config, const IssueReporter& r,
       check_direction(wan.link(i).b_to_a(), path + ".b_to_a");
     }
   }
+  ValidatePrices(wan, r);
 }
 
 void ValidateFault(const pb::FaultConfig& fault, const IssueReporter& r) {

@@ -730,6 +730,7 @@ class JobRun final : private SupervisorHooks {
     pb::RunReport report =
         BuildRunReport(job_, summaries, wall_.ElapsedSeconds(), outcome);
     manifest_.CompleteReport(&report);
+    if (report.links_size() > 0) AddWanCost(job_, &report);
     if (!report.flush_complete()) {
       MLOG(WARNING) << "final flush incomplete (" << DescribeUnflushed(report)
                     << "): the replicas differ; `meridian run --resume "

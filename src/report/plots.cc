@@ -687,6 +687,10 @@ std::string RunLines(const std::vector<Run>& runs) {
                "× (BSP over the WAN would have sent " + buf +
                " times its WAN bytes)";
     }
+    if (run.report.wan_cost_usd() > 0) {
+      lines += ", WAN bill " + DescribeWanCost(run.report) +
+               " at inter-region list prices";
+    }
     lines += "\n";
   }
   return lines;
@@ -700,15 +704,28 @@ std::string LinkSection(const std::vector<Run>& runs) {
   if (!links) return "";
   std::string section =
       "\n## WAN traffic per link direction\n\n"
-      "| run | from | to | MB | messages |\n|---|---|---|---|---|\n";
+      "| run | from | to | MB | messages | $/GB | bill |\n"
+      "|---|---|---|---|---|---|---|\n";
+  bool priced = false;
   for (const Run& run : runs) {
     for (const pb::LinkTraffic& link : run.report.links()) {
       char buf[64];
       std::snprintf(buf, sizeof(buf), "%.2f | %.0f", link.bytes() / 1e6,
                     link.messages());
+      std::string price = "— | —";
+      if (link.has_usd_per_gb()) {
+        char usd[32];
+        std::snprintf(usd, sizeof(usd), "%.3g", link.usd_per_gb());
+        price = std::string(usd) + " | " + FormatUsd(link.cost_usd());
+        priced = true;
+      }
       section += "| " + run.label + " | " + link.from_site() + " | " +
-                 link.to_site() + " | " + buf + " |\n";
+                 link.to_site() + " | " + buf + " | " + price + " |\n";
     }
+  }
+  if (priced) {
+    section += "\nPrices per GB (10^9 bytes) sent: " +
+               runs.front().report.wan_price_source() + ".\n";
   }
   return section;
 }

@@ -7,12 +7,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <utility>
 
 #include "meridian/config/config.h"
 #include "meridian/train/model.h"
 #include "meridian/wan/presets.h"
+#include "meridian/wan/transfer_prices.h"
 
 namespace meridian {
 namespace {
@@ -303,6 +305,71 @@ void AddWanTraffic(const std::vector<pb::WanIncarnation>& incarnations,
 
 namespace {
 
+// The region of site `name` of `job`; "" for an unknown site or a site
+// without one.
+std::string SiteRegion(const pb::JobConfig& job, const std::string& name) {
+  for (const pb::SiteConfig& site : job.site()) {
+    if (site.name() == name) return site.region();
+  }
+  return "";
+}
+
+// What BSP over the WAN would have paid for dense_equivalent_bytes: each
+// step of a worker outside the first site pushes the model's bytes from
+// its site's region to the first site's and pulls them back; nullopt when
+// one of those directions has no price.
+std::optional<double> DenseEquivalentCost(const pb::JobConfig& job,
+                                          const pb::RunReport& report) {
+  if (job.site_size() == 0) return std::nullopt;
+  const pb::SiteConfig& first = job.site(0);
+  double cost = 0;
+  for (const pb::SiteSummary& site : report.sites()) {
+    const double gb_per_step =
+        static_cast<double>(site.model_parameters()) * sizeof(float) / 1e9;
+    for (const pb::WorkerSummary& worker : site.workers()) {
+      if (worker.site() == first.name()) continue;
+      const std::string region = SiteRegion(job, worker.site());
+      const std::optional<double> push =
+          wan::TransferPriceUsdPerGb(job, region, first.region());
+      const std::optional<double> pull =
+          wan::TransferPriceUsdPerGb(job, first.region(), region);
+      if (!push || !pull) return std::nullopt;
+      cost += gb_per_step * worker.steps() * (*push + *pull);
+    }
+  }
+  return cost;
+}
+
+}  // namespace
+
+void AddWanCost(const pb::JobConfig& job, pb::RunReport* report) {
+  double cost = 0;
+  double unpriced = 0;
+  for (pb::LinkTraffic& link : *report->mutable_links()) {
+    const std::optional<double> price = wan::TransferPriceUsdPerGb(
+        job, SiteRegion(job, link.from_site()),
+        SiteRegion(job, link.to_site()));
+    if (!price) {
+      unpriced += link.bytes();
+      continue;
+    }
+    link.set_usd_per_gb(*price);
+    link.set_cost_usd(link.bytes() / 1e9 * *price);
+    cost += link.cost_usd();
+  }
+  report->set_wan_cost_usd(cost);
+  report->set_unpriced_wan_bytes(unpriced);
+  if (const std::optional<double> dense = DenseEquivalentCost(job, *report)) {
+    report->set_dense_equivalent_cost_usd(*dense);
+  }
+  const std::string source(wan::kTransferPriceSource);
+  report->set_wan_price_source(job.wan().price_size() > 0
+                                   ? "the job's wan.price, then " + source
+                                   : source);
+}
+
+namespace {
+
 // Splits a CSV row (no quoting: traffic.csv has none).
 std::vector<std::string> SplitRow(const std::string& line) {
   std::vector<std::string> cells;
@@ -395,6 +462,29 @@ std::string Ratio(double value, double base) {
 
 }  // namespace
 
+std::string FormatUsd(double usd) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf),
+                usd >= 1 ? "$%.2f" : (usd >= 0.01 ? "$%.3f" : "$%.2g"), usd);
+  return buf;
+}
+
+std::string DescribeWanCost(const pb::RunReport& report) {
+  if (report.wan_price_source().empty() || report.wan_bytes_total() <= 0) {
+    return "—";
+  }
+  if (report.unpriced_wan_bytes() >= report.wan_bytes_total()) {
+    return "unpriced";
+  }
+  std::string text = FormatUsd(report.wan_cost_usd());
+  if (report.unpriced_wan_bytes() > 0) {
+    text += " + " + FormatBytes(report.unpriced_wan_bytes()) + " unpriced";
+  } else if (report.dense_equivalent_cost_usd() > 0) {
+    text += " (BSP " + FormatUsd(report.dense_equivalent_cost_usd()) + ")";
+  }
+  return text;
+}
+
 Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
   if (dirs.empty()) return InvalidArgumentError("no run directories given");
   std::vector<pb::RunReport> reports;
@@ -407,9 +497,9 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
   const std::string metric =
       reports.front().metric().empty() ? "accuracy" : reports.front().metric();
   out << "| run | job | time to target (s) | final " << metric
-      << " | WAN bytes | wall (s) | time vs first | WAN bytes vs first | "
-         "compute utilization | an exchange |\n"
-      << "|---|---|---|---|---|---|---|---|---|---|\n";
+      << " | WAN bytes | WAN bill | wall (s) | time vs first | WAN bytes vs "
+         "first | compute utilization | an exchange |\n"
+      << "|---|---|---|---|---|---|---|---|---|---|---|\n";
   const pb::RunReport& first = reports.front();
   char buf[64];
   for (size_t i = 0; i < reports.size(); ++i) {
@@ -423,7 +513,8 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
     }
     std::snprintf(buf, sizeof(buf), "%.4f",
                   r.metric().empty() ? r.final_accuracy() : r.final_metric());
-    out << " | " << buf << " | " << FormatBytes(r.wan_bytes_total()) << " | ";
+    out << " | " << buf << " | " << FormatBytes(r.wan_bytes_total()) << " | "
+        << DescribeWanCost(r) << " | ";
     std::snprintf(buf, sizeof(buf), "%.1f", r.wall_s());
     out << buf << " | "
         << Ratio(r.reached_target() ? r.time_to_target_s() : 0,
@@ -439,7 +530,10 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs) {
          "computing rather than waiting for the server and the sync; an "
          "exchange: the share of the model one exchange carries to one "
          "peer, and wire bits per entry sent (report.json: "
-         "compute_utilization, round_density, bits_per_entry).\n";
+         "compute_utilization, round_density, bits_per_entry). WAN bill: "
+         "the WAN bytes at the inter-region list prices of "
+         "report.json's wan_price_source (wan_cost_usd), against what BSP "
+         "over the WAN would have paid (dense_equivalent_cost_usd).\n";
   return out.str();
 }
 

@@ -1057,6 +1057,37 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   EXPECT_EQ(visited, 46);
 }
 
+TEST(ValidateJobConfigTest, WanPricesNeedAPriceASourceAndOneEntryAPair) {
+  pb::JobConfig config = ValidConfig();
+  pb::TransferPriceConfig* any = config.mutable_wan()->add_price();
+  any->set_from_region("*");
+  any->set_usd_per_gb(0.05);
+  pb::TransferPriceConfig* pair = config.mutable_wan()->add_price();
+  pair->set_from_region("us-east-1");
+  pair->set_to_region("eu-central-1");
+  pair->set_usd_per_gb(0);
+  EXPECT_TRUE(ValidateJobConfig(config).empty());
+  // The same pair again ("*" and an empty to_region are the same), a
+  // negative price, no price, no source.
+  pb::TransferPriceConfig* again = config.mutable_wan()->add_price();
+  again->set_from_region("*");
+  again->set_to_region("*");
+  again->set_usd_per_gb(1);
+  pb::TransferPriceConfig* negative = config.mutable_wan()->add_price();
+  negative->set_from_region("ap-southeast-1");
+  negative->set_usd_per_gb(-0.01);
+  config.mutable_wan()->add_price()->set_from_region("eu-west-1");
+  config.mutable_wan()->add_price()->set_usd_per_gb(0.02);
+  const std::vector<ConfigIssue> issues = ValidateJobConfig(config);
+  EXPECT_EQ(Fields(issues),
+            (std::vector<std::string>{
+                "wan.price[2].to_region", "wan.price[3].usd_per_gb",
+                "wan.price[4].usd_per_gb", "wan.price[5].from_region"}))
+      << FormatConfigIssues("j", issues);
+  EXPECT_TRUE(Contains(issues[0].message, "already priced by wan.price[0]"))
+      << issues[0].message;
+}
+
 // A change of the sync block and what validation says of it.
 struct SyncCase {
   std::function<void(pb::SyncConfig*)> mutate;

@@ -117,5 +117,63 @@ TEST(RunReportTest, ComputeUtilizationDensityAndBitsPerEntry) {
   EXPECT_EQ(DescribeCostTerms(idle), "— | —");
 }
 
+pb::LinkTraffic Link(const std::string& from, const std::string& to,
+                     double bytes) {
+  pb::LinkTraffic link;
+  link.set_link(from + "-" + to);
+  link.set_from_site(from);
+  link.set_to_site(to);
+  link.set_bytes(bytes);
+  return link;
+}
+
+TEST(RunReportTest, WanBillAtListPricesAgainstBspOverTheWan) {
+  pb::JobConfig job = JobOf({"us", "ap", "lab"});
+  job.mutable_site(0)->set_region("us-east-1");
+  job.mutable_site(1)->set_region("ap-southeast-1");
+  // "lab" has no region: its links have no price.
+  pb::SiteSummary us = Sent("us", 10, 0, 0, 1, 0);
+  pb::SiteSummary ap = Sent("ap", 10, 0, 0, 1, 0);
+  us.mutable_workers(0)->set_site("us");
+  ap.mutable_workers(0)->set_site("ap");
+  ap.mutable_workers(0)->set_steps(1000);
+  pb::RunReport report = BuildRunReport(job, {us, ap}, 1, "done");
+  *report.add_links() = Link("us", "ap", 2e9);
+  *report.add_links() = Link("ap", "us", 1e9);
+  *report.add_links() = Link("lab", "us", 5e8);
+  report.set_wan_bytes_total(3.5e9);
+  AddWanCost(job, &report);
+  // Billed to the sender: 2 GB from Virginia at $0.02, 1 GB from Singapore
+  // at $0.09.
+  EXPECT_DOUBLE_EQ(report.links(0).usd_per_gb(), 0.02);
+  EXPECT_DOUBLE_EQ(report.links(0).cost_usd(), 0.04);
+  EXPECT_DOUBLE_EQ(report.links(1).cost_usd(), 0.09);
+  EXPECT_FALSE(report.links(2).has_usd_per_gb());
+  EXPECT_DOUBLE_EQ(report.wan_cost_usd(), 0.13);
+  EXPECT_DOUBLE_EQ(report.unpriced_wan_bytes(), 5e8);
+  // BSP: ap's 1000 steps each push 4 kB (1000 floats) to us ($0.09/GB) and
+  // pull it back ($0.02/GB).
+  EXPECT_DOUBLE_EQ(report.dense_equivalent_cost_usd(),
+                   1000 * 4000 / 1e9 * (0.09 + 0.02));
+  EXPECT_NE(report.wan_price_source().find("AWS"), std::string::npos);
+  EXPECT_EQ(DescribeWanCost(report), "$0.130 + 500.00 MB unpriced");
+  // Every link priced: the bill against BSP's.
+  report.mutable_links()->RemoveLast();
+  report.set_wan_bytes_total(3e9);
+  report.set_dense_equivalent_bytes(0);
+  AddWanCost(job, &report);
+  report.set_dense_equivalent_cost_usd(13);
+  EXPECT_EQ(DescribeWanCost(report), "$0.130 (BSP $13.00)");
+  // The job's price replaces the table's; a report from before prices.
+  job.mutable_wan()->add_price()->set_from_region("*");
+  job.mutable_wan()->mutable_price(0)->set_usd_per_gb(0.01);
+  AddWanCost(job, &report);
+  EXPECT_DOUBLE_EQ(report.wan_cost_usd(), 0.03);
+  EXPECT_EQ(report.wan_price_source().rfind("the job's wan.price", 0), 0u);
+  EXPECT_EQ(DescribeWanCost(pb::RunReport()), "—");
+  EXPECT_EQ(FormatUsd(12.345), "$12.35");
+  EXPECT_EQ(FormatUsd(0.0013), "$0.0013");
+}
+
 }  // namespace
 }  // namespace meridian

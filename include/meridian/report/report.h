@@ -55,6 +55,15 @@ void AddFaultEvents(const std::vector<pb::FaultEvent>& launcher_events,
 void AddWanTraffic(const std::vector<pb::WanIncarnation>& incarnations,
                    pb::RunReport* report);
 
+// Sets the WAN bill of `report` (after AddWanTraffic): each link
+// direction's usd_per_gb and cost_usd at the price from its from_site's
+// region to its to_site's (wan::TransferPriceUsdPerGb: the job's wan.price,
+// then the built-in list prices), wan_cost_usd their sum,
+// unpriced_wan_bytes the bytes of links without a price,
+// dense_equivalent_cost_usd what BSP over the WAN would have paid (unset
+// when a pair it needs has no price) and wan_price_source.
+void AddWanCost(const pb::JobConfig& job, pb::RunReport* report);
+
 // One traffic.csv from the files several emulator processes wrote (in the
 // order they ran; each timed from its own start, counting from 0): rows of
 // file i get offsets_s[i] added to t_s, and the bytes and messages each
@@ -76,6 +85,14 @@ Result<std::string> CompareRuns(const std::vector<std::string>& dirs);
 // entry), "—" where the run has no workers, sent nothing, or its topology
 // has no single density.
 std::string DescribeCostTerms(const pb::RunReport& report);
+
+// Dollars for tables and logs: "$1.23", "$0.042", "$0.0013".
+std::string FormatUsd(double usd);
+
+// The WAN bill of a run for tables: "$0.042 (BSP $1.47)", "$0.042 +
+// 1.20 MB unpriced", "unpriced" (no link has a price), "—" (no WAN traffic,
+// or a report from before prices).
+std::string DescribeWanCost(const pb::RunReport& report);
 
 // "site,t_s,accuracy,loss,model_version,commits" and one row per
 // evaluation of every site.
