@@ -337,6 +337,9 @@ def measure(s: Setup, name: str, run_dir: str, report: dict,
         "compute_utilization": report.get("compute_utilization", 0.0),
         "round_density": report.get("round_density", 0.0),
         "bits_per_entry": report.get("bits_per_entry", 0.0),
+        # The run's WAN bill at inter-region list prices (report.json
+        # wan_cost_usd; None from a binary that predates it).
+        "wan_cost_usd": report.get("wan_cost_usd"),
     }
     timelines = reports.timelines(report)
     for target in s.workload.targets:

@@ -295,6 +295,7 @@ def best_table(s: geo.Setup, methods: list[Method], settings: dict,
                           "reached"),
                      cell(s.final, lambda v: f"{v:.4f}"),
                      cell("wan_bytes", tables.data_size),
+                     cell("wan_cost_usd", lambda v: f"${v:.2g}"),
                      cell("compute_utilization", lambda v: f"{v * 100:.0f}%"),
                      cell("round_density", lambda v: f"{v * 100:.3g}%"),
                      cell("bits_per_entry", lambda v: f"{v:.1f}")])
@@ -302,7 +303,8 @@ def best_table(s: geo.Setup, methods: list[Method], settings: dict,
                          f"time to {s.high:g} (s)",
                          f"WAN bytes to {s.high:g}",
                          f"final {s.workload.metric_name}",
-                         "WAN bytes (run)", "compute utilization",
+                         "WAN bytes (run)", "WAN bill (run)",
+                         "compute utilization",
                          "density of an exchange",
                          "wire bits per entry"], rows) + (
         ["", repeats.note(n)] if n > 1 else [])
