@@ -5,7 +5,8 @@ against best.
     bench/scenarios/sweep OUTDIR [--workload NAME] [--methods NAME,...]
                           [--trials N] [--repeat N] [--budget SECONDS]
                           [--seed N] [--binary PATH] [--dry-run]
-                          [--summarize-only] [--publish | --no-publish]
+                          [--summarize-only | --resume]
+                          [--publish | --no-publish]
 
 Every method runs geo_vs_lan's three-region job (the same workers, links,
 data, device step and time budget: bench/scenarios/geo_vs_lan.py; the
@@ -51,7 +52,8 @@ OUTDIR/configs and OUTDIR/runs hold every trial (METHOD-tN) and repeat
 (METHOD-best-rN); OUTDIR/results.md and results.json the trials, the best
 settings and the goals. --dry-run writes and validates every trial's job and
 runs nothing. --summarize-only rebuilds the tables from the runs in OUTDIR
-(the same flags). A complete run publishes results.md into
+(the same flags); --resume runs only what did not finish there (a sweep
+that was stopped goes on). A complete run publishes results.md into
 docs/results/sweep.md (the language model's: language_model.md); --methods
 and --summarize-only runs publish only with --publish.
 """
@@ -61,6 +63,7 @@ import itertools
 import os
 import random
 import re
+import shutil
 import sys
 from typing import Callable, Optional
 
@@ -214,12 +217,15 @@ def best_trial(s: geo.Setup, trials: list[dict]) -> dict:
 
 def run_or_read(args, s: geo.Setup, label: str, text: str) -> dict:
     """The row of run `label` (geo_vs_lan's measure): run now, or read back
-    with --summarize-only."""
+    with --summarize-only (and with --resume when it finished before)."""
     run_dir = os.path.join(args.outdir, "runs", label)
-    if args.summarize_only:
+    finished = os.path.exists(os.path.join(run_dir, "report.json"))
+    if args.summarize_only or (args.resume and finished):
         report = reports.read(run_dir, TAG)
         wall = report.get("wall_s")
     else:
+        if args.resume and os.path.exists(run_dir):
+            shutil.rmtree(run_dir)  # a run cut short: run it again
         config = runner.write_config(args.outdir, label, text)
         done = runner.run_job(args.binary, TAG, label, config, run_dir,
                               runner.timeout_for(s.budget))
@@ -322,6 +328,10 @@ def parse_args():
                              "the workload's)")
     parser.add_argument("--seed", type=int, default=1,
                         help="the order settings are drawn in")
+    parser.add_argument("--resume", action="store_true",
+                        help="read back the runs that finished in OUTDIR "
+                             "(report.json written) and run the rest: a "
+                             "sweep stopped midway goes on; the same flags")
     repeats.add_argument(parser, "best setting")
     workloads.add_argument(parser)
     cli.add_binary(parser)

@@ -171,6 +171,9 @@ void ValidateServer(const pb::ServerConfig& server, const IssueReporter& r) {
   r.Count("num_shards", server.num_shards(), kNumShards);
   r.Real("eval_period_s", server.eval_period_s(), kPositive);
   r.Real("join_timeout_s", server.join_timeout_s(), kPositive);
+  // 0: the default (EndpointBounds::FromConfig).
+  r.Nested("limits").Real("connection_stall_s",
+                          server.limits().connection_stall_s(), kNonNegative);
 }
 
 // Every field is checked whatever the kind, so that switching kinds never

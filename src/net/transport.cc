@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <thread>
@@ -110,7 +111,8 @@ Status TrySendMessage(zmq::socket_t& socket, const pb::Header& header,
 }
 
 Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
-                                std::chrono::milliseconds timeout) {
+                                std::chrono::milliseconds timeout,
+                                ReceivedFrom* from) {
   std::vector<zmq::message_t> frames;
   try {
     zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
@@ -134,11 +136,24 @@ Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
     routing_id = frames[0].to_string();
     first = 1;
   }
+  if (from != nullptr) {
+    *from = ReceivedFrom{};
+    for (size_t i = first; i < frames.size(); ++i) {
+      from->bytes += frames[i].size();
+      ++from->frames;
+      // Every frame that came off a connection carries its metadata.
+      if (from->fd < 0) {
+        if (const char* fd = zmq_msg_gets(frames[i].handle(), "__fd")) {
+          from->fd = std::atoi(fd);
+        }
+      }
+    }
+  }
   if (frames.size() <= first) {
     received.refused =
         Refused{std::move(routing_id),
                 Rejection{pb::ERROR_MALFORMED, "message has no header frame"},
-                pb::Header()};
+                pb::Header(), 0};
     return received;
   }
   std::vector<FrameView> views;
@@ -150,7 +165,7 @@ Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
   if (!header.ok()) {
     received.refused =
         Refused{std::move(routing_id), std::move(header).rejection(),
-                PartialHeader(BytesOf(frames[first]))};
+                PartialHeader(BytesOf(frames[first])), 0};
     return received;
   }
   Envelope envelope;

@@ -69,6 +69,8 @@ void Membership::HandleHello(const Envelope& message) {
   if (admission.kind == Admission::Kind::kRefused) {
     return endpoint_->Refuse(message, admission.refusal);
   }
+  // Its commits may now be as large as the model.
+  endpoint_->Trust(message);
   if (phase_->finished()) {
     // A process that may hold an unanswered commit sends it again; one
     // started after the end (a restart, `meridian run --resume` of a job

@@ -33,8 +33,32 @@ void SiteMetrics::Counter(const char* name, const char* help, double value,
 
 void SiteMetrics::Publish(const SiteMetricsSnapshot& s) {
   PublishJob(s);
+  if (s.front) PublishFront(*s.front);
   PublishWorkers(s);
   if (s.sync != nullptr) PublishSync(*s.sync, s.clock);
+}
+
+void SiteMetrics::PublishFront(const wan::ConnectionFront::Stats& front) {
+  Gauge("meridian_front_connections",
+        "Connections the worker endpoint's front relays now",
+        static_cast<double>(front.open));
+  Gauge("meridian_front_trusted_connections",
+        "Of them, connections of admitted workers",
+        static_cast<double>(front.trusted));
+  Gauge("meridian_front_held_bytes",
+        "What peers sent that the server has not taken yet (bytes, plus 64 "
+        "per frame)",
+        static_cast<double>(front.held_bytes));
+  Counter("meridian_front_refused_total",
+          "Connections refused: the cap reached, every open one trusted",
+          static_cast<double>(front.refused));
+  Counter("meridian_front_evicted_total",
+          "Untrusted connections closed to make room for a newer one",
+          static_cast<double>(front.evicted));
+  Counter("meridian_front_stalled_total",
+          "Connections closed for sitting at their credit, or not reading, "
+          "for server.limits.connection_stall_s",
+          static_cast<double>(front.stalled));
 }
 
 void SiteMetrics::PublishJob(const SiteMetricsSnapshot& s) {

@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "meridian/metrics/metrics.h"
+#include "meridian/wan/front.h"
 #include "sync/sync_engine.h"
 
 namespace meridian {
@@ -53,6 +55,8 @@ struct SiteMetricsSnapshot {
   std::vector<Worker> workers;  // as each worker last reported
   // Inter-site sync; null for a site that syncs with nobody.
   const SyncEngine* sync = nullptr;
+  // The worker endpoint's front (wan/front.h); none without one.
+  std::optional<wan::ConnectionFront::Stats> front;
 };
 
 // Thread-compatible: the site server's event loop owns it and alone calls
@@ -74,6 +78,7 @@ class SiteMetrics {
                const MetricLabels& extra = {});
   // The series of the job, of the workers, of the sync and of one peer.
   void PublishJob(const SiteMetricsSnapshot& snapshot);
+  void PublishFront(const wan::ConnectionFront::Stats& front);
   void PublishWorkers(const SiteMetricsSnapshot& snapshot);
   void PublishSync(const SyncEngine& sync, int64_t clock);
   void PublishPeer(const SyncEngine::PeerCounters& peer);

@@ -68,6 +68,7 @@ void SiteMonitor::Publish(bool force) {
   s.staleness_mean = staleness.mean();
   s.staleness_max = staleness.max();
   s.sync = sources_.sync;
+  if (sources_.front != nullptr) s.front = sources_.front->stats();
   metrics_.Publish(s);
 }
 
@@ -98,6 +99,19 @@ void SiteMonitor::FillStatus(pb::SiteStatus* status) const {
   }
   if (std::optional<pb::EvalPoint> last = sources_.evaluator->timeline().Last()) {
     *status->mutable_last_eval() = *last;
+  }
+  if (const wan::ConnectionFront* front = sources_.front) {
+    const wan::ConnectionFront::Stats stats = front->stats();
+    pb::FrontStatus* out = status->mutable_front();
+    out->set_connections(stats.open);
+    out->set_trusted(stats.trusted);
+    out->set_held_bytes(stats.held_bytes);
+    out->set_accepted(stats.accepted);
+    out->set_refused(stats.refused);
+    out->set_evicted(stats.evicted);
+    out->set_stalled(stats.stalled);
+    out->set_max_connections(stats.max_connections);
+    out->set_memory_bound(front->MemoryBound());
   }
 }
 

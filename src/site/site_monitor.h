@@ -47,6 +47,8 @@ class SiteMonitor {
     const PolicyDriver* policy = nullptr;  // the barrier aggregate
     const Evaluation* evaluator = nullptr;
     const SyncEngine* sync = nullptr;
+    // The worker endpoint's front; null without one.
+    const wan::ConnectionFront* front = nullptr;
   };
   SiteMonitor(const SiteContext& site, Sources sources);
   SiteMonitor(const SiteMonitor&) = delete;

@@ -336,7 +336,7 @@ Status SiteServer::Impl::Init() {
   MERIDIAN_RETURN_IF_ERROR(store_.Assign(model_.initial));
   model_.initial = {};  // the store has it
   MERIDIAN_RETURN_IF_ERROR(
-      endpoint_.Bind(options_.bind, options_.secret_key_file));
+      endpoint_.Bind(options_.bind, options_.secret_key_file, workers_.size()));
   if (SyncsWithPeers()) MERIDIAN_RETURN_IF_ERROR(CreateSync());
   BuildParts();
   MERIDIAN_RETURN_IF_ERROR(durability_->Open());
@@ -358,6 +358,19 @@ Status SiteServer::Impl::Init() {
                     site_.bounds.PerConnectionBytes(site_.layout) / 1048576.0,
                     1)
              << " MiB (server.limits)";
+  if (const wan::ConnectionFront* front = endpoint_.front()) {
+    auto mib = [](uint64_t bytes) {
+      return FormatSeconds(bytes / 1048576.0, 2) + " MiB";
+    };
+    MLOG(INFO) << "worker endpoint front: at most "
+               << front->stats().max_connections << " connections; "
+               << mib(site_.bounds.untrusted_connection_bytes)
+               << " unread per connection before its worker joined, "
+               << mib(site_.bounds.trusted_connection_bytes)
+               << " after; at most "
+               << mib(front->MemoryBound())
+               << " held for peers in all (server.limits)";
+  }
   return Status::Ok();
 }
 
@@ -417,6 +430,7 @@ void SiteServer::Impl::BuildParts() {
   sources.policy = driver_.get();
   sources.evaluator = evaluator_.get();
   sources.sync = sync;
+  sources.front = endpoint_.front();
   monitor_ = std::make_unique<SiteMonitor>(site_, sources);
   SiteEventLoop::Parts loop;
   loop.endpoint = &endpoint_;

@@ -6,6 +6,7 @@
 #include "meridian/core/format.h"
 #include "meridian/core/log.h"
 #include "meridian/sync/addresses.h"
+#include "sync/front_receive.h"
 
 namespace meridian {
 
@@ -27,16 +28,43 @@ EndpointBounds EndpointBounds::FromConfig(const pb::EndpointLimits& limits,
       limits.send_queue() > 0 ? limits.send_queue() : kDefaultSendQueue;
   bounds.receive_queue = limits.receive_queue() > 0 ? limits.receive_queue()
                                                     : kDefaultReceiveQueue;
+  constexpr uint32_t kDefaultMaxConnections = 1024;
+  constexpr uint64_t kSlackBytes = 64 << 10;
+  constexpr double kDefaultStallSeconds = 30;
+  bounds.max_connections = limits.max_connections() > 0
+                               ? limits.max_connections()
+                               : kDefaultMaxConnections;
+  // Before it joined, a worker sends a HELLO carrying the model's layout.
+  pb::Hello hello;
+  hello.set_worker_index(UINT32_MAX);
+  hello.set_incarnation(UINT64_MAX);
+  LayoutToSpecs(layout, hello.mutable_layout());
+  bounds.untrusted_connection_bytes =
+      limits.untrusted_connection_bytes() > 0
+          ? limits.untrusted_connection_bytes()
+          : kSlackBytes + 2 * hello.ByteSizeLong();
+  bounds.trusted_connection_bytes =
+      limits.trusted_connection_bytes() > 0
+          ? limits.trusted_connection_bytes()
+          : bounds.receive_queue * bounds.LargestMessageBytes(layout) +
+                kSlackBytes;
+  bounds.connection_stall_s = limits.connection_stall_s() > 0
+                                  ? limits.connection_stall_s()
+                                  : kDefaultStallSeconds;
   return bounds;
 }
 
-uint64_t EndpointBounds::PerConnectionBytes(const ModelLayout& layout) const {
+uint64_t EndpointBounds::LargestMessageBytes(const ModelLayout& layout) const {
   const uint64_t frames = layout.tensors().size() + 1;
-  const uint64_t largest_message =
-      std::min(frames * max_frame_bytes,
-               kMaxHeaderBytes + layout.num_elements() * sizeof(float));
+  return std::max(std::min(frames * max_frame_bytes,
+                           kMaxHeaderBytes +
+                               layout.num_elements() * sizeof(float)),
+                  max_frame_bytes);
+}
+
+uint64_t EndpointBounds::PerConnectionBytes(const ModelLayout& layout) const {
   return static_cast<uint64_t>(send_queue + receive_queue) *
-         std::max(largest_message, max_frame_bytes);
+         LargestMessageBytes(layout);
 }
 
 WorkerEndpoint::WorkerEndpoint(const SiteContext& site, SiteCounters* counters)
@@ -45,7 +73,8 @@ WorkerEndpoint::WorkerEndpoint(const SiteContext& site, SiteCounters* counters)
       socket_(context_, zmq::socket_type::router) {}
 
 Status WorkerEndpoint::Bind(const std::string& bind_to,
-                            const std::string& secret_key_file) {
+                            const std::string& secret_key_file,
+                            size_t worker_slots) {
   const EndpointBounds& bounds = site_.bounds;
   for (const TensorInfo& tensor : site_.layout.tensors()) {
     if (tensor.size * sizeof(float) > bounds.max_frame_bytes) {
@@ -60,6 +89,11 @@ Status WorkerEndpoint::Bind(const std::string& bind_to,
   }
   const std::string bind =
       bind_to.empty() ? BindEndpointFor(site_.config.address()) : bind_to;
+  // A tcp:// endpoint is served through a front (wan/front.h) that bounds
+  // what each connection can make this process hold; the socket itself
+  // listens on loopback only. ipc:// and inproc:// endpoints are local.
+  const bool fronted = bind.rfind("tcp://", 0) == 0;
+  const std::string socket_bind = fronted ? "tcp://127.0.0.1:*" : bind;
   MERIDIAN_RETURN_IF_ERROR(Secure(secret_key_file));
   try {
     socket_.set(zmq::sockopt::linger, 0);
@@ -75,12 +109,31 @@ Status WorkerEndpoint::Bind(const std::string& bind_to,
     // connection before ZeroMQ allocates it.
     socket_.set(zmq::sockopt::maxmsgsize,
                 static_cast<int64_t>(bounds.max_frame_bytes));
-    socket_.bind(bind);
+    socket_.bind(socket_bind);
   } catch (const zmq::error_t& error) {
     return UnavailableError("site '" + site_.name() + "' cannot listen on '" +
-                            bind + "': " + error.what());
+                            socket_bind + "': " + error.what());
   }
   MERIDIAN_ASSIGN_OR_RETURN(endpoint_, BoundEndpoint(socket_));
+  if (!fronted) return Status::Ok();
+  wan::FrontOptions front;
+  front.listen = bind;
+  front.upstream = endpoint_;
+  front.name = "worker endpoint of site '" + site_.name() + "'";
+  front.max_connections = bounds.max_connections;
+  front.untrusted_credit = bounds.untrusted_connection_bytes;
+  front.trusted_credit = bounds.trusted_connection_bytes;
+  front.max_trusted = std::max<size_t>(worker_slots, 1);
+  front.stall_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(bounds.connection_stall_s * 1000));
+  Result<std::unique_ptr<wan::ConnectionFront>> started =
+      wan::ConnectionFront::Start(std::move(front));
+  if (!started.ok()) {
+    return UnavailableError("site '" + site_.name() + "' cannot listen on '" +
+                            bind + "': " + started.status().message());
+  }
+  front_ = std::move(*started);
+  endpoint_ = front_->endpoint();
   return Status::Ok();
 }
 
@@ -109,7 +162,11 @@ zmq::pollitem_t WorkerEndpoint::PollItem() {
 }
 
 Result<Received> WorkerEndpoint::Receive() {
-  return ReceiveMessage(socket_, true, std::chrono::milliseconds(0));
+  return ReceiveThroughFront(socket_, front_.get());
+}
+
+void WorkerEndpoint::Trust(const Envelope& request) {
+  if (front_ != nullptr) front_->Trust(request.front_port);
 }
 
 void WorkerEndpoint::Refuse(const std::string& routing_id,

@@ -1,6 +1,8 @@
-// The site server's worker socket: a ROUTER bound to the site's address,
-// with CURVE and its own ZAP handler when the site lists a workers' key,
-// and the per-connection bounds of server.limits (EndpointBounds). It
+// The site server's worker socket: a ROUTER bound to the site's address
+// (a tcp:// address through a front, wan/front.h, that bounds the bytes
+// each connection can make the process hold), with CURVE and its own ZAP
+// handler when the site lists a workers' key, and the per-connection
+// bounds of server.limits (EndpointBounds). It
 // receives, refuses (logging and counting each refusal), and sends without
 // ever waiting for a peer; a reply that does not fit its connection's queue
 // is dropped and its worker remembered until the event loop declares it
@@ -28,6 +30,7 @@
 #include "meridian/net/message.h"
 #include "meridian/net/security.h"
 #include "meridian/net/transport.h"
+#include "meridian/wan/front.h"
 #include "site/site_context.h"
 #include "site/site_state.h"
 
@@ -43,8 +46,11 @@ class WorkerEndpoint {
   // Checks that the bounds let every tensor arrive, secures the socket
   // (CURVE, when the site lists worker_curve_public_key; the key pair from
   // `secret_key_file`, see SiteServerOptions) and binds it to `bind`
-  // (empty: the site's address). Call once; errors name the site.
-  Status Bind(const std::string& bind, const std::string& secret_key_file);
+  // (empty: the site's address). `worker_slots`: the workers the site
+  // serves, the most connections its front trusts at once. Call once;
+  // errors name the site.
+  Status Bind(const std::string& bind, const std::string& secret_key_file,
+              size_t worker_slots);
 
   // The endpoint workers connect to (port resolved when bound to "*").
   const std::string& endpoint() const { return endpoint_; }
@@ -54,6 +60,12 @@ class WorkerEndpoint {
   // The message waiting on the socket (or nothing): valid, or refused by
   // DecodeMessage. Errors: the socket failed.
   Result<Received> Receive();
+  // The connection `request` came over belongs to a worker this server
+  // admitted: the front lets it hold its queue's worth of the largest
+  // messages (EndpointBounds::trusted_connection_bytes).
+  void Trust(const Envelope& request);
+  // The front of a tcp:// endpoint (null for ipc:// and inproc://).
+  const wan::ConnectionFront* front() const { return front_.get(); }
 
   // Logs `rejection` of a request and answers its sender with an ERROR
   // (RefuseMessage); counts it.
@@ -97,6 +109,9 @@ class WorkerEndpoint {
   // Null unless the worker endpoint is CURVE; outlives socket_.
   std::unique_ptr<ZapHandler> zap_;
   zmq::socket_t socket_;
+  // Relays tcp:// connections to socket_; declared after it, so it stops
+  // relaying before the socket closes.
+  std::unique_ptr<wan::ConnectionFront> front_;
   std::string endpoint_;
   uint64_t sequence_ = 0;  // of the messages this server sends
   // Workers (slot, connection) whose reply did not fit their queue.

@@ -131,6 +131,8 @@ bool Inbox::Admitted(const Envelope& message, Peer& peer, double now) {
 void Inbox::HandleMirror(const Envelope& message) {
   Peer* found = KnownSender(message);
   if (found == nullptr) return;
+  // Its connection may now hold what a peer sends.
+  mirror_.Trust(message);
   Peer& peer = *found;
   peer.receiving.bytes_received += MessageBytes(message);
   ++peer.receiving.messages_received;

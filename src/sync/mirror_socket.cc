@@ -1,9 +1,11 @@
 #include "sync/mirror_socket.h"
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
 #include "meridian/core/log.h"
+#include "sync/front_receive.h"
 
 namespace meridian {
 namespace {
@@ -19,10 +21,11 @@ MirrorSocket::MirrorSocket(const SyncContext& context)
 
 Result<std::unique_ptr<MirrorSocket>> MirrorSocket::Open(
     const SyncContext& context, const std::string& bind,
-    const std::string& secret_key_file, int64_t max_frame_bytes) {
+    const std::string& secret_key_file, int64_t max_frame_bytes,
+    uint64_t peer_credit) {
   std::unique_ptr<MirrorSocket> mirror(new MirrorSocket(context));
   MERIDIAN_RETURN_IF_ERROR(mirror->Secure(secret_key_file));
-  MERIDIAN_RETURN_IF_ERROR(mirror->Bind(bind, max_frame_bytes));
+  MERIDIAN_RETURN_IF_ERROR(mirror->Bind(bind, max_frame_bytes, peer_credit));
   return mirror;
 }
 
@@ -51,7 +54,10 @@ Status MirrorSocket::Secure(const std::string& secret_key_file) {
   return Status::Ok();
 }
 
-Status MirrorSocket::Bind(const std::string& bind, int64_t max_frame_bytes) {
+Status MirrorSocket::Bind(const std::string& bind, int64_t max_frame_bytes,
+                          uint64_t peer_credit) {
+  const bool fronted = bind.rfind("tcp://", 0) == 0;
+  const std::string socket_bind = fronted ? "tcp://127.0.0.1:*" : bind;
   try {
     socket_.set(zmq::sockopt::linger, kMirrorLingerMs);
     socket_.set(zmq::sockopt::router_mandatory, 1);
@@ -62,18 +68,42 @@ Status MirrorSocket::Bind(const std::string& bind, int64_t max_frame_bytes) {
     // cannot be queued now is sent again later.
     socket_.set(zmq::sockopt::sndtimeo, 0);
     socket_.set(zmq::sockopt::maxmsgsize, max_frame_bytes);
-    socket_.bind(bind);
+    socket_.bind(socket_bind);
   } catch (const zmq::error_t& error) {
     return UnavailableError("site '" + context_.name +
-                            "' cannot listen for peers on '" + bind +
+                            "' cannot listen for peers on '" + socket_bind +
                             "': " + error.what());
   }
   MERIDIAN_ASSIGN_OR_RETURN(endpoint_, BoundEndpoint(socket_));
+  if (!fronted) return Status::Ok();
+  constexpr uint64_t kStrangerCredit = 256 << 10;
+  constexpr size_t kMaxConnections = 256;
+  wan::FrontOptions front;
+  front.listen = bind;
+  front.upstream = endpoint_;
+  front.name = "mirror socket of site '" + context_.name + "'";
+  front.max_connections = kMaxConnections;
+  front.untrusted_credit = kStrangerCredit;
+  front.trusted_credit = peer_credit;
+  front.max_trusted = std::max<size_t>(2 * context_.role.Peers().size(), 2);
+  Result<std::unique_ptr<wan::ConnectionFront>> started =
+      wan::ConnectionFront::Start(std::move(front));
+  if (!started.ok()) {
+    return UnavailableError("site '" + context_.name +
+                            "' cannot listen for peers on '" + bind +
+                            "': " + started.status().message());
+  }
+  front_ = std::move(*started);
+  endpoint_ = front_->endpoint();
   return Status::Ok();
 }
 
 Result<Received> MirrorSocket::Receive() {
-  return ReceiveMessage(socket_, true, std::chrono::milliseconds(0));
+  return ReceiveThroughFront(socket_, front_.get());
+}
+
+void MirrorSocket::Trust(const Envelope& message) {
+  if (front_ != nullptr) front_->Trust(message.front_port);
 }
 
 void MirrorSocket::Refuse(const std::string& routing_id,

@@ -22,6 +22,7 @@
 #include "meridian/net/message.h"
 #include "meridian/net/security.h"
 #include "meridian/net/transport.h"
+#include "meridian/wan/front.h"
 #include "sync/sync_context.h"
 
 namespace meridian {
@@ -33,10 +34,15 @@ class MirrorSocket {
   // binds, so no connection is ever admitted without it) and makes the
   // socket a CURVE server. Without: says the links are plaintext. Then
   // binds to `bind`; peers' frames above `max_frame_bytes` drop their
-  // connection before ZeroMQ allocates them.
+  // connection before ZeroMQ allocates them. A tcp:// `bind` is served
+  // through a front (wan/front.h): a connection may have sent at most
+  // 256 KiB that this site has not taken until it speaks as a peer
+  // (Trust), `peer_credit` after, and at most twice the peers' number of
+  // connections are trusted at once.
   static Result<std::unique_ptr<MirrorSocket>> Open(
       const SyncContext& context, const std::string& bind,
-      const std::string& secret_key_file, int64_t max_frame_bytes);
+      const std::string& secret_key_file, int64_t max_frame_bytes,
+      uint64_t peer_credit);
   MirrorSocket(const MirrorSocket&) = delete;
   MirrorSocket& operator=(const MirrorSocket&) = delete;
 
@@ -48,6 +54,9 @@ class MirrorSocket {
 
   // The next message waiting, without blocking (timed out: none).
   Result<Received> Receive();
+  // `message` came from a site this one syncs with: its connection may
+  // hold `peer_credit` (see Open).
+  void Trust(const Envelope& message);
 
   // Refuses `header` (logged, answered with an ERROR unless a HEARTBEAT)
   // and counts it (rejected()).
@@ -67,7 +76,8 @@ class MirrorSocket {
  private:
   MirrorSocket(const SyncContext& context);
   Status Secure(const std::string& secret_key_file);
-  Status Bind(const std::string& bind, int64_t max_frame_bytes);
+  Status Bind(const std::string& bind, int64_t max_frame_bytes,
+              uint64_t peer_credit);
 
   const SyncContext& context_;
   // CURVE (security.curve): this site's keys and its peers' public keys,
@@ -76,6 +86,9 @@ class MirrorSocket {
   std::optional<SiteCurveKeys> curve_;
   std::unique_ptr<ZapHandler> zap_;
   zmq::socket_t socket_;
+  // Relays tcp:// connections to socket_ (null otherwise); declared after
+  // it, so it stops relaying before the socket closes.
+  std::unique_ptr<wan::ConnectionFront> front_;
   std::string endpoint_;
   uint64_t error_sequence_ = 0;
   uint64_t rejected_ = 0;

@@ -53,6 +53,16 @@ int64_t MaxMirrorFrameBytes(const ModelLayout& layout) {
       std::max<uint64_t>(2 * largest + kPipelineHeaderSlack, kMaxHeaderBytes));
 }
 
+// What a peer's connection to the mirror socket may have sent that this
+// site has not taken (its front's credit, wan/front.h): a sender keeps at
+// most `retention_limit` bytes unacknowledged, and a message is at most a
+// header and frames within `max_frame`; twice that, and slack for its
+// heartbeats and acknowledgements.
+uint64_t MirrorPeerCredit(uint64_t retention_limit, int64_t max_frame) {
+  constexpr uint64_t kSlack = 1 << 20;
+  return 2 * retention_limit + 2 * static_cast<uint64_t>(max_frame) + kSlack;
+}
+
 }  // namespace
 
 // Owns the engine's parts and drives them on the site server's event-loop
@@ -152,8 +162,11 @@ Status SyncEngine::Impl::Init(const SyncEngineOptions& options) {
           : options.mirror_bind;
   MERIDIAN_ASSIGN_OR_RETURN(
       mirror_,
-      MirrorSocket::Open(context_, bind, options.secret_key_file,
-                         MaxMirrorFrameBytes(context_.store->layout())));
+      MirrorSocket::Open(
+          context_, bind, options.secret_key_file,
+          MaxMirrorFrameBytes(context_.store->layout()),
+          MirrorPeerCredit(delivery.retention_limit_bytes,
+                           MaxMirrorFrameBytes(context_.store->layout()))));
   threshold_ = std::make_unique<SendThreshold>(context_, *peers_);
   outbox_ = std::make_unique<Outbox>(context_, *peers_, *threshold_,
                                      mirror_->curve(), std::move(codec));

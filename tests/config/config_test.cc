@@ -1053,8 +1053,9 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   // checkpoint_period_s, restart_backoff_s; sync.skewscout: target_loss,
   // dead_band, smoothing, tighten_factor, loosen_factor, min_theta,
   // max_theta, significance_z, min_density, max_density; sync.diloco:
-  // outer_lr, outer_momentum, error_feedback_decay.
-  EXPECT_EQ(visited, 46);
+  // outer_lr, outer_momentum, error_feedback_decay; server.limits:
+  // connection_stall_s.
+  EXPECT_EQ(visited, 47);
 }
 
 TEST(ValidateJobConfigTest, WanPricesNeedAPriceASourceAndOneEntryAPair) {

@@ -4,10 +4,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <thread>
 #include <zmq.hpp>
@@ -18,6 +20,7 @@
 #include "meridian/net/message.h"
 #include "meridian/train/model.h"
 #include "meridian/net/transport.h"
+#include "testing/raw_zmtp.h"
 #include "testing/site_control.h"
 #include "testing/test_data.h"
 #include "testing/status_matchers.h"
@@ -745,6 +748,56 @@ TEST_F(SiteServerTest, AWorkerThatStopsReadingIsDroppedAndTheOthersServed) {
     }
   }
   EXPECT_TRUE(dropped) << "the deaf worker was never declared dead";
+}
+
+// The process's resident memory.
+uint64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t pages = 0;
+  uint64_t resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// A stranger streams one message that never ends into the worker endpoint
+// (raw ZMTP, 1 KiB frames, as fast as the kernel takes them): the front
+// stops reading it at its credit, so the server does not grow with it
+// (without the front, ZeroMQ kept every frame), and the joined worker's
+// commits are applied and answered all along.
+TEST_F(SiteServerTest, AnEndlessMessageDoesNotGrowTheServer) {
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  ASSERT_OK(worker->Call(CommitHeader(0), UpdateFrames(1e-6f), kTimeout));
+  const uint64_t before = ResidentBytes();
+  const int hostile = testing::ConnectRawTcp(endpoint_);
+  ASSERT_GE(hostile, 0);
+  ASSERT_TRUE(testing::ZmtpHandshake(hostile));
+  constexpr uint64_t kAttempt = uint64_t{256} << 20;
+  const uint64_t sent =
+      testing::SendEndlessMessage(hostile, 1024, kAttempt, [] {});
+  EXPECT_LT(sent, kAttempt) << "the server read the whole endless message";
+  // The front holds at most the stranger's credit of it.
+  const EndpointBounds bounds =
+      EndpointBounds::FromConfig(job_.server().limits(), model_->layout());
+  Result<pb::SiteStatus> status =
+      testing::QueryStatus(context_, endpoint_, kTimeout);
+  ASSERT_OK(status);
+  ASSERT_TRUE(status->has_front());
+  EXPECT_GT(status->front().held_bytes(), 0u);
+  EXPECT_LE(status->front().held_bytes(),
+            bounds.untrusted_connection_bytes + 4096);
+  EXPECT_GE(status->front().connections(), 2u);
+  for (int i = 0; i < 20; ++i) {
+    Result<Envelope> reply =
+        worker->Call(CommitHeader(0), UpdateFrames(1e-6f), kTimeout);
+    ASSERT_OK(reply) << "commit " << i;
+    EXPECT_EQ(reply->header.type(), pb::MODEL) << DescribeHeader(reply->header);
+  }
+  const uint64_t after = ResidentBytes();
+  EXPECT_LT(after, before + (uint64_t{32} << 20))
+      << "grew by " << (after - before) << " bytes while " << sent
+      << " bytes of a message that never ends were sent";
+  ::close(hostile);
 }
 
 // Connections that have not joined pipeline far more requests than the

@@ -27,6 +27,9 @@ struct Envelope {
   std::string user_id;
   pb::Header header;
   std::vector<zmq::message_t> payload;  // one frame per header.slices()
+  // The connection it came over, as the endpoint's front knows it (its
+  // upstream port, wan/front.h); 0 without a front.
+  uint16_t front_port = 0;
 };
 
 // Bytes of `message`'s payload frames (its header not counted).
@@ -38,6 +41,7 @@ struct Refused {
   std::string routing_id;
   Rejection rejection;
   pb::Header header;  // whatever parsed (may be partially filled)
+  uint16_t front_port = 0;  // as Envelope::front_port
 };
 
 // Frames owned by zmq, viewed as bytes.
@@ -78,11 +82,23 @@ struct Received {
   bool timed_out() const { return !message && !refused; }
 };
 
+// What one receive took off a socket, for a front's accounting
+// (wan/front.h): the descriptor libzmq read the message from (ZMQ_SRCFD;
+// -1 when unknown) and its frames and bytes, a ROUTER's routing id frame
+// not counted. Filled for refused messages too.
+struct ReceivedFrom {
+  int fd = -1;
+  uint64_t frames = 0;
+  uint64_t bytes = 0;
+};
+
 // Waits up to `timeout` (negative: forever) for one message and decodes
 // it. `routed`: the socket is a ROUTER and frame 0 is the routing id.
-// Transport failures (socket closed, context terminated) are errors.
+// `from` (optional): set when a message was taken. Transport failures
+// (socket closed, context terminated) are errors.
 Result<Received> ReceiveMessage(zmq::socket_t& socket, bool routed,
-                                std::chrono::milliseconds timeout);
+                                std::chrono::milliseconds timeout,
+                                ReceivedFrom* from = nullptr);
 
 // Sends an ERROR reply for `rejection` to the sender of `request`.
 Status SendError(zmq::socket_t& socket, const pb::Endpoint& self,

@@ -96,6 +96,12 @@ struct EndpointBounds {
   uint64_t max_reply_floats = 0;  // floats one reply may carry
   uint32_t send_queue = 0;        // ZMQ_SNDHWM, messages per connection
   uint32_t receive_queue = 0;     // ZMQ_RCVHWM, messages per connection
+  // The front of a tcp:// endpoint (wan/front.h): connections, credits
+  // before and after a worker joined, and the stall timeout.
+  uint32_t max_connections = 0;
+  uint64_t untrusted_connection_bytes = 0;
+  uint64_t trusted_connection_bytes = 0;
+  double connection_stall_s = 0;
 
   static EndpointBounds FromConfig(const pb::EndpointLimits& limits,
                                    const ModelLayout& layout);
@@ -103,6 +109,9 @@ struct EndpointBounds {
   // messages of the largest allowed size (a message is at most a header
   // and one frame per tensor). For the memory formula of docs/operations.md ("The worker endpoint").
   uint64_t PerConnectionBytes(const ModelLayout& layout) const;
+  // The largest message a worker may send: a header and a frame per
+  // tensor, each within max_frame_bytes.
+  uint64_t LargestMessageBytes(const ModelLayout& layout) const;
 };
 
 class SiteServer {

@@ -1,0 +1,211 @@
+// A front for a ZeroMQ endpoint that peers on the network reach (a site
+// server's worker endpoint): it accepts their TCP connections on the public
+// address and relays each, byte for byte, over a connection of its own to
+// the socket bound at a private loopback address. ZMTP, CURVE handshakes
+// and encrypted frames included, passes through untouched; what the front
+// adds are the bounds libzmq cannot enforce on a ROUTER socket:
+//
+//  - Bytes held per connection. libzmq keeps a multipart message until its
+//    last frame arrives and counts its queues in whole messages, so one
+//    peer that sends a message that never ends (in small frames, or empty
+//    ones) grows the process without bound. The front reads a connection
+//    only while what it has read from it and the application has not taken
+//    (in the front's buffer, in libzmq, in the kernel between them) stays
+//    within the connection's credit, counting its bytes and
+//    kFrameChargeBytes per frame (the frames are counted by parsing the
+//    ZMTP stream, wan/zmtp.h; under CURVE every frame is one MESSAGE
+//    command); the application reports what it takes (Consumed: each
+//    message's bytes and frames) and the connection is read again. A connection out of credit for
+//    stall_timeout without the application taking anything from it is
+//    closed; libzmq drops the partial message with the connection.
+//  - Two credits: untrusted_credit for a connection until the application
+//    vouches for it (Trust: a worker it admitted), trusted_credit after.
+//    At most max_trusted connections are trusted at once (the worker
+//    slots): trusting one more takes the trust of the one trusted
+//    longest ago (on a plaintext endpoint anyone may say HELLO).
+//    untrusted_credit must hold the largest message a peer sends before it
+//    is trusted (a HELLO), trusted_credit the largest message times the
+//    messages the socket queues per connection; a connection whose next
+//    message does not fit its credit stalls and is closed.
+//  - Connections: at most max_connections (lowered to what the descriptor
+//    limit allows, kDescriptorsPerFrontConnection each). A connection
+//    beyond them evicts the untrusted one the application took nothing
+//    from for longest; when every open connection is trusted it is
+//    accepted and closed at once (refused).
+//
+// What peers can make the process hold: per connection 2 x kBufferBytes
+// in the front and its credit in libzmq (the kernel's socket buffers are
+// not the process's); in all max_connections x (2 x kBufferBytes +
+// untrusted_credit) + max_trusted x trusted_credit (MemoryBound()).
+//
+// The application identifies the connection a message came over by the
+// front's local port of its upstream connection: the port at the other end
+// of the descriptor libzmq read the message from (UpstreamPortOfFd).
+//
+// Threads: the relay runs on a thread of the front's own (epoll over
+// non-blocking sockets). Consumed and Trust may be called from any thread;
+// they queue the event and wake the relay. stats() is safe from any
+// thread. Ownership: Start returns the front; its destructor stops the
+// thread and closes every connection.
+#ifndef MERIDIAN_WAN_FRONT_H_
+#define MERIDIAN_WAN_FRONT_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "meridian/core/status.h"
+
+namespace meridian::wan {
+
+// The descriptors one relayed connection costs this process: the peer's,
+// the front's upstream connection, libzmq's end of it and a pipe per
+// direction (bulk bytes are spliced, never copied into the process).
+inline constexpr size_t kDescriptorsPerFrontConnection = 7;
+
+struct FrontOptions {
+  // Where peers connect: "tcp://HOST:PORT" (HOST "*" for every interface,
+  // PORT 0 or "*" for a free one).
+  std::string listen;
+  // The ZeroMQ socket's private endpoint: "tcp://127.0.0.1:PORT".
+  std::string upstream;
+  // For logs: "worker endpoint of site 'us'".
+  std::string name;
+  size_t max_connections = 1024;
+  size_t max_trusted = 64;
+  uint64_t untrusted_credit = 256 << 10;
+  uint64_t trusted_credit = 64 << 20;
+  std::chrono::milliseconds stall_timeout{30000};
+};
+
+class ConnectionFront {
+ public:
+  // Bytes the front buffers per direction of a connection: what a peer
+  // sends in the process's memory, what the server sends in a pipe.
+  static constexpr size_t kBufferBytes = 64 << 10;
+  // What a frame costs libzmq beyond its payload (a zmq_msg_t), charged
+  // to a connection's credit for every frame it sends: a message of empty
+  // frames holds memory too.
+  static constexpr uint64_t kFrameChargeBytes = 64;
+  // Credited back per frame taken, beyond its payload and charge: at least
+  // a frame's ZMTP framing (2-9 bytes; up to 42 under CURVE). The surplus
+  // pays back the handshake, which the application never takes.
+  static constexpr uint64_t kFramingAllowanceBytes = 64;
+
+  struct Stats {
+    uint64_t open = 0;       // connections relayed now
+    uint64_t trusted = 0;    // of them, trusted
+    uint64_t accepted = 0;   // since start
+    uint64_t refused = 0;    // accepted and closed at once: all trusted
+    uint64_t evicted = 0;    // untrusted, closed for a newer connection
+    uint64_t stalled = 0;    // closed out of credit for stall_timeout
+    uint64_t held_bytes = 0; // read and not yet taken, every connection
+    uint64_t max_connections = 0;  // the cap in force
+  };
+
+  // Listens on options.listen and starts the relay. Errors name the
+  // address (in use, unresolvable) or the option.
+  static Result<std::unique_ptr<ConnectionFront>> Start(FrontOptions options);
+  ~ConnectionFront();
+  ConnectionFront(const ConnectionFront&) = delete;
+  ConnectionFront& operator=(const ConnectionFront&) = delete;
+
+  // "tcp://HOST:PORT" with the port resolved.
+  const std::string& endpoint() const { return endpoint_; }
+
+  // The application took a message of `frames` frames and `bytes` bytes
+  // (routing id frames not counted) that came over the connection whose
+  // upstream port is `upstream_port`.
+  void Consumed(uint16_t upstream_port, uint64_t bytes, uint64_t frames);
+  // The connection behind `upstream_port` gets trusted_credit from now on.
+  void Trust(uint16_t upstream_port);
+
+  Stats stats() const;
+  // What peers can make the process hold in the front and libzmq at most
+  // (see above).
+  uint64_t MemoryBound() const;
+
+ private:
+  struct Connection;
+  struct Event {
+    uint16_t port;
+    uint64_t bytes;   // Consumed; 0 for Trust
+    uint64_t frames;
+    bool trust;
+  };
+
+  explicit ConnectionFront(FrontOptions options);
+  void Run();
+  void Wake();
+  void ApplyEvents();
+  void Accept();
+  void OnReady(uint64_t tag, uint32_t events);
+  // Moves what can move on `c` (both ways); closes it when a side is gone.
+  void Pump(Connection& c);
+  // One step of each direction; *progress when bytes moved. False: the
+  // peer is gone.
+  bool FromPeer(Connection& c, bool* progress);
+  void ToUpstream(Connection& c, bool* progress);
+  bool FromUpstreamToPeer(Connection& c, bool* progress);
+  void Watch(Connection& c);
+  void EndUpstream(Connection& c);
+  // Bytes that may be taken from `c`'s peer now, within `credit`;
+  // `splice_body`: through the pipe (the body of a large frame).
+  static uint64_t PeerRoom(const Connection& c, uint64_t credit,
+                           bool* splice_body);
+  void Close(uint64_t id, const char* why);
+  void CloseStalled();
+  bool EvictOne();
+  void Publish();
+  void MarkTrusted(Connection& c);
+
+  FrontOptions options_;
+  std::string endpoint_;
+  int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::string upstream_host_;
+  uint16_t upstream_port_ = 0;
+  size_t cap_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+
+  std::mutex events_mutex_;
+  std::vector<Event> events_;  // guarded by events_mutex_
+
+  // Relay thread only. At most cap_ connections; by_port_ has one entry
+  // per connection whose upstream is connected.
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<Connection>> connections_;
+  std::unordered_map<uint16_t, uint64_t> by_port_;
+  // Ids of trusted connections, the longest trusted first (ids of closed
+  // or demoted connections are skipped, and dropped when they pile up).
+  std::deque<std::pair<uint64_t, uint64_t>> trusted_order_;  // id, since
+  uint64_t trust_count_ = 0;  // Trust calls that trusted a connection
+  bool listen_paused_ = false;
+  // held_bytes, trusted and the counts since start (open and
+  // max_connections are filled in by Publish).
+  Stats counts_;
+
+  // Published by the relay for stats().
+  mutable std::mutex stats_mutex_;
+  Stats stats_;  // guarded by stats_mutex_
+};
+
+// The local port of the peer at the other end of `fd` (a descriptor libzmq
+// read a message from, ZMQ_SRCFD): the front's upstream port. 0 when `fd`
+// is not a TCP socket (or already closed).
+uint16_t UpstreamPortOfFd(int fd);
+
+}  // namespace meridian::wan
+
+#endif  // MERIDIAN_WAN_FRONT_H_
