@@ -16,7 +16,14 @@
 //             with a wrong model; they read every reply;
 //   slow      worker 1's connection stops reading its replies and keeps
 //             sending PULLs (one per millisecond; dropped when its socket
-//             will not take them).
+//             will not take them);
+//   endless   N strangers each stream one multipart message that never
+//             ends (raw ZMTP; half in 1 KiB frames, half in empty frames)
+//             as fast as the kernel takes it;
+//   held      up to 10,000 connections opened (as fast as the server
+//             accepts them) and held, saying nothing.
+// For the last two the RSS bound is idle RSS + the worker endpoint front's
+// bound (SiteStatus.front.memory_bound, wan/front.h).
 // and the server's RSS (VmRSS) before, at most during, and after each phase
 // (after: 1 s after the phase's load stopped). Prints a markdown table and
 // the goal:
@@ -29,7 +36,9 @@
 // benchmark could not run). --out DIR also writes DIR/results.md and
 // DIR/results.json.
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,6 +69,8 @@
 #include "meridian/net/transport.h"
 #include "meridian/wire.pb.h"
 #include "meridian/core/process.h"
+#include "testing/raw_zmtp.h"
+#include "testing/site_control.h"
 #include "testing/test_data.h"
 
 namespace meridian {
@@ -73,6 +84,7 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uint64_t kSendQueue = 4;  // job.proto EndpointLimits defaults
 constexpr uint64_t kReceiveQueue = 8;
 constexpr int kFloodDepth = 4;  // requests in flight per flood connection
+constexpr int kHeldConnections = 10000;
 
 struct Options {
   double seconds_per_phase = 10;
@@ -157,6 +169,12 @@ class Bench {
       const std::function<void(const std::atomic<bool>&, PhaseResult*)>& load);
   void Flood(const std::atomic<bool>& stop, PhaseResult* result);
   void SlowReader(const std::atomic<bool>& stop, PhaseResult* result);
+  // Flood-connections strangers each stream one message that never ends
+  // (half in 1 KiB frames, half in empty ones); load_messages counts the
+  // bytes they got out.
+  void Endless(const std::atomic<bool>& stop, PhaseResult* result);
+  // kHeldConnections connections opened and held, saying nothing.
+  void Held(const std::atomic<bool>& stop, PhaseResult* result);
   void HeartbeatWorker1();
   void Report(const std::vector<PhaseResult>& phases);
 
@@ -168,6 +186,9 @@ class Bench {
   uint64_t params_ = 0;
   std::optional<ChildProcess> server_;
   std::string endpoint_;
+  // The worker endpoint front's bound and counters at the end (0: none).
+  uint64_t front_bound_ = 0;
+  pb::FrontStatus front_stats_;
   zmq::context_t context_;
   std::unique_ptr<RpcClient> good_;
   std::unique_ptr<zmq::socket_t> worker1_;
@@ -413,6 +434,56 @@ void Bench::SlowReader(const std::atomic<bool>& stop, PhaseResult* result) {
   }
 }
 
+void Bench::Endless(const std::atomic<bool>& stop, PhaseResult* result) {
+  std::vector<int> fds;
+  std::vector<std::string> blocks;
+  for (int c = 0; c < options_.flood_connections; ++c) {
+    const int fd = testing::ConnectRawTcp(endpoint_);
+    if (fd < 0 || !testing::ZmtpHandshake(fd)) {
+      if (fd >= 0) ::close(fd);
+      continue;
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    std::string block;
+    while (block.size() < (64u << 10)) {
+      block += testing::ZmtpMoreFrame(c % 2 == 0 ? 1024 : 0);
+    }
+    fds.push_back(fd);
+    blocks.push_back(std::move(block));
+  }
+  std::vector<size_t> offsets(fds.size(), 0);
+  while (!stop.load()) {
+    bool sent_any = false;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      const std::string& block = blocks[i];
+      const ssize_t n = ::send(fds[i], block.data() + offsets[i],
+                               block.size() - offsets[i], MSG_NOSIGNAL);
+      if (n <= 0) continue;
+      sent_any = true;
+      result->load_messages += static_cast<uint64_t>(n);
+      offsets[i] = (offsets[i] + static_cast<size_t>(n)) % block.size();
+    }
+    if (!sent_any) std::this_thread::sleep_for(milliseconds(5));
+  }
+  for (int fd : fds) ::close(fd);
+}
+
+void Bench::Held(const std::atomic<bool>& stop, PhaseResult* result) {
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = limit.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  std::vector<int> fds;
+  for (int i = 0; i < kHeldConnections && !stop.load(); ++i) {
+    const int fd = testing::ConnectRawTcp(endpoint_);
+    if (fd < 0) break;
+    fds.push_back(fd);
+  }
+  result->load_messages = fds.size();
+  while (!stop.load()) std::this_thread::sleep_for(milliseconds(20));
+  for (int fd : fds) ::close(fd);
+}
+
 void Bench::Report(const std::vector<PhaseResult>& phases) {
   const PhaseResult& idle = phases[0];
   const PhaseResult& flood = phases[1];
@@ -443,7 +514,11 @@ void Bench::Report(const std::vector<PhaseResult>& phases) {
   for (const PhaseResult& phase : phases) {
     const bool is_idle = &phase == &idle;
     const bool p99_ok = is_idle || phase.p99() <= p99_goal;
-    const bool rss_ok = phase.rss_max <= rss_bound;
+    // Strangers' partial messages and held connections: the front's bound.
+    const bool fronted = phase.name.find("endless") != std::string::npos ||
+                         phase.name.find("held") != std::string::npos;
+    const bool rss_ok =
+        phase.rss_max <= (fronted ? idle_rss_ + front_bound_ : rss_bound);
     std::snprintf(
         line, sizeof(line),
         "| %s | %zu%s | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %" PRIu64
@@ -473,6 +548,18 @@ void Bench::Report(const std::vector<PhaseResult>& phases) {
       idle_p99, flood_service_ms, p99_goal, options_.seconds_per_phase,
       flood.load_replies, idle_rss_ / 1e6, connections, kSendQueue,
       kReceiveQueue, model_bytes / 1e6, rss_bound / 1e6);
+  md << line;
+  std::snprintf(
+      line, sizeof(line),
+      "endless messages (half in 1 KiB frames, half in empty ones; abuser "
+      "msgs: bytes sent) and held connections (abuser msgs: connections "
+      "opened): RSS bounded by idle RSS + the front's logged bound = %.1f + "
+      "%.1f MB = %.1f MB; the front at the end: %" PRIu64
+      " connections, %" PRIu64 " evicted, %" PRIu64 " stalled, %" PRIu64
+      " refused\n",
+      idle_rss_ / 1e6, front_bound_ / 1e6, (idle_rss_ + front_bound_) / 1e6,
+      front_stats_.connections(), front_stats_.evicted(),
+      front_stats_.stalled(), front_stats_.refused());
   md << line;
   std::printf("%s", md.str().c_str());
   std::fflush(stdout);
@@ -529,6 +616,20 @@ int Bench::Run() {
       "slow reader", [&](const std::atomic<bool>& stop, PhaseResult* result) {
         SlowReader(stop, result);
       }));
+  phases.push_back(Phase(
+      "endless messages", [&](const std::atomic<bool>& stop,
+                              PhaseResult* result) { Endless(stop, result); }));
+  phases.push_back(Phase(
+      "held connections (up to 10,000)",
+      [&](const std::atomic<bool>& stop, PhaseResult* result) {
+        Held(stop, result);
+      }));
+  Result<pb::SiteStatus> status =
+      testing::QueryStatus(context_, endpoint_, milliseconds(10000));
+  if (status.ok()) {
+    front_bound_ = status->front().memory_bound();
+    front_stats_ = status->front();
+  }
   Report(phases);
   good_.reset();
   worker1_.reset();

@@ -35,6 +35,8 @@ constexpr auto kTick = std::chrono::milliseconds(250);
 constexpr int kAcceptsPerTurn = 64;
 // Frame bodies at least this large are spliced instead of read.
 constexpr uint64_t kSpliceMinBytes = 16 << 10;
+// What each direction's pipe may hold (kernel memory, not the process's).
+constexpr size_t kPipeBytes = 1 << 20;
 constexpr auto kUpstreamConnectTimeout = std::chrono::seconds(1);
 
 bool Retry(ssize_t n) {
@@ -78,6 +80,21 @@ uint64_t ReadRoom(uint64_t held, uint64_t credit) {
   constexpr uint64_t kCharge = ConnectionFront::kFrameChargeBytes;
   if (credit <= held + kCharge) return 0;
   return (credit - held - kCharge) / (1 + kCharge / 2);
+}
+
+// A non-blocking pipe holding up to kPipeBytes: larger pipes move a
+// model-sized message in fewer turns, and the kernel may refuse the size
+// (a user's pipe pages are limited), leaving the default. False (errno
+// set) when there is no pipe.
+bool OpenPipe(int* read_end, int* write_end, size_t* capacity) {
+  int ends[2];
+  if (::pipe2(ends, O_NONBLOCK | O_CLOEXEC) != 0) return false;
+  const int set = ::fcntl(ends[1], F_SETPIPE_SZ, static_cast<int>(kPipeBytes));
+  *capacity =
+      static_cast<size_t>(set > 0 ? set : ::fcntl(ends[1], F_GETPIPE_SZ));
+  *read_end = ends[0];
+  *write_end = ends[1];
+  return true;
 }
 
 void SetNonBlocking(int fd) {
@@ -127,8 +144,9 @@ uint16_t UpstreamPortOfFd(int fd) {
 
 // One direction's bytes in flight through the front.
 struct FrontBuffer {
+  // Not zeroed: a connection's pages become resident only as it uses them.
   std::unique_ptr<uint8_t[]> data =
-      std::make_unique<uint8_t[]>(ConnectionFront::kBufferBytes);
+      std::make_unique_for_overwrite<uint8_t[]>(ConnectionFront::kBufferBytes);
   size_t begin = 0;
   size_t end = 0;
 
@@ -159,11 +177,13 @@ struct ConnectionFront::Connection {
   int up_pipe_read = -1;
   int up_pipe_write = -1;
   size_t up_spliced = 0;
+  size_t up_capacity = 0;
   // upstream -> peer: spliced through a pipe (kernel memory, no copy into
   // the process); `down` bytes are in it.
   int pipe_read = -1;
   int pipe_write = -1;
   size_t down = 0;
+  size_t down_capacity = 0;  // the pipe's (F_GETPIPE_SZ)
   // Parses what the peer sends, to count its frames.
   ZmtpCounter parsed;
   // What the peer sent that the application has not taken: its bytes and
@@ -418,34 +438,21 @@ void ConnectionFront::Accept() {
       ResetAndClose(fd);
       continue;
     }
-    int pipe[2];
-    int up_pipe[2];
-    if (::pipe2(pipe, O_NONBLOCK | O_CLOEXEC) != 0) {
+    auto c = std::make_unique<Connection>();
+    if (!OpenPipe(&c->pipe_read, &c->pipe_write, &c->down_capacity) ||
+        !OpenPipe(&c->up_pipe_read, &c->up_pipe_write, &c->up_capacity)) {
       FrontLog().Warn(options_.name + ": cannot relay the connection from " +
                       peer + ": pipe: " + std::strerror(errno));
       ResetAndClose(fd);
       ::close(*up);
+      for (int* end : {&c->pipe_read, &c->pipe_write, &c->up_pipe_read,
+                       &c->up_pipe_write}) {
+        CloseFd(end);
+      }
       continue;
     }
-    if (::pipe2(up_pipe, O_NONBLOCK | O_CLOEXEC) != 0) {
-      FrontLog().Warn(options_.name + ": cannot relay the connection from " +
-                      peer + ": pipe: " + std::strerror(errno));
-      ResetAndClose(fd);
-      ::close(*up);
-      ::close(pipe[0]);
-      ::close(pipe[1]);
-      continue;
-    }
-    // Room for a buffer's worth (the default is 16 pages already).
-    ::fcntl(pipe[1], F_SETPIPE_SZ, static_cast<int>(kBufferBytes));
-    ::fcntl(up_pipe[1], F_SETPIPE_SZ, static_cast<int>(kBufferBytes));
     SetNonBlocking(*up);
     SetNoDelay(fd);
-    auto c = std::make_unique<Connection>();
-    c->pipe_read = pipe[0];
-    c->pipe_write = pipe[1];
-    c->up_pipe_read = up_pipe[0];
-    c->up_pipe_write = up_pipe[1];
     c->id = next_id_++;
     c->peer = fd;
     c->upstream = *up;
@@ -550,10 +557,10 @@ void ConnectionFront::ToUpstream(Connection& c, bool* progress) {
 
 bool ConnectionFront::FromUpstreamToPeer(Connection& c, bool* progress) {
   // libzmq -> pipe.
-  if (!c.upstream_done && c.down < kBufferBytes) {
+  if (!c.upstream_done && c.down < c.down_capacity) {
     const ssize_t n =
         ::splice(c.upstream, nullptr, c.pipe_write, nullptr,
-                 kBufferBytes - c.down, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+                 c.down_capacity - c.down, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
     if (n > 0) {
       if (c.down == 0) c.down_since = Clock::now();
       c.down += static_cast<size_t>(n);
@@ -590,7 +597,7 @@ uint64_t ConnectionFront::PeerRoom(const Connection& c, uint64_t credit,
             ? credit - c.held - kFrameChargeBytes
             : 0;
     return std::min({opaque, left,
-                     static_cast<uint64_t>(kBufferBytes - c.up_spliced)});
+                     static_cast<uint64_t>(c.up_capacity - c.up_spliced)});
   }
   *splice_body = false;
   // Framing and small frames are read and parsed, once the pipe is empty.
@@ -619,7 +626,7 @@ void ConnectionFront::Watch(Connection& c) {
                              (c.down > 0 ? EPOLLOUT : 0u);
   const uint32_t upstream_mask =
       EPOLLRDHUP |
-      (!c.upstream_done && c.down < kBufferBytes ? EPOLLIN : 0u) |
+      (!c.upstream_done && c.down < c.down_capacity ? EPOLLIN : 0u) |
       (c.up.size() > 0 || c.up_spliced > 0 ? EPOLLOUT : 0u);
   if (peer_mask != c.peer_mask) {
     epoll_event event{peer_mask, {.u64 = c.id * 2}};

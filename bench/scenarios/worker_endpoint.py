@@ -11,7 +11,7 @@ well-behaved worker and the server's memory while others misbehave.
 Runs build/bin/worker_endpoint_bench (bench/worker_endpoint_bench.cc)
 against a real `meridian site`: one site, policy ASYNC, an MLP 784-H-10
 (default H = 256, about 0.8 MB of parameters), two worker slots. Worker 0
-PULLs the whole model in a loop; its round trip p50/p99 is measured in three
+PULLs the whole model in a loop; its round trip p50/p99 is measured in five
 phases of S seconds (default 10):
 
   idle         nothing else talks to the server
@@ -20,6 +20,12 @@ phases of S seconds (default 10):
                they are answered (4 in flight each), reading every reply
   slow reader  worker 1's connection stops reading its replies and keeps
                sending PULLs of the whole model
+  endless messages
+               N strangers each stream one multipart message that never
+               ends (raw ZMTP, half in 1 KiB frames, half in empty ones)
+  held connections
+               up to 10,000 connections opened and held, saying nothing
+               (RSS goal for these two: idle RSS + the front's bound)
 
 with the server's RSS before, at most during and after each phase. The goal
 line: p99 during abuse at most 2x idle p99 plus the flood's own service time

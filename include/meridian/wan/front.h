@@ -89,8 +89,10 @@ struct FrontOptions {
 
 class ConnectionFront {
  public:
-  // Bytes the front buffers per direction of a connection: what a peer
-  // sends in the process's memory, what the server sends in a pipe.
+  // Bytes of a connection's framing and small frames the front reads into
+  // the process's memory (MemoryBound counts twice that per connection).
+  // Bulk bytes pass through a pipe per direction instead: kernel memory,
+  // up to 1 MiB each, never the process's.
   static constexpr size_t kBufferBytes = 64 << 10;
   // What a frame costs libzmq beyond its payload (a zmq_msg_t), charged
   // to a connection's credit for every frame it sends: a message of empty
