@@ -67,6 +67,23 @@ class FrontTest : public ::testing::Test {
     front_ = std::move(*front);
   }
 
+  // A small untrusted credit and a short stall timeout, for strangers.
+  static FrontOptions StrangerOptions(milliseconds stall_timeout) {
+    FrontOptions options;
+    options.untrusted_credit = 64 << 10;
+    options.stall_timeout = stall_timeout;
+    return options;
+  }
+
+  // A raw TCP peer through the front, past the ZMTP handshake; -1 when
+  // either failed.
+  int ConnectStranger() {
+    const int fd = testing::ConnectRawTcp(front_->endpoint());
+    if (fd >= 0 && testing::ZmtpHandshake(fd)) return fd;
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+
   zmq::socket_t Dealer() {
     zmq::socket_t dealer(context_, zmq::socket_type::dealer);
     dealer.set(zmq::sockopt::linger, 0);
@@ -190,12 +207,10 @@ class EndlessMessageTest : public FrontTest,
                            public ::testing::WithParamInterface<size_t> {};
 
 TEST_P(EndlessMessageTest, IsHeldAtTheCreditAndClosedWhenItStalls) {
-  FrontOptions options;
-  options.untrusted_credit = 64 << 10;
-  options.stall_timeout = milliseconds(500);
+  const FrontOptions options = StrangerOptions(milliseconds(500));
   Start(options);
-  const int hostile = testing::ConnectRawTcp(front_->endpoint());
-  ASSERT_TRUE(testing::ZmtpHandshake(hostile));
+  const int hostile = ConnectStranger();
+  ASSERT_GE(hostile, 0);
   uint64_t peak = 0;
   const uint64_t sent = testing::SendEndlessMessage(
       hostile, GetParam(), uint64_t{1} << 30,
@@ -218,12 +233,9 @@ INSTANTIATE_TEST_SUITE_P(FrameSizes, EndlessMessageTest,
                                            size_t{100000}));
 
 TEST_F(FrontTest, AConnectionStalledAtItsCreditIsClosed) {
-  FrontOptions options;
-  options.untrusted_credit = 64 << 10;
-  options.stall_timeout = milliseconds(300);
-  Start(options);
-  const int hostile = testing::ConnectRawTcp(front_->endpoint());
-  ASSERT_TRUE(testing::ZmtpHandshake(hostile));
+  Start(StrangerOptions(milliseconds(300)));
+  const int hostile = ConnectStranger();
+  ASSERT_GE(hostile, 0);
   std::string stream;
   for (int i = 0; i < 200; ++i) stream += testing::ZmtpMoreFrame(1024);
   ::fcntl(hostile, F_SETFL, ::fcntl(hostile, F_GETFL) | O_NONBLOCK);
