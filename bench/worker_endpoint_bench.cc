@@ -20,9 +20,12 @@
 //   endless   N strangers each stream one multipart message that never
 //             ends (raw ZMTP; half in 1 KiB frames, half in empty frames)
 //             as fast as the kernel takes it;
+//   drip      500 connections each send a byte every 100 ms (a handshake,
+//             then a message that never ends); one the server closes is
+//             opened again at once;
 //   held      up to 10,000 connections opened (as fast as the server
 //             accepts them) and held, saying nothing.
-// For the last two the RSS bound is idle RSS + the worker endpoint front's
+// For the last three the RSS bound is idle RSS + the worker endpoint front's
 // bound (SiteStatus.front.memory_bound, wan/front.h).
 // and the server's RSS (VmRSS) before, at most during, and after each phase
 // (after: 1 s after the phase's load stopped). Prints a markdown table and
@@ -85,6 +88,7 @@ constexpr uint64_t kSendQueue = 4;  // job.proto EndpointLimits defaults
 constexpr uint64_t kReceiveQueue = 8;
 constexpr int kFloodDepth = 4;  // requests in flight per flood connection
 constexpr int kHeldConnections = 10000;
+constexpr int kDripConnections = 500;
 
 struct Options {
   double seconds_per_phase = 10;
@@ -169,10 +173,10 @@ class Bench {
       const std::function<void(const std::atomic<bool>&, PhaseResult*)>& load);
   void Flood(const std::atomic<bool>& stop, PhaseResult* result);
   void SlowReader(const std::atomic<bool>& stop, PhaseResult* result);
-  // Flood-connections strangers each stream one message that never ends
-  // (half in 1 KiB frames, half in empty ones); load_messages counts the
-  // bytes they got out.
-  void Endless(const std::atomic<bool>& stop, PhaseResult* result);
+  // `endless` and `drips` strangers (testing::Intruders) for the phase;
+  // load_messages: the bytes they got into the kernel.
+  void Strangers(const std::atomic<bool>& stop, PhaseResult* result,
+                 int endless, int drips);
   // kHeldConnections connections opened and held, saying nothing.
   void Held(const std::atomic<bool>& stop, PhaseResult* result);
   void HeartbeatWorker1();
@@ -434,38 +438,11 @@ void Bench::SlowReader(const std::atomic<bool>& stop, PhaseResult* result) {
   }
 }
 
-void Bench::Endless(const std::atomic<bool>& stop, PhaseResult* result) {
-  std::vector<int> fds;
-  std::vector<std::string> blocks;
-  for (int c = 0; c < options_.flood_connections; ++c) {
-    const int fd = testing::ConnectRawTcp(endpoint_);
-    if (fd < 0 || !testing::ZmtpHandshake(fd)) {
-      if (fd >= 0) ::close(fd);
-      continue;
-    }
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-    std::string block;
-    while (block.size() < (64u << 10)) {
-      block += testing::ZmtpMoreFrame(c % 2 == 0 ? 1024 : 0);
-    }
-    fds.push_back(fd);
-    blocks.push_back(std::move(block));
-  }
-  std::vector<size_t> offsets(fds.size(), 0);
-  while (!stop.load()) {
-    bool sent_any = false;
-    for (size_t i = 0; i < fds.size(); ++i) {
-      const std::string& block = blocks[i];
-      const ssize_t n = ::send(fds[i], block.data() + offsets[i],
-                               block.size() - offsets[i], MSG_NOSIGNAL);
-      if (n <= 0) continue;
-      sent_any = true;
-      result->load_messages += static_cast<uint64_t>(n);
-      offsets[i] = (offsets[i] + static_cast<size_t>(n)) % block.size();
-    }
-    if (!sent_any) std::this_thread::sleep_for(milliseconds(5));
-  }
-  for (int fd : fds) ::close(fd);
+void Bench::Strangers(const std::atomic<bool>& stop, PhaseResult* result,
+                      int endless, int drips) {
+  testing::Intruders intruders(endpoint_, endless, drips);
+  while (!stop.load()) std::this_thread::sleep_for(milliseconds(20));
+  result->load_messages = intruders.bytes_sent();
 }
 
 void Bench::Held(const std::atomic<bool>& stop, PhaseResult* result) {
@@ -516,6 +493,7 @@ void Bench::Report(const std::vector<PhaseResult>& phases) {
     const bool p99_ok = is_idle || phase.p99() <= p99_goal;
     // Strangers' partial messages and held connections: the front's bound.
     const bool fronted = phase.name.find("endless") != std::string::npos ||
+                         phase.name.find("drip") != std::string::npos ||
                          phase.name.find("held") != std::string::npos;
     const bool rss_ok =
         phase.rss_max <= (fronted ? idle_rss_ + front_bound_ : rss_bound);
@@ -617,8 +595,15 @@ int Bench::Run() {
         SlowReader(stop, result);
       }));
   phases.push_back(Phase(
-      "endless messages", [&](const std::atomic<bool>& stop,
-                              PhaseResult* result) { Endless(stop, result); }));
+      "endless messages",
+      [&](const std::atomic<bool>& stop, PhaseResult* result) {
+        Strangers(stop, result, options_.flood_connections, 0);
+      }));
+  phases.push_back(Phase(
+      "dripping connections (500)",
+      [&](const std::atomic<bool>& stop, PhaseResult* result) {
+        Strangers(stop, result, 0, kDripConnections);
+      }));
   phases.push_back(Phase(
       "held connections (up to 10,000)",
       [&](const std::atomic<bool>& stop, PhaseResult* result) {

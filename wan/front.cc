@@ -191,6 +191,7 @@ struct ConnectionFront::Connection {
   uint64_t held = 0;
   bool trusted = false;
   uint64_t trusted_since = 0;    // when it was trusted last (a count)
+  uint64_t identity = 0;         // whom it speaks for, when trusted
   bool peer_closing = false;     // the peer shut down its side
   bool upstream_done = false;    // libzmq closed; flush `down`, then close
   Clock::time_point last_taken;  // opened, or the last Consumed
@@ -219,7 +220,7 @@ Result<std::unique_ptr<ConnectionFront>> ConnectionFront::Start(
                             ParseHostPort(o.upstream, false));
   front->upstream_port_ = upstream.port;
   front->upstream_host_ = upstream.host;
-  Result<int> fd = ListenTcp(listen);
+  Result<int> fd = ListenTcp(listen, kListenBacklog);
   if (!fd.ok()) {
     return UnavailableError(o.name + " cannot listen on '" + o.listen +
                             "': " + fd.status().message());
@@ -279,17 +280,17 @@ void ConnectionFront::Consumed(uint16_t upstream_port, uint64_t bytes,
   if (upstream_port == 0) return;
   {
     std::lock_guard lock(events_mutex_);
-    events_.push_back({upstream_port, bytes, frames, false});
+    events_.push_back({upstream_port, bytes, frames, false, 0});
     if (events_.size() > 1) return;  // a wake-up is already on its way
   }
   Wake();
 }
 
-void ConnectionFront::Trust(uint16_t upstream_port) {
+void ConnectionFront::Trust(uint16_t upstream_port, uint64_t identity) {
   if (upstream_port == 0) return;
   {
     std::lock_guard lock(events_mutex_);
-    events_.push_back({upstream_port, 0, 0, true});
+    events_.push_back({upstream_port, 0, 0, true, identity});
     if (events_.size() > 1) return;
   }
   Wake();
@@ -305,8 +306,20 @@ uint64_t ConnectionFront::MemoryBound() const {
          options_.max_trusted * options_.trusted_credit;
 }
 
-void ConnectionFront::MarkTrusted(Connection& c) {
-  if (c.trusted) return;
+void ConnectionFront::MarkTrusted(Connection& c, uint64_t identity) {
+  if (c.trusted && c.identity == identity) return;
+  // The identity's earlier connection loses its trust.
+  if (const auto earlier = trusted_by_identity_.find(identity);
+      earlier != trusted_by_identity_.end() && earlier->second != c.id) {
+    const auto found = connections_.find(earlier->second);
+    if (found != connections_.end() && found->second->trusted &&
+        found->second->identity == identity) {
+      Demote(*found->second);
+    }
+  }
+  trusted_by_identity_[identity] = c.id;
+  c.identity = identity;
+  if (c.trusted) return;  // it speaks for another identity now
   auto current = [&](const std::pair<uint64_t, uint64_t>& entry) {
     const auto found = connections_.find(entry.first);
     return found != connections_.end() && found->second->trusted &&
@@ -316,12 +329,7 @@ void ConnectionFront::MarkTrusted(Connection& c) {
     const std::pair<uint64_t, uint64_t> oldest = trusted_order_.front();
     trusted_order_.pop_front();
     if (!current(oldest)) continue;
-    const auto found = connections_.find(oldest.first);
-    // Demoted: it reads on within the untrusted credit (a connection
-    // holding more stalls until it is closed).
-    found->second->trusted = false;
-    --counts_.trusted;
-    Watch(*found->second);
+    Demote(*connections_.at(oldest.first));
   }
   c.trusted = true;
   c.trusted_since = ++trust_count_;
@@ -332,6 +340,14 @@ void ConnectionFront::MarkTrusted(Connection& c) {
       return !current(entry);
     });
   }
+}
+
+// It reads on within the untrusted credit (a connection holding more
+// stalls until it is closed).
+void ConnectionFront::Demote(Connection& c) {
+  c.trusted = false;
+  --counts_.trusted;
+  Watch(c);
 }
 
 void ConnectionFront::Wake() {
@@ -345,16 +361,33 @@ void ConnectionFront::Run() {
   while (!stop_) {
     const int n = ::epoll_wait(epoll_fd_, events, kMaxEvents,
                                static_cast<int>(kTick.count()));
+    // Trusted peers first: a joined worker's bytes never wait behind a
+    // batch of strangers' (issue 38, item 2). The application's refills
+    // come before both, new connections after. Decided before any event is
+    // handled, so each event is handled once (a connection trusted midway
+    // waits for the next turn: the events are level-triggered).
+    bool first[kMaxEvents];
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = events[i].data.u64;
-      if (tag == kListenTag) {
-        Accept();
-      } else if (tag == kWakeTag) {
-        uint64_t count = 0;
-        (void)!::read(wake_fd_, &count, sizeof(count));
-        ApplyEvents();
-      } else {
-        OnReady(tag, events[i].events);
+      const auto found = tag == kListenTag || tag == kWakeTag
+                             ? connections_.end()
+                             : connections_.find(tag / 2);
+      first[i] = tag == kWakeTag ||
+                 (found != connections_.end() && found->second->trusted);
+    }
+    for (const bool pass : {true, false}) {
+      for (int i = 0; i < n; ++i) {
+        if (first[i] != pass) continue;
+        const uint64_t tag = events[i].data.u64;
+        if (tag == kListenTag) {
+          Accept();
+        } else if (tag == kWakeTag) {
+          uint64_t count = 0;
+          (void)!::read(wake_fd_, &count, sizeof(count));
+          ApplyEvents();
+        } else {
+          OnReady(tag, events[i].events);
+        }
       }
     }
     if (Clock::now() >= next_tick) {
@@ -377,7 +410,7 @@ void ConnectionFront::ApplyEvents() {
     if (found == by_port_.end()) continue;  // closed meanwhile
     Connection& c = *connections_.at(found->second);
     if (event.trust) {
-      MarkTrusted(c);
+      MarkTrusted(c, event.identity);
     } else {
       const uint64_t refill =
           event.bytes +
@@ -649,7 +682,13 @@ void ConnectionFront::Close(uint64_t id, const char* why) {
                     c.address + ": " + why);
   }
   counts_.held_bytes -= c.held;
-  if (c.trusted) --counts_.trusted;
+  if (c.trusted) {
+    --counts_.trusted;
+    const auto entry = trusted_by_identity_.find(c.identity);
+    if (entry != trusted_by_identity_.end() && entry->second == id) {
+      trusted_by_identity_.erase(entry);
+    }
+  }
   const auto port = by_port_.find(c.port);
   if (port != by_port_.end() && port->second == id) by_port_.erase(port);
   // An abrupt close: nothing of the connection lingers in the kernel.
@@ -719,6 +758,8 @@ void ConnectionFront::Publish() {
   stats_ = counts_;
   stats_.open = connections_.size();
   stats_.max_connections = cap_;
+  stats_.untrusted_credit = options_.untrusted_credit;
+  stats_.trusted_credit = options_.trusted_credit;
 }
 
 }  // namespace meridian::wan

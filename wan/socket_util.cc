@@ -58,7 +58,7 @@ Status ResolveTcp(const HostPort& address) {
   return Status::Ok();
 }
 
-Result<int> ListenTcp(const HostPort& address) {
+Result<int> ListenTcp(const HostPort& address, int backlog) {
   MERIDIAN_ASSIGN_OR_RETURN(AddrInfoPtr info, Resolve(address, true));
   std::string error = "no usable address";
   for (addrinfo* ai = info.get(); ai != nullptr; ai = ai->ai_next) {
@@ -75,7 +75,7 @@ Result<int> ListenTcp(const HostPort& address) {
       ::close(fd);
       continue;
     }
-    if (::listen(fd, 128) != 0) {
+    if (::listen(fd, backlog) != 0) {
       error = Errno("listen");
       ::close(fd);
       continue;

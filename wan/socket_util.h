@@ -11,8 +11,10 @@
 
 namespace meridian::wan {
 
-// A listening socket (close-on-exec, SO_REUSEADDR) on `address`.
-Result<int> ListenTcp(const HostPort& address);
+// A listening socket (close-on-exec, SO_REUSEADDR) on `address`, with up
+// to `backlog` connections waiting to be accepted (the kernel caps it at
+// net.core.somaxconn).
+Result<int> ListenTcp(const HostPort& address, int backlog = 128);
 // Checks that `address` resolves (does not connect).
 Status ResolveTcp(const HostPort& address);
 // Connects to `address` within `timeout`; the socket is blocking and has

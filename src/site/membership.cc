@@ -70,7 +70,7 @@ void Membership::HandleHello(const Envelope& message) {
     return endpoint_->Refuse(message, admission.refusal);
   }
   // Its commits may now be as large as the model.
-  endpoint_->Trust(message);
+  endpoint_->Trust(message, worker);
   if (phase_->finished()) {
     // A process that may hold an unanswered commit sends it again; one
     // started after the end (a restart, `meridian run --resume` of a job

@@ -112,6 +112,8 @@ void SiteMonitor::FillStatus(pb::SiteStatus* status) const {
     out->set_stalled(stats.stalled);
     out->set_max_connections(stats.max_connections);
     out->set_memory_bound(front->MemoryBound());
+    out->set_untrusted_credit(stats.untrusted_credit);
+    out->set_trusted_credit(stats.trusted_credit);
   }
 }
 

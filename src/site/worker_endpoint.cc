@@ -109,6 +109,9 @@ Status WorkerEndpoint::Bind(const std::string& bind_to,
     // connection before ZeroMQ allocates it.
     socket_.set(zmq::sockopt::maxmsgsize,
                 static_cast<int64_t>(bounds.max_frame_bytes));
+    if (fronted) {
+      socket_.set(zmq::sockopt::backlog, wan::ConnectionFront::kListenBacklog);
+    }
     socket_.bind(socket_bind);
   } catch (const zmq::error_t& error) {
     return UnavailableError("site '" + site_.name() + "' cannot listen on '" +
@@ -165,8 +168,8 @@ Result<Received> WorkerEndpoint::Receive() {
   return ReceiveThroughFront(socket_, front_.get());
 }
 
-void WorkerEndpoint::Trust(const Envelope& request) {
-  if (front_ != nullptr) front_->Trust(request.front_port);
+void WorkerEndpoint::Trust(const Envelope& request, uint32_t worker) {
+  if (front_ != nullptr) front_->Trust(request.front_port, worker);
 }
 
 void WorkerEndpoint::Refuse(const std::string& routing_id,

@@ -60,10 +60,11 @@ class WorkerEndpoint {
   // The message waiting on the socket (or nothing): valid, or refused by
   // DecodeMessage. Errors: the socket failed.
   Result<Received> Receive();
-  // The connection `request` came over belongs to a worker this server
-  // admitted: the front lets it hold its queue's worth of the largest
-  // messages (EndpointBounds::trusted_connection_bytes).
-  void Trust(const Envelope& request);
+  // The connection `request` came over belongs to the worker this server
+  // admitted as slot `worker`: the front lets it hold its queue's worth of
+  // the largest messages (EndpointBounds::trusted_connection_bytes), and
+  // the slot's earlier connection no longer.
+  void Trust(const Envelope& request, uint32_t worker);
   // The front of a tcp:// endpoint (null for ipc:// and inproc://).
   const wan::ConnectionFront* front() const { return front_.get(); }
 

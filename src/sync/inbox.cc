@@ -132,7 +132,7 @@ void Inbox::HandleMirror(const Envelope& message) {
   Peer* found = KnownSender(message);
   if (found == nullptr) return;
   // Its connection may now hold what a peer sends.
-  mirror_.Trust(message);
+  mirror_.Trust(message, found->site);
   Peer& peer = *found;
   peer.receiving.bytes_received += MessageBytes(message);
   ++peer.receiving.messages_received;

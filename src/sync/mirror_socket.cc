@@ -68,6 +68,9 @@ Status MirrorSocket::Bind(const std::string& bind, int64_t max_frame_bytes,
     // cannot be queued now is sent again later.
     socket_.set(zmq::sockopt::sndtimeo, 0);
     socket_.set(zmq::sockopt::maxmsgsize, max_frame_bytes);
+    if (fronted) {
+      socket_.set(zmq::sockopt::backlog, wan::ConnectionFront::kListenBacklog);
+    }
     socket_.bind(socket_bind);
   } catch (const zmq::error_t& error) {
     return UnavailableError("site '" + context_.name +
@@ -102,8 +105,10 @@ Result<Received> MirrorSocket::Receive() {
   return ReceiveThroughFront(socket_, front_.get());
 }
 
-void MirrorSocket::Trust(const Envelope& message) {
-  if (front_ != nullptr) front_->Trust(message.front_port);
+void MirrorSocket::Trust(const Envelope& message, int peer_site) {
+  if (front_ != nullptr) {
+    front_->Trust(message.front_port, static_cast<uint64_t>(peer_site));
+  }
 }
 
 void MirrorSocket::Refuse(const std::string& routing_id,

@@ -54,9 +54,10 @@ class MirrorSocket {
 
   // The next message waiting, without blocking (timed out: none).
   Result<Received> Receive();
-  // `message` came from a site this one syncs with: its connection may
-  // hold `peer_credit` (see Open).
-  void Trust(const Envelope& message);
+  // `message` came from the site `peer_site` (its index in the job), one
+  // this site syncs with: its connection may hold `peer_credit` (see
+  // Open), the peer's earlier connection no longer.
+  void Trust(const Envelope& message, int peer_site);
 
   // Refuses `header` (logged, answered with an ERROR unless a HEARTBEAT)
   // and counts it (rejected()).

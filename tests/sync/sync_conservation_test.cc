@@ -17,6 +17,7 @@
 #include "meridian/sync/sync.h"
 #include "meridian/net/transport.h"
 #include "testing/live_sites.h"
+#include "testing/raw_zmtp.h"
 #include "testing/test_data.h"
 #include "testing/status_matchers.h"
 
@@ -230,6 +231,37 @@ TEST_F(SyncConservationTest, ChangesSentBetweenClocksArriveOnce) {
   }
   EXPECT_GT(between, 0);
   EXPECT_LE(between, all);
+}
+
+// Strangers at every mirror socket while the sites sync: four endless
+// multipart messages each (in 1 KiB and in empty frames) and 50
+// connections that drip a byte every 100 ms. The fronts hold each stranger
+// at its credit, the peers' traffic passes, and every site still ends
+// with every update once.
+TEST_F(SyncConservationTest, StrangersAtTheMirrorSocketsDoNotStopTheSync) {
+  const pb::JobConfig job = Job(Topology{"Mesh3", 3, pb::FULL_MESH});
+  std::vector<std::unique_ptr<testing::Intruders>> intruders;
+  testing::LiveSitesOptions options;
+  options.commits = kCommits;
+  options.seed_base = 5000;
+  options.timeout = kTimeout;
+  options.commit_interval = milliseconds(20);
+  options.on_listening = [&](const std::vector<std::string>& mirrors) {
+    for (const std::string& mirror : mirrors) {
+      intruders.push_back(std::make_unique<testing::Intruders>(
+          mirror, /*endless=*/4, /*drips=*/50));
+    }
+  };
+  Result<testing::LiveSitesRun> run = testing::RunLiveSites(job, options);
+  ASSERT_OK(run);
+  EXPECT_EQ(testing::EveryUpdateOnceProblems(job, *run), "");
+  for (const auto& intruder : intruders) {
+    EXPECT_EQ(intruder->endless(), 4u);
+    // Something went in, and no more than the kernel's buffers beyond the
+    // front's credit (libzmq alone reads such a message without end).
+    EXPECT_GT(intruder->max_stream_bytes(), 64u << 10);
+    EXPECT_LT(intruder->max_stream_bytes(), 32u << 20);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Topologies, SyncConservationTest,

@@ -120,6 +120,13 @@ Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job,
     run.servers.push_back(std::move(server));
   }
   const size_t sites = run.servers.size();
+  if (options.on_listening) {
+    std::vector<std::string> mirrors;
+    for (const auto& server : run.servers) {
+      mirrors.push_back(server->mirror_endpoint());
+    }
+    options.on_listening(mirrors);
+  }
   // Threads: one per server (its Run), one scripted worker per site, and
   // the fault script. Each writes only its own slot of run_status,
   // worker_status and sums, read after the joins, so nothing is shared

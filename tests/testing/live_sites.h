@@ -54,6 +54,11 @@ struct LiveSitesOptions {
   // Where the job file wanem reads and its log go.
   std::string work_dir;
   std::function<void(wan::ControlClient* wanem)> during;
+  // Called once every server listens, before the sites meet, with each
+  // site's mirror endpoint in job order (e.g. to start hostile peers of
+  // the mirror sockets); must return at once.
+  std::function<void(const std::vector<std::string>& mirror_endpoints)>
+      on_listening;
 };
 Result<LiveSitesRun> RunLiveSites(const pb::JobConfig& job,
                                   const LiveSitesOptions& options);

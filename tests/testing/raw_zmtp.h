@@ -12,11 +12,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace meridian::testing {
 
@@ -66,7 +70,7 @@ inline bool ZmtpHandshake(int fd) {
   char buffer[512];
   // A greeting, then a short command frame: flags, size, body.
   while (got.size() < 66 ||
-         got.size() < 66 + static_cast<uint8_t>(got[65])) {
+         got.size() < size_t{66} + static_cast<uint8_t>(got[65])) {
     const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
     if (n <= 0) return false;
     got.append(buffer, static_cast<size_t>(n));
@@ -120,6 +124,131 @@ inline int ConnectRawTcp(const std::string& endpoint) {
   }
   return fd;
 }
+
+// Strangers at a ZeroMQ listener, driven by a thread of their own from
+// construction to destruction:
+//  - `endless` connections that complete the handshake and then each
+//    stream one multipart message that never ends (even ones in 1 KiB
+//    frames, odd ones in empty frames), pushed whenever the kernel takes
+//    more;
+//  - `drips` connections that each send one byte every 100 ms of a
+//    handshake and then of a message that never ends; one the listener
+//    closes is opened again at once, so `drips` always press.
+// Threads: the counters may be read from any thread.
+class Intruders {
+ public:
+  Intruders(std::string endpoint, int endless, int drips)
+      : endpoint_(std::move(endpoint)) {
+    for (int i = 0; i < endless; ++i) {
+      const int fd = ConnectRawTcp(endpoint_);
+      if (fd < 0) continue;
+      if (!ZmtpHandshake(fd)) {
+        ::close(fd);
+        continue;
+      }
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+      Stream stream{fd, {}, 0, 0};
+      while (stream.block.size() < (64u << 10)) {
+        stream.block += ZmtpMoreFrame(i % 2 == 0 ? 1024 : 0);
+      }
+      streams_.push_back(std::move(stream));
+    }
+    drip_bytes_ = ZmtpDealerHandshake();
+    handshake_bytes_ = drip_bytes_.size();
+    while (drip_bytes_.size() < 4096) drip_bytes_ += ZmtpMoreFrame(1024);
+    drips_.assign(static_cast<size_t>(drips), Drip{-1, 0});
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Intruders() {
+    stop_ = true;
+    thread_.join();
+    for (const Stream& stream : streams_) ::close(stream.fd);
+    for (const Drip& drip : drips_) {
+      if (drip.fd >= 0) ::close(drip.fd);
+    }
+  }
+  Intruders(const Intruders&) = delete;
+  Intruders& operator=(const Intruders&) = delete;
+
+  // Endless connections that completed the handshake.
+  size_t endless() const { return streams_.size(); }
+  // The most bytes one endless message got into the kernel so far.
+  uint64_t max_stream_bytes() const { return max_stream_bytes_.load(); }
+  // Bytes of every connection that went into the kernel so far.
+  uint64_t bytes_sent() const { return bytes_sent_.load(); }
+  // Drip connections the listener closed (each was opened again).
+  uint64_t drips_closed() const { return drips_closed_.load(); }
+
+ private:
+  struct Stream {
+    int fd;
+    std::string block;
+    size_t offset;
+    uint64_t sent;
+  };
+  struct Drip {
+    int fd;
+    size_t next;  // into drip_bytes_
+  };
+
+  void Run() {
+    auto next_drip = std::chrono::steady_clock::now();
+    while (!stop_) {
+      bool sent_any = false;
+      for (Stream& stream : streams_) {
+        const ssize_t n =
+            ::send(stream.fd, stream.block.data() + stream.offset,
+                   stream.block.size() - stream.offset, MSG_NOSIGNAL);
+        if (n <= 0) continue;
+        sent_any = true;
+        bytes_sent_ += static_cast<uint64_t>(n);
+        stream.sent += static_cast<uint64_t>(n);
+        stream.offset =
+            (stream.offset + static_cast<size_t>(n)) % stream.block.size();
+        if (stream.sent > max_stream_bytes_.load()) {
+          max_stream_bytes_ = stream.sent;
+        }
+      }
+      if (std::chrono::steady_clock::now() >= next_drip) {
+        next_drip += std::chrono::milliseconds(100);
+        for (Drip& drip : drips_) DripOne(drip);
+      }
+      if (!sent_any) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  void DripOne(Drip& drip) {
+    if (drip.fd < 0) {
+      drip.fd = ConnectRawTcp(endpoint_);
+      if (drip.fd < 0) return;
+      ::fcntl(drip.fd, F_SETFL, ::fcntl(drip.fd, F_GETFL) | O_NONBLOCK);
+      drip.next = 0;
+    }
+    // The byte after the handshake's end loops over the message's frames.
+    if (drip.next == drip_bytes_.size()) drip.next = handshake_bytes_;
+    const ssize_t n =
+        ::send(drip.fd, drip_bytes_.data() + drip.next, 1, MSG_NOSIGNAL);
+    if (n == 1) {
+      ++drip.next;
+      ++bytes_sent_;
+    } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      ::close(drip.fd);
+      drip.fd = -1;
+      ++drips_closed_;
+    }
+  }
+
+  const std::string endpoint_;
+  std::vector<Stream> streams_;  // owned by the thread once it runs
+  std::string drip_bytes_;  // a handshake, then whole 1 KiB frames
+  size_t handshake_bytes_ = 0;
+  std::vector<Drip> drips_;  // owned by the thread once it runs
+  std::atomic<uint64_t> max_stream_bytes_{0};
+  std::atomic<uint64_t> drips_closed_{0};
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 }  // namespace meridian::testing
 

@@ -190,7 +190,7 @@ TEST_F(FrontTest, AConnectionHoldsAtMostItsCreditUntilTrusted) {
       << "a message beyond the credit arrived before the connection was "
          "trusted";
   EXPECT_LE(front_->stats().held_bytes, options.untrusted_credit);
-  front_->Trust(hello->port);
+  front_->Trust(hello->port, /*identity=*/0);
   std::optional<Taken> taken = Take(milliseconds(20000));
   ASSERT_TRUE(taken.has_value()) << "the trusted connection stayed stalled";
   EXPECT_EQ(taken->frames[1].size(), big.size());
@@ -300,8 +300,8 @@ TEST_F(FrontTest, TrustingOneTooManyDemotesTheLongestTrusted) {
                                     zmq::send_flags::none));
     std::optional<Taken> hello = Take(milliseconds(20000));
     ASSERT_TRUE(hello.has_value());
-    front_->Trust(hello->port);
-    front_->Trust(hello->port);  // twice: still one trusted connection
+    front_->Trust(hello->port, i);
+    front_->Trust(hello->port, i);  // twice: still one trusted connection
   }
   ASSERT_TRUE(WaitFor([&] { return front_->stats().open == 3; }));
   // Trust is applied in order; the third demoted the first.
@@ -312,6 +312,42 @@ TEST_F(FrontTest, TrustingOneTooManyDemotesTheLongestTrusted) {
                     (2 * ConnectionFront::kBufferBytes +
                      options.untrusted_credit) +
                 2 * options.trusted_credit);
+}
+
+// A worker that joins again over a new connection (or a peer that
+// reconnects) takes the trust of its own earlier connection, not of the
+// connection trusted longest ago: another worker's large messages still
+// pass.
+TEST_F(FrontTest, TrustingANewConnectionOfAnIdentityDemotesOnlyItsOldOne) {
+  FrontOptions options;
+  options.max_trusted = 2;
+  options.untrusted_credit = 64 << 10;
+  options.trusted_credit = 4 << 20;
+  Start(options);
+  std::vector<zmq::socket_t> dealers;
+  // Worker 7 first (trusted longest), then worker 1 twice.
+  for (const uint64_t identity : {7, 1, 1}) {
+    dealers.push_back(Dealer());
+    dealers.back().connect(front_->endpoint());
+    ASSERT_TRUE(dealers.back().send(zmq::buffer(std::string("hello")),
+                                    zmq::send_flags::none));
+    std::optional<Taken> hello = Take(milliseconds(20000));
+    ASSERT_TRUE(hello.has_value());
+    front_->Trust(hello->port, identity);
+  }
+  ASSERT_TRUE(WaitFor([&] { return front_->stats().trusted == 2; }))
+      << front_->stats().trusted;
+  // Worker 7 kept its trust: a message far over the untrusted credit.
+  const std::string big(1 << 20, 'b');
+  ASSERT_TRUE(dealers[0].send(zmq::buffer(big), zmq::send_flags::none));
+  std::optional<Taken> taken = Take(milliseconds(20000));
+  ASSERT_TRUE(taken.has_value()) << "worker 7 lost its trust";
+  EXPECT_EQ(taken->frames[1].size(), big.size());
+  // And worker 1's new connection has it.
+  ASSERT_TRUE(dealers[2].send(zmq::buffer(big), zmq::send_flags::none));
+  taken = Take(milliseconds(20000));
+  ASSERT_TRUE(taken.has_value()) << "worker 1's new connection is not trusted";
+  EXPECT_EQ(taken->frames[1].size(), big.size());
 }
 
 TEST_F(FrontTest, TheCapEvictsTheOldestUntrustedConnectionAndRefusesWhenAllAreTrusted) {
@@ -330,7 +366,7 @@ TEST_F(FrontTest, TheCapEvictsTheOldestUntrustedConnectionAndRefusesWhenAllAreTr
                                     zmq::send_flags::none));
     std::optional<Taken> hello = Take(milliseconds(20000));
     ASSERT_TRUE(hello.has_value()) << "connection " << i << " was not served";
-    front_->Trust(hello->port);
+    front_->Trust(hello->port, i);
   }
   ASSERT_TRUE(WaitFor([&] { return front_->stats().trusted == 3; }));
   EXPECT_EQ(front_->stats().evicted, 3u);

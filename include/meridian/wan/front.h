@@ -19,10 +19,13 @@
 //    stall_timeout without the application taking anything from it is
 //    closed; libzmq drops the partial message with the connection.
 //  - Two credits: untrusted_credit for a connection until the application
-//    vouches for it (Trust: a worker it admitted), trusted_credit after.
-//    At most max_trusted connections are trusted at once (the worker
-//    slots): trusting one more takes the trust of the one trusted
-//    longest ago (on a plaintext endpoint anyone may say HELLO).
+//    vouches for it (Trust: a worker it admitted, a peer site it knows,
+//    each an identity), trusted_credit after. One connection per identity
+//    is trusted: trusting a new one for it (a worker that joined again, a
+//    peer that reconnected) takes the trust of the old one. At most
+//    max_trusted connections are trusted at once (the worker slots):
+//    trusting one more takes the trust of the one trusted longest ago (on
+//    a plaintext endpoint anyone may say HELLO).
 //    untrusted_credit must hold the largest message a peer sends before it
 //    is trusted (a HELLO), trusted_credit the largest message times the
 //    messages the socket queues per connection; a connection whose next
@@ -102,6 +105,11 @@ class ConnectionFront {
   // a frame's ZMTP framing (2-9 bytes; up to 42 under CURVE). The surplus
   // pays back the handshake, which the application never takes.
   static constexpr uint64_t kFramingAllowanceBytes = 64;
+  // Connections the kernel completes before they are accepted, on the
+  // public listener and on the application's socket behind it (ZeroMQ's
+  // ZMQ_BACKLOG; its default, 100, makes a burst of new connections wait
+  // for SYN retransmits: the front relays each at once).
+  static constexpr int kListenBacklog = 1024;
 
   struct Stats {
     uint64_t open = 0;       // connections relayed now
@@ -112,6 +120,11 @@ class ConnectionFront {
     uint64_t stalled = 0;    // closed out of credit for stall_timeout
     uint64_t held_bytes = 0; // read and not yet taken, every connection
     uint64_t max_connections = 0;  // the cap in force
+    // FrontOptions' credits: a message larger than untrusted_credit (bytes
+    // + kFrameChargeBytes per frame) from an untrusted connection is held
+    // until it stalls and is closed, never delivered.
+    uint64_t untrusted_credit = 0;
+    uint64_t trusted_credit = 0;
   };
 
   // Listens on options.listen and starts the relay. Errors name the
@@ -128,8 +141,11 @@ class ConnectionFront {
   // (routing id frames not counted) that came over the connection whose
   // upstream port is `upstream_port`.
   void Consumed(uint16_t upstream_port, uint64_t bytes, uint64_t frames);
-  // The connection behind `upstream_port` gets trusted_credit from now on.
-  void Trust(uint16_t upstream_port);
+  // The connection behind `upstream_port` speaks for `identity` (a worker
+  // slot, a peer site: the application's numbering) and gets
+  // trusted_credit from now on; the connection trusted for `identity`
+  // before gets untrusted_credit.
+  void Trust(uint16_t upstream_port, uint64_t identity);
 
   Stats stats() const;
   // What peers can make the process hold in the front and libzmq at most
@@ -143,6 +159,7 @@ class ConnectionFront {
     uint64_t bytes;   // Consumed; 0 for Trust
     uint64_t frames;
     bool trust;
+    uint64_t identity;  // Trust
   };
 
   explicit ConnectionFront(FrontOptions options);
@@ -168,7 +185,8 @@ class ConnectionFront {
   void CloseStalled();
   bool EvictOne();
   void Publish();
-  void MarkTrusted(Connection& c);
+  void MarkTrusted(Connection& c, uint64_t identity);
+  void Demote(Connection& c);
 
   FrontOptions options_;
   std::string endpoint_;
@@ -193,6 +211,11 @@ class ConnectionFront {
   // or demoted connections are skipped, and dropped when they pile up).
   std::deque<std::pair<uint64_t, uint64_t>> trusted_order_;  // id, since
   uint64_t trust_count_ = 0;  // Trust calls that trusted a connection
+  // The connection trusted last for each identity (its id). At most one
+  // entry per identity the application vouched for (worker slots, peer
+  // sites); an entry whose connection closed or speaks for another
+  // identity now is stale and ignored.
+  std::unordered_map<uint64_t, uint64_t> trusted_by_identity_;
   bool listen_paused_ = false;
   // held_bytes, trusted and the counts since start (open and
   // max_connections are filled in by Publish).

@@ -24,8 +24,11 @@
 // control messages without the token, message types a server never
 // serves, wrong protocol versions, bad HELLOs, requests out of order and
 // while one is in flight, many and oversized frames), a burst of requests,
-// or a connection that stops reading its replies for a while and keeps
-// sending. Every reply is classified (per action: MODEL, ERROR_<code>, ...,
+// a connection that stops reading its replies for a while and keeps
+// sending, or a raw TCP connection that streams one multipart message that
+// never ends (ZMTP by hand, in 1 KiB or in empty frames; up to 4 at a time,
+// each pushed more on every step until it gives up or the server closes
+// it). Every reply is classified (per action: MODEL, ERROR_<code>, ...,
 // none) and every message the fuzzer sends is first decoded with the
 // server's own decoder, so it knows what the server must refuse.
 //
@@ -43,8 +46,8 @@
 //      anything but ERROR is a finding as well;
 //  (d) the server's RSS (VmRSS) stays below idle RSS + connections x
 //      (send_queue + receive_queue) x (model bytes + 1 MiB) + 64 MiB
-//      (job.proto server.limits defaults: 4 and 8 messages), printed at
-//      the start;
+//      (job.proto server.limits defaults: 4 and 8 messages; connections
+//      count the endless streams), printed at the start;
 //  (e) no reply carries more floats than server.limits.max_reply_floats
 //      (default: the model's parameter count).
 // At the end the server gets SIGTERM and must exit cleanly.
@@ -55,9 +58,13 @@
 // stops there). Exits 1 on a finding. --keep-going records a finding,
 // stops generating what caused it, restarts the server and goes on (for
 // long runs that should report every kind of finding, not only the first).
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cctype>
@@ -91,6 +98,8 @@
 #include "meridian/net/transport.h"
 #include "meridian/wire.pb.h"
 #include "meridian/core/process.h"
+#include "meridian/wan/front.h"
+#include "testing/raw_zmtp.h"
 #include "testing/test_data.h"
 
 namespace meridian::protocol_fuzz {
@@ -113,6 +122,11 @@ constexpr uint64_t kRssSlackBytes = 64 * kMiB;
 constexpr size_t kRetiredIncarnations = 8;
 constexpr size_t kTraceLines = 40;
 constexpr size_t kHistoryVersions = 64;
+constexpr uint64_t kFrameChargeBytes = wan::ConnectionFront::kFrameChargeBytes;
+// Endless messages: streams open at once, and the most pushed into one
+// stream in one step (it stops earlier when the kernel takes no more).
+constexpr size_t kMaxEndlessStreams = 4;
+constexpr uint64_t kEndlessPushBytes = 512 * 1024;
 
 struct Options {
   double seconds = 30;
@@ -303,6 +317,10 @@ struct Sent {
   // An answer is not certain (an oversized frame: a server with
   // ZMQ_MAXMSGSIZE drops the connection instead): waited for briefly.
   bool short_wait = false;
+  // Larger than a connection that has not joined may send (the front's
+  // untrusted credit): held by the front and never delivered, so no
+  // answer; the connection is replaced after it.
+  bool held_by_front = false;
   bool awaited = true;  // still waited for (not timed out, connection read)
   // Given up on: its answer was dropped, or comes late. It is matched only
   // by its sequence number, so that it cannot take a later message's
@@ -310,6 +328,17 @@ struct Sent {
   bool timed_out = false;
   int slot = -1;  // the worker slot named as sender, if one of ours
   bool from_owner = false;
+};
+
+// A raw TCP connection that streams one multipart message that never ends:
+// MORE frames of `frame_bytes` (1 KiB, or 0: empty frames). Owns `fd`.
+struct EndlessStream {
+  int fd = -1;
+  size_t frame_bytes = 0;
+  std::string block;  // whole frames, cycled through
+  size_t offset = 0;  // into block: where the next send starts
+  uint64_t sent = 0;
+  int steps_left = 0;  // then the fuzzer closes it
 };
 
 struct Conn {
@@ -393,6 +422,13 @@ class Fuzzer {
     self.set_role(pb::ROLE_CLIENT);
     return self;
   }
+  // What the server must do with `wire` over connection `c`:
+  // ClassifyDelivered, unless the front holds it (Sent::held_by_front).
+  Sent ClassifyDelivered(int c, const Wire& wire, const std::string& action,
+                         bool valid) const;
+  // Whether connection `c` joined as a slot it still owns (the front gives
+  // it the trusted credit).
+  bool Trusted(int c) const;
   Sent Classify(int c, const Wire& wire, const std::string& action,
                 bool valid) const;
   bool Suppressed(const Sent& sent) const;
@@ -461,6 +497,11 @@ class Fuzzer {
   void ActInFlight();
   void ActAnonBurst();
   void ActSlowStart();
+  void ActEndlessStart();
+  // Pushes more of every endless message; closes the streams whose time is
+  // up or that the server closed.
+  void PushEndless();
+  void CloseEndless(size_t i, bool by_server);
   void SlowBurst();
   void SlowEnd();
   void ActMutation();
@@ -476,6 +517,9 @@ class Fuzzer {
   uint64_t params_ = 0;
   uint64_t max_reply_floats_ = 0;
   uint64_t max_frame_bytes_ = 0;
+  // The front's credit of a connection that has not joined (from the
+  // first STATUS_REPLY; 0: not known yet, nothing is taken as held).
+  uint64_t untrusted_credit_ = 0;
   bool sent_oversized_ = false;  // the last Transmit had a frame too large
   Server server_;
   int run_ = 0;
@@ -485,6 +529,12 @@ class Fuzzer {
   int anon_conns_ = 0;
   std::vector<Slot> slots_;
   Expected expected_;
+
+  std::vector<EndlessStream> endless_;
+  uint64_t endless_opened_ = 0;
+  uint64_t endless_bytes_ = 0;
+  uint64_t endless_closed_by_server_ = 0;
+  uint64_t endless_max_stream_bytes_ = 0;
 
   // Stopped-reading connection (-1: none).
   int slow_conn_ = -1;
@@ -588,6 +638,7 @@ void Fuzzer::OpenConnection(int c, ConnKind kind) {
 }
 
 void Fuzzer::ResetState() {
+  while (!endless_.empty()) CloseEndless(endless_.size() - 1, false);
   conns_.clear();
   conns_.resize(worker_conns_ + anon_conns_ + 1);
   slots_.assign(options_.workers, Slot());
@@ -633,7 +684,8 @@ void Fuzzer::MeasureIdle() {
   Probe();
   std::this_thread::sleep_for(milliseconds(300));
   idle_rss_ = server_.Rss();
-  const uint64_t connections = conns_.size() + 1;  // + the probe
+  // + the probe and the endless streams
+  const uint64_t connections = conns_.size() + 1 + kMaxEndlessStreams;
   const uint64_t model_bytes = params_ * sizeof(float);
   rss_bound_ = idle_rss_ +
                connections * (kDefaultSendQueue + kDefaultReceiveQueue) *
@@ -727,6 +779,28 @@ Wire Fuzzer::Simple(pb::MessageType type, const pb::Endpoint& sender,
 // with it.
 Sent Fuzzer::Classify(int c, const Wire& wire, const std::string& action,
                       bool valid) const {
+  Sent sent = ClassifyDelivered(c, wire, action, valid);
+  if (untrusted_credit_ == 0 || Trusted(c)) return sent;
+  uint64_t charged = wire.Frame0().size() + kFrameChargeBytes;
+  for (const std::string& frame : wire.payload) {
+    charged += frame.size() + kFrameChargeBytes;
+  }
+  if (charged <= untrusted_credit_) return sent;
+  sent.held_by_front = true;
+  sent.expects_reply = false;
+  sent.may_apply = false;
+  sent.short_wait = true;
+  return sent;
+}
+
+bool Fuzzer::Trusted(int c) const {
+  return std::any_of(slots_.begin(), slots_.end(), [c](const Slot& slot) {
+    return slot.owner == c && slot.joined && !slot.left;
+  });
+}
+
+Sent Fuzzer::ClassifyDelivered(int c, const Wire& wire,
+                               const std::string& action, bool valid) const {
   Sent sent;
   sent.step = step_;
   sent.action = action;
@@ -958,6 +1032,7 @@ bool Fuzzer::Transmit(int c, const Wire& wire, const std::string& action,
     if (sent.from_owner) slot.last_sent = SteadyClock::now();
   }
   if (sent.may_apply) ++expected_.inflight;
+  if (sent.held_by_front) ++outcomes_[action]["held-by-front"];
   if (!conn.reading) sent.awaited = false;
   if (!sent.expects_reply) sent.awaited = false;
   std::string what =
@@ -971,7 +1046,8 @@ bool Fuzzer::Transmit(int c, const Wire& wire, const std::string& action,
   Trace("step " + std::to_string(step_) + " conn " + std::to_string(c) + " (" +
         KindName(conn.kind) + ") " + action + ": " + what + ", " +
         std::to_string(frames) + " frames" +
-        (sent.must_refuse
+        (sent.held_by_front ? " [held by the front: over the untrusted credit]"
+         : sent.must_refuse
              ? " [must refuse: " + Printable(sent.why_refuse, 80) + "]"
              : ""));
   conn.outstanding.push_back(std::move(sent));
@@ -1437,6 +1513,9 @@ void Fuzzer::CheckModelReply(const Envelope& reply, bool commit_reply,
 
 void Fuzzer::CheckStatus(const pb::SiteStatus& status, const std::string& what,
                          bool fresh) {
+  if (status.front().untrusted_credit() > 0) {
+    untrusted_credit_ = status.front().untrusted_credit();
+  }
   if (status.finished()) {
     AddFinding("job-finished",
                what +
@@ -1829,6 +1908,67 @@ void Fuzzer::SlowEnd() {
   slow_steps_left_ = 0;
 }
 
+// Opens a raw connection, completes the ZMTP handshake and starts a message
+// that never ends. A server that does not greet within 10 s is a finding.
+void Fuzzer::ActEndlessStart() {
+  if (endless_.size() >= kMaxEndlessStreams) return;
+  EndlessStream stream;
+  stream.fd = testing::ConnectRawTcp(server_.endpoint());
+  if (stream.fd < 0) {
+    AddFinding("endless-connect", "a raw TCP connection to " +
+                                      server_.endpoint() + " was refused");
+    return;
+  }
+  if (!testing::ZmtpHandshake(stream.fd)) {
+    ::close(stream.fd);
+    AddFinding("endless-handshake",
+               "the server did not complete a ZMTP handshake within 10 s");
+    return;
+  }
+  ::fcntl(stream.fd, F_SETFL, ::fcntl(stream.fd, F_GETFL) | O_NONBLOCK);
+  stream.frame_bytes = Chance(0.5) ? 1024 : 0;
+  while (stream.block.size() < (64u << 10)) {
+    stream.block += testing::ZmtpMoreFrame(stream.frame_bytes);
+  }
+  stream.steps_left = 20 + static_cast<int>(Rand(400));
+  ++endless_opened_;
+  Trace("step " + std::to_string(step_) + " endless message in " +
+        std::to_string(stream.frame_bytes) + "-byte frames for " +
+        std::to_string(stream.steps_left) + " steps");
+  endless_.push_back(std::move(stream));
+}
+
+void Fuzzer::PushEndless() {
+  for (size_t i = endless_.size(); i-- > 0;) {
+    EndlessStream& stream = endless_[i];
+    uint64_t pushed = 0;
+    bool closed = false;
+    while (pushed < kEndlessPushBytes) {
+      const ssize_t n =
+          ::send(stream.fd, stream.block.data() + stream.offset,
+                 stream.block.size() - stream.offset, MSG_NOSIGNAL);
+      if (n < 0) {
+        closed = errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+        break;
+      }
+      pushed += static_cast<uint64_t>(n);
+      stream.offset =
+          (stream.offset + static_cast<size_t>(n)) % stream.block.size();
+    }
+    stream.sent += pushed;
+    endless_bytes_ += pushed;
+    endless_max_stream_bytes_ =
+        std::max(endless_max_stream_bytes_, stream.sent);
+    if (closed || --stream.steps_left <= 0) CloseEndless(i, closed);
+  }
+}
+
+void Fuzzer::CloseEndless(size_t i, bool by_server) {
+  ::close(endless_[i].fd);
+  if (by_server) ++endless_closed_by_server_;
+  endless_.erase(endless_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
 void Fuzzer::Step() {
   ++step_;
   step_mutated_ = step_refused_ = step_sent_shutdown_ = slow_ended_ = false;
@@ -1857,6 +1997,7 @@ void Fuzzer::Step() {
       {"in-flight", 3, [&] { ActInFlight(); }},
       {"anon-burst", 2, [&] { ActAnonBurst(); }},
       {"slow-start", 1, [&] { ActSlowStart(); }},
+      {"endless", 1, [&] { ActEndlessStart(); }},
       {"mutation", 54, [&] { ActMutation(); }},
   };
   int total = 0;
@@ -1873,6 +2014,7 @@ void Fuzzer::Step() {
     pick -= action.weight;
   }
   if (stop_ || restart_) return;
+  PushEndless();
   HeartbeatIdleSlots();
   if (step_mutated_ || step_refused_) CheckModel();
   if (stop_ || restart_) return;
@@ -2439,6 +2581,7 @@ int Fuzzer::Run() {
     Probe();
     CheckServer();
   }
+  while (!endless_.empty()) CloseEndless(endless_.size() - 1, false);
   conns_.clear();
   const std::string exit_problem = server_.Stop(30);
   if (!exit_problem.empty()) {
@@ -2458,6 +2601,12 @@ int Fuzzer::Run() {
       " (slowest %.3f s), max RSS %s (bound %s), server restarts %" PRIu64 "\n",
       model_checks_, compared_floats_, probes_, probe_max_s_,
       Mb(rss_max_).c_str(), Mb(rss_bound_).c_str(), restarts_);
+  std::printf("protocol_fuzz: endless messages: %" PRIu64
+              " streams, %s pushed (at most %s into one), %" PRIu64
+              " closed by the server\n",
+              endless_opened_, Mb(endless_bytes_).c_str(),
+              Mb(endless_max_stream_bytes_).c_str(),
+              endless_closed_by_server_);
   std::string refusals;
   for (const auto& [code, count] : refusals_) {
     refusals += " " + code + "=" + std::to_string(count);
