@@ -31,7 +31,8 @@
 // (after: 1 s after the phase's load stopped). Prints a markdown table and
 // the goal:
 //   p99 during abuse <= 2 x idle p99 + the flood's own service time (the
-//   server's time per flood message: the flood phase's length over the
+//   server's CPU time per flood message: its CPU time in the flood phase,
+//   less the worker's PULLs at the idle phase's CPU per PULL, over the
 //   flood replies it sent), and
 //   RSS <= idle RSS + connections x (send_queue + receive_queue) x
 //   (model bytes + 1 MiB) (job.proto server.limits defaults 4 and 8).
@@ -107,6 +108,22 @@ double SecondsSince(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
+// User + system CPU seconds `pid` has used (/proc/PID/stat).
+double ReadCpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  // Fields after the command (which may hold spaces): state is field 3,
+  // utime 14, stime 15.
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i >= 14) ticks += std::strtod(field.c_str(), nullptr);
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
 uint64_t ReadRss(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
@@ -155,6 +172,7 @@ struct PhaseResult {
   uint64_t rss_after = 0;
   uint64_t load_messages = 0;  // sent by the phase's abusers
   uint64_t load_replies = 0;   // received by them
+  double server_cpu_s = 0;     // the server's CPU time during the phase
   double p50() const { return Percentile(rtt_ms, 0.5); }
   double p99() const { return Percentile(rtt_ms, 0.99); }
 };
@@ -295,6 +313,7 @@ PhaseResult Bench::Phase(
   result.name = name;
   const pid_t pid = server_->pid();
   result.rss_before = ReadRss(pid);
+  const double cpu_before = ReadCpuSeconds(pid);
   result.rss_max = result.rss_before;
   std::atomic<bool> stop{false};
   std::vector<double> rtt;
@@ -329,6 +348,7 @@ PhaseResult Bench::Phase(
   timer.join();
   good.join();
   sampler.join();
+  result.server_cpu_s = ReadCpuSeconds(pid) - cpu_before;
   result.rtt_ms = std::move(rtt);
   result.failures = failures;
   // Let the server settle (its queues drain, the abusers are gone).
@@ -465,10 +485,15 @@ void Bench::Report(const std::vector<PhaseResult>& phases) {
   const PhaseResult& idle = phases[0];
   const PhaseResult& flood = phases[1];
   const double idle_p99 = idle.p99();
+  // The server's CPU time per flood message: the flood phase's CPU time
+  // less what the worker's PULLs cost (at the idle phase's CPU per PULL),
+  // over the flood's replies.
+  const double pull_cpu_s =
+      idle.rtt_ms.empty() ? 0 : idle.server_cpu_s / idle.rtt_ms.size();
+  const double flood_cpu_s = std::max(
+      0.0, flood.server_cpu_s - pull_cpu_s * flood.rtt_ms.size());
   const double flood_service_ms =
-      flood.load_replies > 0
-          ? options_.seconds_per_phase * 1e3 / flood.load_replies
-          : 0;
+      flood.load_replies > 0 ? flood_cpu_s * 1e3 / flood.load_replies : 0;
   const uint64_t model_bytes = params_ * sizeof(float);
   const uint64_t connections = 2 + options_.flood_connections;
   const uint64_t rss_bound = idle_rss_ + connections *
@@ -476,7 +501,7 @@ void Bench::Report(const std::vector<PhaseResult>& phases) {
                                              (model_bytes + kMiB);
   const double p99_goal = 2 * idle_p99 + flood_service_ms;
   std::ostringstream md;
-  char line[512];
+  char line[1024];
   std::snprintf(line, sizeof(line),
                 "Worker endpoint under abuse: MLP 784-%d-10 (%" PRIu64
                 " parameters, %.2f MB), %.0f s per phase, %d flood "
@@ -518,13 +543,14 @@ void Bench::Report(const std::vector<PhaseResult>& phases) {
   std::snprintf(
       line, sizeof(line),
       "\ngoal: p99 during abuse at most 2x idle p99 plus the flood's own "
-      "service time: <= 2 x %.2f + %.3f = %.2f ms (service time: the flood "
-      "phase's %.0f s over its %" PRIu64
-      " replies); RSS bounded by idle RSS + connections x (send_queue + "
+      "service time: <= 2 x %.2f + %.3f = %.2f ms (service time: the "
+      "server's %.2f s of CPU in the flood phase, less %.2f s for the "
+      "worker's PULLs at the idle phase's CPU per PULL, over the flood's "
+      "%" PRIu64 " replies); RSS bounded by idle RSS + connections x (send_queue + "
       "receive_queue) x (model bytes + 1 MiB) = %.1f + %" PRIu64 " x (%" PRIu64
       " + %" PRIu64 ") x (%.2f + 1.05) MB = %.1f MB\n",
-      idle_p99, flood_service_ms, p99_goal, options_.seconds_per_phase,
-      flood.load_replies, idle_rss_ / 1e6, connections, kSendQueue,
+      idle_p99, flood_service_ms, p99_goal, flood.server_cpu_s,
+      flood.server_cpu_s - flood_cpu_s, flood.load_replies, idle_rss_ / 1e6, connections, kSendQueue,
       kReceiveQueue, model_bytes / 1e6, rss_bound / 1e6);
   md << line;
   std::snprintf(
@@ -533,11 +559,13 @@ void Bench::Report(const std::vector<PhaseResult>& phases) {
       "msgs: bytes sent) and held connections (abuser msgs: connections "
       "opened): RSS bounded by idle RSS + the front's logged bound = %.1f + "
       "%.1f MB = %.1f MB; the front at the end: %" PRIu64
-      " connections, %" PRIu64 " evicted, %" PRIu64 " stalled, %" PRIu64
-      " refused\n",
+      " connections (%" PRIu64 " trusted), %" PRIu64 " evicted, %" PRIu64
+      " stalled, %" PRIu64 " refused, %" PRIu64
+      " waits for the untrusted message budget\n",
       idle_rss_ / 1e6, front_bound_ / 1e6, (idle_rss_ + front_bound_) / 1e6,
-      front_stats_.connections(), front_stats_.evicted(),
-      front_stats_.stalled(), front_stats_.refused());
+      front_stats_.connections(), front_stats_.trusted(),
+      front_stats_.evicted(), front_stats_.stalled(), front_stats_.refused(),
+      front_stats_.budget_waits());
   md << line;
   std::printf("%s", md.str().c_str());
   std::fflush(stdout);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 
@@ -237,6 +238,9 @@ Result<std::unique_ptr<ConnectionFront>> ConnectionFront::Start(
           : 1;
   front->cap_ = static_cast<size_t>(std::max<uint64_t>(
       1, std::min<uint64_t>(o.max_connections, affordable)));
+  front->budget_.rate = o.untrusted_messages_per_s;
+  front->budget_.tokens = std::max(1.0, o.untrusted_messages_per_s / 4);
+  front->budget_.at = Clock::now();
   front->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   front->wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (front->epoll_fd_ < 0 || front->wake_fd_ < 0) {
@@ -342,6 +346,29 @@ void ConnectionFront::MarkTrusted(Connection& c, uint64_t identity) {
   }
 }
 
+void ConnectionFront::Budget::Refill() {
+  if (rate <= 0) return;
+  const Clock::time_point now = Clock::now();
+  const double seconds = std::chrono::duration<double>(now - at).count();
+  at = now;
+  tokens = std::min(std::max(1.0, rate / 4), tokens + seconds * rate);
+}
+
+// Each waiting connection, oldest first, while the budget lasts; the
+// others wait on (Pump -> Watch queues a connection again when the budget
+// runs out before its turn).
+void ConnectionFront::ResumeWaiting() {
+  budget_.Refill();
+  while (!budget_.waiting.empty() && budget_.tokens >= 1) {
+    const uint64_t id = budget_.waiting.front();
+    budget_.waiting.pop_front();
+    budget_.waiting_ids.erase(id);
+    const auto found = connections_.find(id);
+    if (found == connections_.end()) continue;  // closed meanwhile
+    Pump(*found->second);
+  }
+}
+
 // It reads on within the untrusted credit (a connection holding more
 // stalls until it is closed).
 void ConnectionFront::Demote(Connection& c) {
@@ -359,8 +386,9 @@ void ConnectionFront::Run() {
   epoll_event events[kMaxEvents];
   Clock::time_point next_tick = Clock::now() + kTick;
   while (!stop_) {
-    const int n = ::epoll_wait(epoll_fd_, events, kMaxEvents,
-                               static_cast<int>(kTick.count()));
+    const int n =
+        ::epoll_wait(epoll_fd_, events, kMaxEvents, WaitMilliseconds());
+    budget_.Refill();
     // Trusted peers first: a joined worker's bytes never wait behind a
     // batch of strangers' (issue 38, item 2). The application's refills
     // come before both, new connections after. Decided before any event is
@@ -390,12 +418,23 @@ void ConnectionFront::Run() {
         }
       }
     }
+    if (!budget_.waiting.empty()) ResumeWaiting();
     if (Clock::now() >= next_tick) {
       CloseStalled();
       next_tick = Clock::now() + kTick;
     }
     Publish();
   }
+}
+
+// A tick, or until the budget has a message for a waiting connection.
+int ConnectionFront::WaitMilliseconds() const {
+  if (budget_.waiting.empty() || budget_.rate <= 0) {
+    return static_cast<int>(kTick.count());
+  }
+  const double ms = std::ceil((1 - budget_.tokens) * 1000 / budget_.rate);
+  return static_cast<int>(
+      std::clamp(ms, 1.0, static_cast<double>(kTick.count())));
 }
 
 void ConnectionFront::ApplyEvents() {
@@ -544,6 +583,7 @@ bool ConnectionFront::FromPeer(Connection& c, bool* progress) {
     return !(c.peer_closing && room == 0 && c.up.size() == 0 &&
              c.up_spliced == 0);
   }
+  if (!c.trusted && !budget_.Allows()) return true;  // Watch() queues it
   uint8_t* const at = c.up.data.get() + c.up.end;
   const ssize_t n =
       splice_body ? ::splice(c.peer, nullptr, c.up_pipe_write, nullptr, room,
@@ -552,6 +592,7 @@ bool ConnectionFront::FromPeer(Connection& c, bool* progress) {
   if (n == 0 || (n < 0 && !Retry(n))) return false;  // the peer left
   if (n < 0) return true;
   const uint64_t before = c.parsed.frames() + c.parsed.commands();
+  const uint64_t messages_before = c.parsed.messages();
   if (splice_body) {
     c.parsed.SkipOpaque(static_cast<uint64_t>(n));
     c.up_spliced += static_cast<size_t>(n);
@@ -560,6 +601,10 @@ bool ConnectionFront::FromPeer(Connection& c, bool* progress) {
     c.up.end += static_cast<size_t>(n);
   }
   const uint64_t frames = c.parsed.frames() + c.parsed.commands() - before;
+  if (!c.trusted) {
+    budget_.tokens -=
+        static_cast<double>(c.parsed.messages() - messages_before);
+  }
   const uint64_t charge = static_cast<uint64_t>(n) + frames * kFrameChargeBytes;
   c.held += charge;
   counts_.held_bytes += charge;
@@ -653,8 +698,14 @@ void ConnectionFront::Watch(Connection& c) {
   const uint64_t credit =
       c.trusted ? options_.trusted_credit : options_.untrusted_credit;
   bool splice_body = false;
-  const bool read_peer =
-      !c.upstream_done && PeerRoom(c, credit, &splice_body) > 0;
+  bool read_peer = !c.upstream_done && PeerRoom(c, credit, &splice_body) > 0;
+  if (read_peer && !c.trusted && !budget_.Allows()) {
+    read_peer = false;
+    if (budget_.waiting_ids.insert(c.id).second) {
+      ++counts_.budget_waits;
+      budget_.waiting.push_back(c.id);
+    }
+  }
   const uint32_t peer_mask = EPOLLRDHUP | (read_peer ? EPOLLIN : 0u) |
                              (c.down > 0 ? EPOLLOUT : 0u);
   const uint32_t upstream_mask =

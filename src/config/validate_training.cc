@@ -174,6 +174,9 @@ void ValidateServer(const pb::ServerConfig& server, const IssueReporter& r) {
   // 0: the default (EndpointBounds::FromConfig).
   r.Nested("limits").Real("connection_stall_s",
                           server.limits().connection_stall_s(), kNonNegative);
+  r.Nested("limits").Real("untrusted_messages_per_s",
+                          server.limits().untrusted_messages_per_s(),
+                          kNonNegative);
 }
 
 // Every field is checked whatever the kind, so that switching kinds never

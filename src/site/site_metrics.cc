@@ -59,6 +59,10 @@ void SiteMetrics::PublishFront(const wan::ConnectionFront::Stats& front) {
           "Connections closed for sitting at their credit, or not reading, "
           "for server.limits.connection_stall_s",
           static_cast<double>(front.stalled));
+  Counter("meridian_front_budget_waits_total",
+          "Times a connection whose worker has not joined waited for the "
+          "front's message budget (server.limits.untrusted_messages_per_s)",
+          static_cast<double>(front.budget_waits));
 }
 
 void SiteMetrics::PublishJob(const SiteMetricsSnapshot& s) {

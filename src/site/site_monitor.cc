@@ -114,6 +114,7 @@ void SiteMonitor::FillStatus(pb::SiteStatus* status) const {
     out->set_memory_bound(front->MemoryBound());
     out->set_untrusted_credit(stats.untrusted_credit);
     out->set_trusted_credit(stats.trusted_credit);
+    out->set_budget_waits(stats.budget_waits);
   }
 }
 

@@ -31,6 +31,7 @@ EndpointBounds EndpointBounds::FromConfig(const pb::EndpointLimits& limits,
   constexpr uint32_t kDefaultMaxConnections = 1024;
   constexpr uint64_t kSlackBytes = 64 << 10;
   constexpr double kDefaultStallSeconds = 30;
+  constexpr double kDefaultUntrustedMessagesPerSecond = 1000;
   bounds.max_connections = limits.max_connections() > 0
                                ? limits.max_connections()
                                : kDefaultMaxConnections;
@@ -51,6 +52,10 @@ EndpointBounds EndpointBounds::FromConfig(const pb::EndpointLimits& limits,
   bounds.connection_stall_s = limits.connection_stall_s() > 0
                                   ? limits.connection_stall_s()
                                   : kDefaultStallSeconds;
+  bounds.untrusted_messages_per_s =
+      limits.untrusted_messages_per_s() > 0
+          ? limits.untrusted_messages_per_s()
+          : kDefaultUntrustedMessagesPerSecond;
   return bounds;
 }
 
@@ -129,6 +134,7 @@ Status WorkerEndpoint::Bind(const std::string& bind_to,
   front.max_trusted = std::max<size_t>(worker_slots, 1);
   front.stall_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(bounds.connection_stall_s * 1000));
+  front.untrusted_messages_per_s = bounds.untrusted_messages_per_s;
   Result<std::unique_ptr<wan::ConnectionFront>> started =
       wan::ConnectionFront::Start(std::move(front));
   if (!started.ok()) {

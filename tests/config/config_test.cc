@@ -1054,8 +1054,8 @@ TEST(ValidateJobConfigTest, EveryDoubleFieldRejectsNanAndInfinity) {
   // dead_band, smoothing, tighten_factor, loosen_factor, min_theta,
   // max_theta, significance_z, min_density, max_density; sync.diloco:
   // outer_lr, outer_momentum, error_feedback_decay; server.limits:
-  // connection_stall_s.
-  EXPECT_EQ(visited, 47);
+  // connection_stall_s, untrusted_messages_per_s.
+  EXPECT_EQ(visited, 48);
 }
 
 TEST(ValidateJobConfigTest, WanPricesNeedAPriceASourceAndOneEntryAPair) {

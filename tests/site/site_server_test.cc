@@ -47,6 +47,7 @@ class SiteServerTest : public ::testing::Test {
     job_.mutable_policy()->set_kind(policy);
     job_.set_time_budget_s(120);
     job_.mutable_server()->set_eval_period_s(5);
+    job_.mutable_server()->mutable_limits()->MergeFrom(limits_);
     ASSERT_TRUE(ValidateJobConfig(job_).empty());
     SiteServerOptions options;
     options.job = job_;
@@ -202,6 +203,7 @@ class SiteServerTest : public ::testing::Test {
 
   static std::string* data_dir_;
   pb::JobConfig job_;
+  pb::EndpointLimits limits_;  // set before StartServer
   std::string out_dir_;
   zmq::context_t context_;
   std::unique_ptr<SiteServer> server_;
@@ -802,8 +804,10 @@ TEST_F(SiteServerTest, AnEndlessMessageDoesNotGrowTheServer) {
 
 // Connections that have not joined pipeline far more requests than the
 // server lets wait: the excess is refused with ERROR_BUSY (nothing done),
-// and the joined worker is served all along, never refused so.
+// and the joined worker is served all along, never refused so. (With the
+// front's message budget out of the way: it would pace the flood first.)
 TEST_F(SiteServerTest, AnonymousFloodIsAnsweredBusyAndTheJoinedWorkerServed) {
+  limits_.set_untrusted_messages_per_s(1e9);
   StartServer(1);
   RpcClient* worker = JoinOneWorker();
   constexpr int kConnections = 64;
@@ -858,6 +862,42 @@ TEST_F(SiteServerTest, AnonymousFloodIsAnsweredBusyAndTheJoinedWorkerServed) {
       << status_replies << " status replies and no ERROR_BUSY";
   EXPECT_GT(status_replies, 0);
   // The worker is still served after the flood.
+  EXPECT_EQ(Pull(worker).header.type(), pb::MODEL);
+}
+
+// The front paces what connections that have not joined send
+// (server.limits.untrusted_messages_per_s): a flood waits for the budget,
+// is answered in turn, and the joined worker is served all along.
+TEST_F(SiteServerTest, AnonymousFloodWaitsForTheFrontsBudget) {
+  limits_.set_untrusted_messages_per_s(200);
+  StartServer(1);
+  RpcClient* worker = JoinOneWorker();
+  std::vector<zmq::socket_t> flood;
+  uint64_t sequence = 0;
+  for (int c = 0; c < 16; ++c) {
+    flood.emplace_back(context_, zmq::socket_type::dealer);
+    flood.back().set(zmq::sockopt::linger, 0);
+    flood.back().connect(endpoint_);
+    for (int i = 0; i < 32; ++i) {
+      pb::Header status = MakeHeader(pb::STATUS_REQUEST, ClientEndpoint(),
+                                     ++sequence);
+      ASSERT_OK(TrySendMessage(flood.back(), status));
+    }
+  }
+  for (int i = 0; i < 20; ++i) {
+    Envelope model = Pull(worker);
+    ASSERT_EQ(model.header.type(), pb::MODEL) << "pull " << i;
+  }
+  // The flood is answered, at the budget's pace.
+  Result<Received> first = ReceiveMessage(flood.back(), false, kTimeout);
+  ASSERT_OK(first);
+  ASSERT_TRUE(first->message.has_value()) << "no answer to the flood";
+  EXPECT_EQ(first->message->header.type(), pb::STATUS_REPLY)
+      << DescribeHeader(first->message->header);
+  Result<pb::SiteStatus> status =
+      testing::QueryStatus(context_, endpoint_, kTimeout);
+  ASSERT_OK(status);
+  EXPECT_GT(status->front().budget_waits(), 0u);
   EXPECT_EQ(Pull(worker).header.type(), pb::MODEL);
 }
 

@@ -350,6 +350,71 @@ TEST_F(FrontTest, TrustingANewConnectionOfAnIdentityDemotesOnlyItsOldOne) {
   EXPECT_EQ(taken->frames[1].size(), big.size());
 }
 
+// Untrusted connections share a message budget: a stranger's burst waits
+// its turn as the budget refills (no faster than the rate, however idle
+// the machine), every message arrives, and a trusted connection is not
+// held to it.
+TEST_F(FrontTest, StrangersShareAMessageBudgetAndTrustedConnectionsPass) {
+  FrontOptions options;
+  options.untrusted_messages_per_s = 200;  // a burst of 50 at most
+  Start(options);
+  zmq::socket_t worker = Dealer();
+  worker.connect(front_->endpoint());
+  ASSERT_TRUE(worker.send(zmq::buffer(std::string("hello")),
+                          zmq::send_flags::none));
+  std::optional<Taken> hello = Take(milliseconds(20000));
+  ASSERT_TRUE(hello.has_value());
+  front_->Trust(hello->port, 0);
+  ASSERT_TRUE(WaitFor([&] { return front_->stats().trusted == 1; }));
+
+  // What one read brings passes at once (its debt is paid later): a first
+  // burst, taken whole, spends the budget.
+  constexpr int kBurst = 250;
+  zmq::socket_t stranger = Dealer();
+  stranger.connect(front_->endpoint());
+  for (int i = 0; i < kBurst; ++i) {
+    ASSERT_TRUE(stranger.send(zmq::buffer(std::string("status?")),
+                              zmq::send_flags::none));
+  }
+  for (int i = 0; i < kBurst; ++i) {
+    ASSERT_TRUE(Take(milliseconds(20000)).has_value()) << i;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kBurst; ++i) {
+    ASSERT_TRUE(stranger.send(zmq::buffer(std::string("status?")),
+                              zmq::send_flags::none));
+  }
+  // The worker's messages, sent after the burst, are not held to it.
+  for (int i = 0; i < kBurst; ++i) {
+    ASSERT_TRUE(worker.send(zmq::buffer(std::string("commit")),
+                            zmq::send_flags::none));
+  }
+  int strangers = 0;
+  int worker_messages = 0;
+  int strangers_before_the_worker_was_done = -1;
+  while (strangers < kBurst || worker_messages < kBurst) {
+    std::optional<Taken> taken = Take(milliseconds(20000));
+    ASSERT_TRUE(taken.has_value())
+        << strangers << " of the stranger's and " << worker_messages
+        << " of the worker's messages arrived";
+    if (taken->port == hello->port) {
+      if (++worker_messages == kBurst) {
+        strangers_before_the_worker_was_done = strangers;
+      }
+    } else {
+      ++strangers;
+    }
+  }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  // The second burst waited for the first one's debt: 200 a second.
+  EXPECT_GE(elapsed, 0.9 * (kBurst - 50) / 200.0);
+  EXPECT_GT(front_->stats().budget_waits, 0u);
+  EXPECT_LT(strangers_before_the_worker_was_done, kBurst)
+      << "the worker's messages waited behind the stranger's";
+}
+
 TEST_F(FrontTest, TheCapEvictsTheOldestUntrustedConnectionAndRefusesWhenAllAreTrusted) {
   FrontOptions options;
   options.max_connections = 3;

@@ -102,6 +102,7 @@ struct EndpointBounds {
   uint64_t untrusted_connection_bytes = 0;
   uint64_t trusted_connection_bytes = 0;
   double connection_stall_s = 0;
+  double untrusted_messages_per_s = 0;
 
   static EndpointBounds FromConfig(const pb::EndpointLimits& limits,
                                    const ModelLayout& layout);

@@ -63,6 +63,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -88,6 +89,10 @@ struct FrontOptions {
   uint64_t untrusted_credit = 256 << 10;
   uint64_t trusted_credit = 64 << 20;
   std::chrono::milliseconds stall_timeout{30000};
+  // Messages per second the front passes from untrusted connections, all
+  // of them together (0: no limit); it stops reading them while the
+  // budget is spent, and serves the waiting ones in turn as it refills.
+  double untrusted_messages_per_s = 0;
 };
 
 class ConnectionFront {
@@ -125,6 +130,8 @@ class ConnectionFront {
     // until it stalls and is closed, never delivered.
     uint64_t untrusted_credit = 0;
     uint64_t trusted_credit = 0;
+    // Times an untrusted connection waited for the message budget.
+    uint64_t budget_waits = 0;
   };
 
   // Listens on options.listen and starts the relay. Errors name the
@@ -182,6 +189,10 @@ class ConnectionFront {
   static uint64_t PeerRoom(const Connection& c, uint64_t credit,
                            bool* splice_body);
   void Close(uint64_t id, const char* why);
+  // Until the budget has a message for a waiting connection, at most a
+  // tick; the waiting connections pumped in turn while it lasts.
+  int WaitMilliseconds() const;
+  void ResumeWaiting();
   void CloseStalled();
   bool EvictOne();
   void Publish();
@@ -217,6 +228,19 @@ class ConnectionFront {
   // identity now is stale and ignored.
   std::unordered_map<uint64_t, uint64_t> trusted_by_identity_;
   bool listen_paused_ = false;
+  // The untrusted message budget and the untrusted connections waiting
+  // for it, oldest first (ids; at most one entry per connection, stale
+  // ones skipped).
+  struct Budget {
+    double rate = 0;    // messages a second; 0: no limit
+    double tokens = 0;  // at most a quarter second's worth, or 1
+    std::chrono::steady_clock::time_point at{};
+    std::deque<uint64_t> waiting;
+    std::unordered_set<uint64_t> waiting_ids;  // the ids in `waiting`
+    void Refill();
+    bool Allows() const { return rate <= 0 || tokens >= 1; }
+  };
+  Budget budget_;
   // held_bytes, trusted and the counts since start (open and
   // max_connections are filled in by Publish).
   Stats counts_;
