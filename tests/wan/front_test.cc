@@ -116,6 +116,26 @@ class FrontTest : public ::testing::Test {
     return taken;
   }
 
+  // A DEALER through the front whose first message ("hello") the
+  // application took and whose connection it trusted as `identity`.
+  struct Trusted {
+    zmq::socket_t dealer;
+    uint16_t port = 0;  // its upstream port, 0 when the hello never came
+  };
+  Trusted TrustedDealer(uint64_t identity) {
+    Trusted trusted{Dealer()};
+    trusted.dealer.connect(front_->endpoint());
+    EXPECT_TRUE(trusted.dealer.send(zmq::buffer(std::string("hello")),
+                                    zmq::send_flags::none));
+    std::optional<Taken> hello = Take(milliseconds(20000));
+    EXPECT_TRUE(hello.has_value()) << "the hello never arrived";
+    if (hello.has_value()) {
+      trusted.port = hello->port;
+      front_->Trust(hello->port, identity);
+    }
+    return trusted;
+  }
+
   // A request from `dealer` through the front and the ROUTER's answer.
   void RoundTrip(zmq::socket_t& dealer, const std::string& text) {
     ASSERT_TRUE(dealer.send(zmq::buffer(text), zmq::send_flags::none));
@@ -292,16 +312,11 @@ TEST_F(FrontTest, TrustingOneTooManyDemotesTheLongestTrusted) {
   FrontOptions options;
   options.max_trusted = 2;
   Start(options);
-  std::vector<zmq::socket_t> dealers;
+  std::vector<Trusted> dealers;
   for (int i = 0; i < 3; ++i) {
-    dealers.push_back(Dealer());
-    dealers.back().connect(front_->endpoint());
-    ASSERT_TRUE(dealers.back().send(zmq::buffer(std::string("hello")),
-                                    zmq::send_flags::none));
-    std::optional<Taken> hello = Take(milliseconds(20000));
-    ASSERT_TRUE(hello.has_value());
-    front_->Trust(hello->port, i);
-    front_->Trust(hello->port, i);  // twice: still one trusted connection
+    dealers.push_back(TrustedDealer(i));
+    ASSERT_NE(dealers.back().port, 0);
+    front_->Trust(dealers.back().port, i);  // twice: still one trusted
   }
   ASSERT_TRUE(WaitFor([&] { return front_->stats().open == 3; }));
   // Trust is applied in order; the third demoted the first.
@@ -324,27 +339,24 @@ TEST_F(FrontTest, TrustingANewConnectionOfAnIdentityDemotesOnlyItsOldOne) {
   options.untrusted_credit = 64 << 10;
   options.trusted_credit = 4 << 20;
   Start(options);
-  std::vector<zmq::socket_t> dealers;
+  std::vector<Trusted> dealers;
   // Worker 7 first (trusted longest), then worker 1 twice.
   for (const uint64_t identity : {7, 1, 1}) {
-    dealers.push_back(Dealer());
-    dealers.back().connect(front_->endpoint());
-    ASSERT_TRUE(dealers.back().send(zmq::buffer(std::string("hello")),
-                                    zmq::send_flags::none));
-    std::optional<Taken> hello = Take(milliseconds(20000));
-    ASSERT_TRUE(hello.has_value());
-    front_->Trust(hello->port, identity);
+    dealers.push_back(TrustedDealer(identity));
+    ASSERT_NE(dealers.back().port, 0);
   }
   ASSERT_TRUE(WaitFor([&] { return front_->stats().trusted == 2; }))
       << front_->stats().trusted;
   // Worker 7 kept its trust: a message far over the untrusted credit.
   const std::string big(1 << 20, 'b');
-  ASSERT_TRUE(dealers[0].send(zmq::buffer(big), zmq::send_flags::none));
+  ASSERT_TRUE(
+      dealers[0].dealer.send(zmq::buffer(big), zmq::send_flags::none));
   std::optional<Taken> taken = Take(milliseconds(20000));
   ASSERT_TRUE(taken.has_value()) << "worker 7 lost its trust";
   EXPECT_EQ(taken->frames[1].size(), big.size());
   // And worker 1's new connection has it.
-  ASSERT_TRUE(dealers[2].send(zmq::buffer(big), zmq::send_flags::none));
+  ASSERT_TRUE(
+      dealers[2].dealer.send(zmq::buffer(big), zmq::send_flags::none));
   taken = Take(milliseconds(20000));
   ASSERT_TRUE(taken.has_value()) << "worker 1's new connection is not trusted";
   EXPECT_EQ(taken->frames[1].size(), big.size());
@@ -358,13 +370,8 @@ TEST_F(FrontTest, StrangersShareAMessageBudgetAndTrustedConnectionsPass) {
   FrontOptions options;
   options.untrusted_messages_per_s = 200;  // a burst of 50 at most
   Start(options);
-  zmq::socket_t worker = Dealer();
-  worker.connect(front_->endpoint());
-  ASSERT_TRUE(worker.send(zmq::buffer(std::string("hello")),
-                          zmq::send_flags::none));
-  std::optional<Taken> hello = Take(milliseconds(20000));
-  ASSERT_TRUE(hello.has_value());
-  front_->Trust(hello->port, 0);
+  Trusted worker = TrustedDealer(0);
+  ASSERT_NE(worker.port, 0);
   ASSERT_TRUE(WaitFor([&] { return front_->stats().trusted == 1; }));
 
   // What one read brings passes at once (its debt is paid later): a first
@@ -386,8 +393,8 @@ TEST_F(FrontTest, StrangersShareAMessageBudgetAndTrustedConnectionsPass) {
   }
   // The worker's messages, sent after the burst, are not held to it.
   for (int i = 0; i < kBurst; ++i) {
-    ASSERT_TRUE(worker.send(zmq::buffer(std::string("commit")),
-                            zmq::send_flags::none));
+    ASSERT_TRUE(worker.dealer.send(zmq::buffer(std::string("commit")),
+                                   zmq::send_flags::none));
   }
   int strangers = 0;
   int worker_messages = 0;
@@ -397,7 +404,7 @@ TEST_F(FrontTest, StrangersShareAMessageBudgetAndTrustedConnectionsPass) {
     ASSERT_TRUE(taken.has_value())
         << strangers << " of the stranger's and " << worker_messages
         << " of the worker's messages arrived";
-    if (taken->port == hello->port) {
+    if (taken->port == worker.port) {
       if (++worker_messages == kBurst) {
         strangers_before_the_worker_was_done = strangers;
       }
@@ -423,15 +430,10 @@ TEST_F(FrontTest, TheCapEvictsTheOldestUntrustedConnectionAndRefusesWhenAllAreTr
   for (int i = 0; i < 3; ++i) idle.push_back(testing::ConnectRawTcp(front_->endpoint()));
   ASSERT_TRUE(WaitFor([&] { return front_->stats().open == 3; }));
   // A fourth connection takes the place of the oldest idle one.
-  std::vector<zmq::socket_t> dealers;
+  std::vector<Trusted> dealers;
   for (int i = 0; i < 3; ++i) {
-    dealers.push_back(Dealer());
-    dealers.back().connect(front_->endpoint());
-    ASSERT_TRUE(dealers.back().send(zmq::buffer(std::string("hello")),
-                                    zmq::send_flags::none));
-    std::optional<Taken> hello = Take(milliseconds(20000));
-    ASSERT_TRUE(hello.has_value()) << "connection " << i << " was not served";
-    front_->Trust(hello->port, i);
+    dealers.push_back(TrustedDealer(i));
+    ASSERT_NE(dealers.back().port, 0) << "connection " << i << " was not served";
   }
   ASSERT_TRUE(WaitFor([&] { return front_->stats().trusted == 3; }));
   EXPECT_EQ(front_->stats().evicted, 3u);
