@@ -285,7 +285,12 @@ TEST(MetricsUnderAttackTest, ScrapesAreAnsweredUnderHundredsOfSlowConnections) {
     EXPECT_TRUE(Contains(text, "meridian_up 1\n"));
     slowest = std::max(slowest, took);
   }
+  // How fast is the benchmark's goal (listeners_bench: 100 ms); here a
+  // bound for a loaded machine, and none under a sanitizer (ThreadSanitizer
+  // beside two busy loops took 4.0 s: every scrape answered is the test).
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   EXPECT_LT(slowest, 3.0);
+#endif
   std::printf("[ measured ] slowest of 10 scrapes under 500 connections: "
               "%.1f ms\n", slowest * 1000);
   // The server made room: 500 connections against a budget of 256.
