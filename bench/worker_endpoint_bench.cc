@@ -198,7 +198,22 @@ class Bench {
   // kHeldConnections connections opened and held, saying nothing.
   void Held(const std::atomic<bool>& stop, PhaseResult* result);
   void HeartbeatWorker1();
+  // The goals of a run, from its idle and flood phases (phases[0], [1]).
+  struct Goals {
+    double idle_p99_ms = 0;
+    // The server's CPU time per flood message (ms).
+    double flood_service_ms = 0;
+    double p99_ms = 0;
+    // Bound of the phases whose connections the server's queues hold.
+    uint64_t queued_rss_bytes = 0;
+  };
+  Goals GoalsOf(const std::vector<PhaseResult>& phases) const;
+  // The RSS bound of `phase`: the front's logged bound for the strangers'
+  // partial messages, dripping and held connections, else the queues'.
+  uint64_t RssBoundOf(const PhaseResult& phase, const Goals& goals) const;
   void Report(const std::vector<PhaseResult>& phases);
+  void WriteJson(const std::vector<PhaseResult>& phases,
+                 const Goals& goals) const;
 
   Options options_;
   std::string dir_;
@@ -481,10 +496,11 @@ void Bench::Held(const std::atomic<bool>& stop, PhaseResult* result) {
   for (int fd : fds) ::close(fd);
 }
 
-void Bench::Report(const std::vector<PhaseResult>& phases) {
+Bench::Goals Bench::GoalsOf(const std::vector<PhaseResult>& phases) const {
   const PhaseResult& idle = phases[0];
   const PhaseResult& flood = phases[1];
-  const double idle_p99 = idle.p99();
+  Goals goals;
+  goals.idle_p99_ms = idle.p99();
   // The server's CPU time per flood message: the flood phase's CPU time
   // less what the worker's PULLs cost (at the idle phase's CPU per PULL),
   // over the flood's replies.
@@ -492,14 +508,38 @@ void Bench::Report(const std::vector<PhaseResult>& phases) {
       idle.rtt_ms.empty() ? 0 : idle.server_cpu_s / idle.rtt_ms.size();
   const double flood_cpu_s = std::max(
       0.0, flood.server_cpu_s - pull_cpu_s * flood.rtt_ms.size());
-  const double flood_service_ms =
+  goals.flood_service_ms =
       flood.load_replies > 0 ? flood_cpu_s * 1e3 / flood.load_replies : 0;
+  goals.p99_ms = 2 * goals.idle_p99_ms + goals.flood_service_ms;
   const uint64_t model_bytes = params_ * sizeof(float);
   const uint64_t connections = 2 + options_.flood_connections;
-  const uint64_t rss_bound = idle_rss_ + connections *
-                                             (kSendQueue + kReceiveQueue) *
-                                             (model_bytes + kMiB);
-  const double p99_goal = 2 * idle_p99 + flood_service_ms;
+  goals.queued_rss_bytes = idle_rss_ + connections *
+                                           (kSendQueue + kReceiveQueue) *
+                                           (model_bytes + kMiB);
+  return goals;
+}
+
+uint64_t Bench::RssBoundOf(const PhaseResult& phase,
+                           const Goals& goals) const {
+  const bool fronted = phase.name.find("endless") != std::string::npos ||
+                       phase.name.find("drip") != std::string::npos ||
+                       phase.name.find("held") != std::string::npos;
+  return fronted ? idle_rss_ + front_bound_ : goals.queued_rss_bytes;
+}
+
+void Bench::Report(const std::vector<PhaseResult>& phases) {
+  const PhaseResult& idle = phases[0];
+  const PhaseResult& flood = phases[1];
+  const Goals goals = GoalsOf(phases);
+  const double idle_p99 = goals.idle_p99_ms;
+  const double flood_service_ms = goals.flood_service_ms;
+  const double flood_cpu_s =
+      flood.load_replies > 0 ? flood_service_ms * flood.load_replies / 1e3
+                             : 0;
+  const uint64_t model_bytes = params_ * sizeof(float);
+  const uint64_t connections = 2 + options_.flood_connections;
+  const uint64_t rss_bound = goals.queued_rss_bytes;
+  const double p99_goal = goals.p99_ms;
   std::ostringstream md;
   char line[1024];
   std::snprintf(line, sizeof(line),
@@ -516,12 +556,7 @@ void Bench::Report(const std::vector<PhaseResult>& phases) {
   for (const PhaseResult& phase : phases) {
     const bool is_idle = &phase == &idle;
     const bool p99_ok = is_idle || phase.p99() <= p99_goal;
-    // Strangers' partial messages and held connections: the front's bound.
-    const bool fronted = phase.name.find("endless") != std::string::npos ||
-                         phase.name.find("drip") != std::string::npos ||
-                         phase.name.find("held") != std::string::npos;
-    const bool rss_ok =
-        phase.rss_max <= (fronted ? idle_rss_ + front_bound_ : rss_bound);
+    const bool rss_ok = phase.rss_max <= RssBoundOf(phase, goals);
     std::snprintf(
         line, sizeof(line),
         "| %s | %zu%s | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %" PRIu64
@@ -572,13 +607,21 @@ void Bench::Report(const std::vector<PhaseResult>& phases) {
   if (options_.out_dir.empty()) return;
   std::filesystem::create_directories(options_.out_dir);
   std::ofstream(options_.out_dir + "/results.md") << md.str();
+  WriteJson(phases, goals);
+}
+
+void Bench::WriteJson(const std::vector<PhaseResult>& phases,
+                      const Goals& goals) const {
   std::ofstream json(options_.out_dir + "/results.json");
   json << "{\n  \"model_parameters\": " << params_
        << ",\n  \"seconds_per_phase\": " << options_.seconds_per_phase
        << ",\n  \"flood_connections\": " << options_.flood_connections
-       << ",\n  \"flood_service_ms\": " << flood_service_ms
-       << ",\n  \"p99_goal_ms\": " << p99_goal
-       << ",\n  \"rss_bound_bytes\": " << rss_bound << ",\n  \"phases\": [";
+       << ",\n  \"flood_service_ms\": " << goals.flood_service_ms
+       << ",\n  \"p99_goal_ms\": " << goals.p99_ms
+       << ",\n  \"idle_p99_ms\": " << goals.idle_p99_ms
+       << ",\n  \"idle_rss_bytes\": " << idle_rss_
+       << ",\n  \"front_bound_bytes\": " << front_bound_
+       << ",\n  \"rss_bound_bytes\": " << goals.queued_rss_bytes << ",\n  \"phases\": [";
   for (size_t i = 0; i < phases.size(); ++i) {
     const PhaseResult& phase = phases[i];
     json << (i ? "," : "") << "\n    {\"phase\": \"" << phase.name
@@ -589,7 +632,8 @@ void Bench::Report(const std::vector<PhaseResult>& phases) {
          << ", \"rss_max_bytes\": " << phase.rss_max
          << ", \"rss_after_bytes\": " << phase.rss_after
          << ", \"abuser_messages\": " << phase.load_messages
-         << ", \"abuser_replies\": " << phase.load_replies << "}";
+         << ", \"abuser_replies\": " << phase.load_replies
+         << ", \"rss_bound_bytes\": " << RssBoundOf(phase, goals) << "}";
   }
   json << "\n  ]\n}\n";
 }
