@@ -31,7 +31,6 @@ EndpointBounds EndpointBounds::FromConfig(const pb::EndpointLimits& limits,
   constexpr uint32_t kDefaultMaxConnections = 1024;
   constexpr uint64_t kSlackBytes = 64 << 10;
   constexpr double kDefaultStallSeconds = 30;
-  constexpr double kDefaultUntrustedMessagesPerSecond = 1000;
   bounds.max_connections = limits.max_connections() > 0
                                ? limits.max_connections()
                                : kDefaultMaxConnections;
@@ -55,7 +54,7 @@ EndpointBounds EndpointBounds::FromConfig(const pb::EndpointLimits& limits,
   bounds.untrusted_messages_per_s =
       limits.untrusted_messages_per_s() > 0
           ? limits.untrusted_messages_per_s()
-          : kDefaultUntrustedMessagesPerSecond;
+          : wan::FrontOptions::kDefaultUntrustedMessagesPerSecond;
   return bounds;
 }
 

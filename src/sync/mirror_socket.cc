@@ -81,8 +81,6 @@ Status MirrorSocket::Bind(const std::string& bind, int64_t max_frame_bytes,
   if (!fronted) return Status::Ok();
   constexpr uint64_t kStrangerCredit = 256 << 10;
   constexpr size_t kMaxConnections = 256;
-  // Strangers' messages per second (a peer's own pass once it is known).
-  constexpr double kStrangerMessagesPerSecond = 1000;
   wan::FrontOptions front;
   front.listen = bind;
   front.upstream = endpoint_;
@@ -91,7 +89,6 @@ Status MirrorSocket::Bind(const std::string& bind, int64_t max_frame_bytes,
   front.untrusted_credit = kStrangerCredit;
   front.trusted_credit = peer_credit;
   front.max_trusted = std::max<size_t>(2 * context_.role.Peers().size(), 2);
-  front.untrusted_messages_per_s = kStrangerMessagesPerSecond;
   Result<std::unique_ptr<wan::ConnectionFront>> started =
       wan::ConnectionFront::Start(std::move(front));
   if (!started.ok()) {

@@ -754,6 +754,37 @@ class ChaosTest(unittest.TestCase):
                              ["builtin.pbtxt", "initial.safetensors",
                               "job.pbtxt"])
 
+    def test_slow_link_phase_reads_its_runs_back_and_judges_them(self):
+        slow_phase = scenario("chaos_scenario.slow_phase")
+        self.assertEqual(slow_phase.rates_of("200kbit, 50kbit"),
+                         ["200kbit", "50kbit"])
+        self.assertEqual(slow_phase.rates_of("none"), [])
+        row = {"rate": "50kbit", "exit": 0, "wall_s": 197.0, "slowed": True,
+               "set_output": "us-ap: 50kbit", "flush_complete": True,
+               "unreachable": [], "replica_difference": 1.3e-06,
+               "largest_weight": 0.45,
+               "accuracy": {"us": 0.881, "eu": 0.881, "ap": 0.881},
+               "flush_s": {"us": 133.5, "eu": 0.9, "ap": 133.7}}
+        split = dict(row, rate="200kbit", flush_complete=False, exit=3,
+                     unreachable=["ap"], replica_difference=0.07)
+        with tempfile.TemporaryDirectory() as out:
+            os.makedirs(os.path.join(out, slow_phase.DIRNAME))
+            with open(os.path.join(out, slow_phase.DIRNAME,
+                                   slow_phase.ROWS), "w") as f:
+                json.dump([split, row], f)
+            rows = slow_phase.run("unused", out, ["50kbit", "200kbit"],
+                                  reanalyse=True)
+            self.assertIsNone(slow_phase.run("unused", out, [], True))
+        self.assertEqual([r["rate"] for r in rows], ["200kbit", "50kbit"])
+        goals = slow_phase.goals(rows)
+        self.assertEqual([g.met for g in goals if g.goal.startswith("50")],
+                         [True] * 5)
+        self.assertEqual([g.met for g in goals if g.goal.startswith("200")],
+                         [True, False, False, False, False])
+        text = "\n".join(slow_phase.section(rows))
+        self.assertIn("## Slow-link phase", text)
+        self.assertIn("| 200kbit | 3 | NO |", text)
+
     def test_programs_are_found_by_their_environment(self):
         processes = scenario("chaos_scenario.processes")
         with tempfile.TemporaryDirectory() as run_dir:

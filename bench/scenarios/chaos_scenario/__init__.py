@@ -19,6 +19,8 @@ fault-free and then with faults injected on a schedule.
              difference, processes and ports left behind
   report     one round's tables and goals (OUTDIR/results.md, .json)
   summary    --repeat N: the rounds' medians with their ranges
+  slow_phase the slow-link phase after the rounds: the shipped job with
+             link us-ap slowed to each rate (bench/scenarios/slow_link)
 
 Every message is prefixed "[chaos]", "[chaos r2/3]" during round 2 of 3.
 """

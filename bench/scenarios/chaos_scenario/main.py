@@ -3,6 +3,7 @@
     bench/scenarios/chaos OUTDIR [--quick] [--repeat N] [--binary PATH]
                           [--seed N] [--budget SECONDS] [--reanalyse]
                           [--workload builtin|pytorch-mlp]
+                          [--slow-link-rates R1,R2,...|none]
                           [--dry-run] [--publish | --no-publish]
 
 Runs deploy/configs/three-regions.pbtxt (sites us, eu, ap, 4 workers each,
@@ -65,6 +66,15 @@ nothing and writes the results again from the run directories in OUTDIR.
 file to OUTDIR/job.pbtxt, checks it with `meridian validate` and runs
 nothing (it builds nothing either).
 
+After the rounds comes the slow-link phase (chaos_scenario/slow_phase.py,
+the runs of bench/scenarios/slow_link): the shipped three-region job once
+per rate of --slow-link-rates (default 200kbit,50kbit; "none" skips it),
+its us-ap link set to that rate 15 s into training to the end of the run.
+A slow link must not pass for a dead peer: per rate, exit status 0, the
+final flush complete, no peer declared unreachable, replicas identical up
+to rounding. Its table and goals are a section of results.md (about 5
+minutes for both rates).
+
 --repeat N repeats the whole scenario: N rounds, each a fault-free run and
 a chaos run back to back (round 1's two runs, then round 2's, ...: slow
 drift of the machine hits both runs of a round, and every round, alike),
@@ -98,6 +108,7 @@ are listed in its __init__.py.
 """
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -105,11 +116,13 @@ import sys
 from typing import Optional
 
 import chaos_scenario
-from chaos_scenario import analyse, checks, log, report, schedule, summary
+from chaos_scenario import (analyse, checks, log, report, schedule,
+                            slow_phase, summary)
 from chaos_scenario.inject import run_schedule
 from chaos_scenario.job import WORKLOADS, job_text, write_weights
 from chaos_scenario.run import Run
 from scenariolib import cli, pytorch, repeats, results, runner
+from scenariolib import goals as goal_rows
 
 SCENARIO = results.Scenario("chaos", "Chaos scenario")
 SCENARIOS = {"builtin": SCENARIO,
@@ -236,6 +249,11 @@ def parse_args() -> argparse.Namespace:
                         help="the job's model: the built-in MLP, or the same "
                         "MLP as a PyTorch model trained by examples/mlp's "
                         "programs [builtin]")
+    parser.add_argument("--slow-link-rates", default="200kbit,50kbit",
+                        metavar="RATES",
+                        help="the slow-link phase after the rounds: one run "
+                        "of the shipped job per rate, link us-ap set to it; "
+                        "'none' skips the phase [200kbit,50kbit]")
     cli.add_dry_run(parser, "print the schedule and the order of the runs, "
                     "validate the job file (OUTDIR/job.pbtxt); run and build "
                     "nothing")
@@ -249,6 +267,24 @@ def parse_args() -> argparse.Namespace:
         args.binary = runner.require_binary(
             args.binary, "chaos", build=not args.dry_run, error=parser.error)
     return args
+
+
+def add_slow_phase(outdir: str, data_path: str, text: str,
+                   rows: list[dict]) -> str:
+    """results.md and results.json (at `data_path`, the round's or the
+    rounds' summary) with the slow-link phase added; returns the text."""
+    section = "\n".join(slow_phase.section(rows)) + "\n"
+    print(section)
+    text = text.rstrip("\n") + "\n" + section
+    with open(data_path) as f:
+        data = json.load(f)
+    phase_goals = slow_phase.goals(rows)
+    data["slow_link"] = {"rows": rows,
+                         "goals": goal_rows.to_json(phase_goals)}
+    met = sum(g.met for g in phase_goals)
+    log(f"slow-link phase: {met} of {len(phase_goals)} goals met")
+    results.write(outdir, text, data, default=str, echo=False)
+    return text
 
 
 def main() -> int:
@@ -283,7 +319,11 @@ def main() -> int:
             return stopped
         rounds.append(analyse_round(args, round_dir, schedule_desc, runs))
     chaos_scenario.set_round(0, args.repeat)
+    slow_rows = slow_phase.run(args.binary, outdir,
+                               slow_phase.rates_of(args.slow_link_rates),
+                               args.reanalyse)
     text = rounds[0]["text"]
+    data_path = os.path.join(rounds[0]["dir"], "results.json")
     if args.repeat > 1:
         s = summary.Summary.of(schedule_desc, rounds)
         goals = summary.summary_goals(s, rounds)
@@ -291,6 +331,9 @@ def main() -> int:
                                     goals)
         results.write(outdir, text, summary.results_json(
             args, schedule_desc, rounds, s, goals), default=str)
+        data_path = os.path.join(outdir, "results.json")
+    if slow_rows:
+        text = add_slow_phase(outdir, data_path, text, slow_rows)
     failed = any(code != 0 for r in rounds for code in r["exit_codes"])
     published = results.publish_if_wanted(SCENARIOS[args.workload], args,
                                           text,

@@ -92,7 +92,9 @@ struct FrontOptions {
   // Messages per second the front passes from untrusted connections, all
   // of them together (0: no limit); it stops reading them while the
   // budget is spent, and serves the waiting ones in turn as it refills.
-  double untrusted_messages_per_s = 0;
+  // The default is the site's (job.proto server.limits) and the mirror's.
+  static constexpr double kDefaultUntrustedMessagesPerSecond = 1000;
+  double untrusted_messages_per_s = kDefaultUntrustedMessagesPerSecond;
 };
 
 class ConnectionFront {
