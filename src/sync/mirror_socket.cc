@@ -122,6 +122,12 @@ void MirrorSocket::Refuse(const std::string& routing_id,
 void MirrorSocket::Explain(const std::string& routing_id,
                            const pb::Header& header,
                            const Rejection& rejection) {
+  // Logged as a refusal is (a few lines per kind and sender, then a
+  // count), at INFO: after a restart this is how peers find out.
+  MLOG_EVERY_KEY(INFO, "told " + Sanitized(header.sender().site(), 64) +
+                           " why: " + pb::ErrorCode_Name(rejection.code))
+      << "answered " << DescribeHeader(header) << " with "
+      << pb::ErrorCode_Name(rejection.code) << ": " << rejection.reason;
   if (Status status = SendError(socket_, context_.self, ++error_sequence_,
                                 rejection, header.sequence(), routing_id);
       !status.ok()) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 #include <zmq.hpp>
 
@@ -332,8 +333,15 @@ TEST_F(MirrorInputTest, UpdateFromAnUnknownSiteIsRefused) {
 TEST_F(MirrorInputTest, UpdateBeforeHelloIsRefused) {
   std::vector<zmq::message_t> frames;
   const pb::Header update = Update("b", 1, 1.0f, &frames);
+  // The site logs the answer before it sends it.
+  ::testing::internal::CaptureStderr();
   ExpectRefused(update, pb::ERROR_UNKNOWN_SENDER, "MIRROR_HELLO",
                 std::move(frames));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("with ERROR_UNKNOWN_SENDER: site 'b' must introduce "
+                     "itself (MIRROR_HELLO)"),
+            std::string::npos)
+      << log;
   ExpectModelUntouched();
 }
 
