@@ -26,8 +26,10 @@ bytes to it, the final metric, WAN bytes over the run.
 Knobs and grids ("inner lr" scales the workers' learning rate: the job's
 optimizer block, or the programs' --lr for the language model):
   gaia         θ 0.01 0.02 0.05 0.1 0.2; schedule constant, inverse-sqrt;
-               inner lr x0.5 x1 x2 (int8 blocks of 256 + zstd, DS 8:
-               Meridian's default sync)
+               inner lr x0.5 x1 x2; server momentum 0 0.5 0.9 (the site
+               servers' momentum on their workers' updates, which is what
+               they exchange: Gaia's outer momentum) (int8 blocks of 256 +
+               zstd, DS 8: Meridian's default sync)
   diloco       H 20 40 80 160 clocks; outer lr 0.5 0.7 1.0; outer
                momentum 0.8 0.9 (Nesterov); inner lr x0.5 x1 x2 (int8)
   diloco-stream
@@ -41,7 +43,7 @@ optimizer block, or the programs' --lr for the language model):
                not sent stays, quantisation error included: error
                feedback) sending the top-k of each tensor every clock at
                density 0.1% 0.25% 0.5% 1%, values in 2 or 4 bits with
-               stochastic rounding; DS 8; inner lr
+               stochastic rounding; DS 8; inner lr; server momentum
 
 Goals (issue 37, from the medians of the best settings): the default
 (gaia) reaches the target no later than the best DiLoCo / Streaming
@@ -77,6 +79,10 @@ SCENARIO = results.Scenario("sweep", "Every sync method tuned, best against "
 TAG = SCENARIO.name
 DEFAULT_METHOD = "gaia"
 INNER_LR = (1.0, 0.5, 2.0)  # multipliers; the first is the default
+# The site servers' momentum on their workers' updates (server { momentum }:
+# v = mu*v + U; W += v, and v is what the sites exchange): Gaia's
+# counterpart of DiLoCo's outer momentum. The first is the default.
+SERVER_MOMENTUM = (0.0, 0.5, 0.9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +124,8 @@ METHODS = {m.name: m for m in [
     Method("gaia", {"theta": (0.05, 0.01, 0.02, 0.1, 0.2),
                     "schedule": ("THRESHOLD_CONSTANT",
                                  "THRESHOLD_INVERSE_SQRT"),
-                    "inner_lr": INNER_LR},
+                    "inner_lr": INNER_LR,
+                    "server_momentum": SERVER_MOMENTUM},
            lambda k: jobs.gaia_sync(k["theta"], jobs.INT8, 8, k["schedule"])),
     Method("diloco", {"H": (160, 20, 40, 80), "outer_lr": (0.7, 0.5, 1.0),
                       "momentum": (0.9, 0.8), "inner_lr": INNER_LR},
@@ -134,7 +141,8 @@ METHODS = {m.name: m for m in [
     Method("fedavg", {"period": (50, 10, 25, 100), "inner_lr": INNER_LR},
            lambda k: jobs.model_averaging(k["period"])),
     Method("gaia-topk", {"density": (0.0025, 0.001, 0.005, 0.01),
-                         "bits": (2, 4), "inner_lr": INNER_LR},
+                         "bits": (2, 4), "inner_lr": INNER_LR,
+                         "server_momentum": SERVER_MOMENTUM},
            lambda k: jobs.gaia_sync(
                0, "compression { selection: TOP_K top_k_fraction: "
                f"{k['density']:g} value_coding: VALUE_INT{k['bits']} "
@@ -161,6 +169,15 @@ def with_inner_lr(w: workloads.Workload, scale: float) -> workloads.Workload:
                       optimizer_max_lr=w.optimizer_max_lr * scale)
 
 
+def with_server_momentum(w: workloads.Workload,
+                         momentum: float) -> workloads.Workload:
+    """`w` whose site servers apply their workers' updates with momentum
+    `momentum` (0: as they are)."""
+    if momentum == 0:
+        return w
+    return w._replace(server=f"{w.server} momentum: {momentum:g}".strip())
+
+
 def setting_text(setting: dict) -> str:
     """"θ 0.05, schedule constant, inner lr x1"."""
     def value(key, v):
@@ -171,7 +188,8 @@ def setting_text(setting: dict) -> str:
         if key == "inner_lr":
             return f"x{v:g}"
         return f"{v:g}"
-    names = {"theta": "θ", "inner_lr": "inner lr", "outer_lr": "outer lr"}
+    names = {"theta": "θ", "inner_lr": "inner lr", "outer_lr": "outer lr",
+             "server_momentum": "server momentum"}
     return ", ".join(f"{names.get(k, k)} {value(k, v)}"
                      for k, v in setting.items())
 
@@ -179,8 +197,9 @@ def setting_text(setting: dict) -> str:
 def job_for(s: geo.Setup, name: str, method: Method, setting: dict) -> str:
     """The three-region job of geo_vs_lan with the method's sync at
     `setting` and its inner learning rate."""
-    tuned = dataclasses.replace(s, workload=with_inner_lr(
-        s.workload, setting.get("inner_lr", 1.0)))
+    tuned = dataclasses.replace(s, workload=with_server_momentum(
+        with_inner_lr(s.workload, setting.get("inner_lr", 1.0)),
+        setting.get("server_momentum", 0.0)))
     w = tuned.workload
     program = workloads.command_field(w.worker_command)
     placement = (jobs.sites(tuned.sites, tuned.per_site, w.step_time_s,

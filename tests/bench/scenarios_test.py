@@ -935,11 +935,12 @@ class SweepTest(unittest.TestCase):
         self.assertEqual(len(first), 4)
         self.assertEqual(first[0], {"theta": 0.05,
                                     "schedule": "THRESHOLD_CONSTANT",
-                                    "inner_lr": 1.0})
+                                    "inner_lr": 1.0,
+                                    "server_momentum": 0.0})
         self.assertEqual(first, gaia.settings(4, seed=1))
         self.assertNotEqual(first, gaia.settings(4, seed=2))
         self.assertEqual(len({json.dumps(k, sort_keys=True)
-                              for k in gaia.settings(60, 1)}), 30)  # grid
+                              for k in gaia.settings(200, 1)}), 90)  # grid
         s = scenario("geo_vs_lan").Setup(budget=90)
         rows = [{"time_to_target_s": 20.0, "wan_bytes_to_0.87": 5e6},
                 {"time_to_target_s": 21.5, "wan_bytes_to_0.87": 1e6},
@@ -955,7 +956,12 @@ class SweepTest(unittest.TestCase):
         self.assertEqual(sweep.with_inner_lr(lm, 0.5).worker_command[-2:],
                          ("--lr", "0.001"))
         self.assertEqual(sweep.setting_text(first[0]),
-                         "θ 0.05, schedule constant, inner lr x1")
+                         "θ 0.05, schedule constant, inner lr x1, "
+                         "server momentum 0")
+        mlp = scenario("scenariolib.workloads").get("mlp")
+        self.assertIn("momentum: 0.9",
+                      sweep.with_server_momentum(mlp, 0.9).server)
+        self.assertIs(sweep.with_server_momentum(mlp, 0), mlp)
 
     def test_summarize_only_picks_the_best_and_checks_the_goals(self):
         # gaia trial 2 is best; diloco trial 1; every best run repeats.
