@@ -45,8 +45,10 @@ Skews (how the training set is split across the three sites):
   dirichlet01 DIRICHLET alpha = 0.1
   disjoint    LABEL_SUBSET {0,1,2} {3,4,5} {6,7,8,9} (no class in two sites)
 
-Algorithms (ALGORITHM@SECONDS in --only: a GAIA or DENSE one that also
-sends its changes every SECONDS between clocks, sync.send_period_s):
+Algorithms (in --only also ALGORITHM[+held][@SECONDS] of a GAIA or DENSE
+one: +held holds each site's own changes until the peers announce the same
+clock, sync.own_changes WITH_PEERS; @SECONDS also sends its changes every
+SECONDS between clocks, sync.send_period_s):
   one-ps      one parameter server (at us) for all 12 workers: the reference
   dense       every change to every site every clock (fp32)
   gaia-0      Gaia with theta 0 (every change, sparse, fp32)
@@ -205,19 +207,32 @@ def algorithms(ds: int, w: workloads.Workload = workloads.get("mlp")
     }
 
 
+HELD = "+held"  # the suffix of a variant that holds its own changes
+
+
 def streamed(algos: dict[str, Optional[str]], name: str) -> Optional[str]:
-    """The sync block of NAME = ALGORITHM@SECONDS: ALGORITHM (a GAIA or
-    DENSE one) that also sends its significant changes every SECONDS
-    between clocks (sync.send_period_s); None for any other name."""
+    """The sync block of a variant of a GAIA or DENSE algorithm: NAME =
+    ALGORITHM[+held][@SECONDS]. +held: the site's own changes wait for the
+    peers' of the same clock (sync.own_changes WITH_PEERS); @SECONDS: it
+    also sends its significant changes every SECONDS between clocks
+    (sync.send_period_s). None for any other name."""
     base, at, period = name.partition("@")
+    base, held = (base[:-len(HELD)], True) if base.endswith(HELD) else (
+        base, False)
     sync = algos.get(base)
-    if not at or not sync or "MODEL_AVERAGING" in sync:
+    if not (at or held) or not sync or "MODEL_AVERAGING" in sync:
         return None
-    try:
-        seconds = float(period)
-    except ValueError:
-        return None
-    return jobs.prepend_to_block(sync, "sync", f"send_period_s: {seconds}")
+    if at:
+        try:
+            seconds = float(period)
+        except ValueError:
+            return None
+        sync = jobs.prepend_to_block(sync, "sync",
+                                     f"send_period_s: {seconds}")
+    if held:
+        sync = jobs.prepend_to_block(sync, "sync",
+                                     "own_changes: OWN_CHANGES_WITH_PEERS")
+    return sync
 
 
 def job_text(s: Setup, name: str, skew: str, sync: Optional[str]) -> str:

@@ -175,6 +175,13 @@ void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
           "send_period_s",
           "applies to GAIA and DENSE only (MODEL_AVERAGING and DILOCO send "
           "in rounds)");
+  r.Specified("own_changes", sync.own_changes());
+  r.Check(sync.own_changes() != pb::OWN_CHANGES_WITH_PEERS ||
+              sync.kind() == pb::GAIA || sync.kind() == pb::DENSE,
+          "own_changes",
+          "OWN_CHANGES_WITH_PEERS applies to GAIA and DENSE only "
+          "(MODEL_AVERAGING and DILOCO apply every site's change together "
+          "at each outer step already)");
   if (sync.has_bandwidth_budget()) {
     Result<double> budget = wan::ParseBandwidth(sync.bandwidth_budget());
     if (!budget.ok()) {

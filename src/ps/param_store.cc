@@ -138,7 +138,8 @@ void ParameterStore::EnsureVelocity() {
 uint64_t ParameterStore::AddSegments(std::span<const UpdateSegment> segments,
                                      float scale, std::optional<float> momentum,
                                      std::span<const size_t> accumulate,
-                                     std::span<const ReadSegment> read_back) {
+                                     std::span<const ReadSegment> read_back,
+                                     bool hold) {
   ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
     for (const UpdateSegment& segment : segments) {
       const KeyRange part =
@@ -147,7 +148,8 @@ uint64_t ParameterStore::AddSegments(std::span<const UpdateSegment> segments,
       const auto len = static_cast<Eigen::Index>(part.size());
       const uint64_t at = part.begin - shard.range.begin;  // in the shard
       ConstVec u(segment.values.data() + (part.begin - segment.offset), len);
-      Vec w(shard.values.data() + at, len);
+      // The model, or with `hold` the held buffer, gets the change.
+      Vec w(hold ? shard.held.data() + at : shard.values.data() + at, len);
       if (!momentum) {
         w += scale * u;
         for (size_t id : accumulate) {
@@ -172,7 +174,35 @@ uint64_t ParameterStore::Apply(std::span<const UpdateSegment> segments,
   std::optional<float> momentum;
   if (!velocity_.empty()) momentum = static_cast<float>(rule_.momentum);
   return AddSegments(segments, rule_.Scale(), momentum, accumulator_ids_,
-                     read_back);
+                     read_back, !held_.empty());
+}
+
+void ParameterStore::HoldOwnChanges() {
+  if (!held_.empty()) return;
+  held_.assign(values_.size(), 0.0f);
+  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
+    shard.held = std::span<float>(held_).subspan(shard.range.begin,
+                                                 shard.range.size());
+  });
+}
+
+void ParameterStore::TakeHeld(std::span<float> out) {
+  ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
+    if (shard.held.empty()) return;
+    std::memcpy(out.data() + shard.range.begin, shard.held.data(),
+                shard.range.size() * sizeof(float));
+    std::fill(shard.held.begin(), shard.held.end(), 0.0f);
+  });
+}
+
+void ParameterStore::AddHeldTo(std::span<float> out) const {
+  ForEachShardLocked([&](const Shard& shard) REQUIRES(shard.mu) {
+    if (shard.held.empty()) return;
+    Vec(out.data() + shard.range.begin,
+        static_cast<Eigen::Index>(shard.range.size())) +=
+        ConstVec(shard.held.data(),
+                 static_cast<Eigen::Index>(shard.range.size()));
+  });
 }
 
 size_t ParameterStore::AddAccumulator() {
@@ -188,7 +218,8 @@ size_t ParameterStore::AddAccumulator() {
 uint64_t ParameterStore::ApplyExternal(std::span<const UpdateSegment> segments,
                                        std::span<const size_t> accumulate) {
   // scale 1 adds the values exactly as they are (1.0f * u == u).
-  return AddSegments(segments, 1.0f, std::nullopt, accumulate, {});
+  return AddSegments(segments, 1.0f, std::nullopt, accumulate, {},
+                     /*hold=*/false);
 }
 
 uint64_t ParameterStore::ApplyExternalSparse(

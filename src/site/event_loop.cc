@@ -43,6 +43,7 @@ Status SiteEventLoop::PollOnce() {
     parts_.sync->HandleReadable(
         std::span<const zmq::pollitem_t>(items).subspan(1));
     parts_.policy->AdvanceClock();  // the clock floor moves with what peers say
+    parts_.clock->ApplyOwnChanges();  // and so does what is held back
     parts_.replies->ReleaseHeld();
   }
   parts_.durability->MaybeCheckpoint();

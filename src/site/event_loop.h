@@ -47,7 +47,7 @@ class SiteEventLoop {
     SiteDurability* durability = nullptr;
     SiteMonitor* monitor = nullptr;
     TrainingPhase* phase = nullptr;
-    const SiteClock* clock = nullptr;
+    SiteClock* clock = nullptr;
     // The site's evaluator process, for an external model; null when the
     // server evaluates a built-in model itself.
     RemoteEvaluator* evaluator = nullptr;

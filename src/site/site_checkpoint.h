@@ -154,6 +154,10 @@ class SiteCheckpointer {
 // `last_write_s`, at most `period_s` (when > 0).
 double EarlyCheckpointSpacing(double last_write_s, double period_s);
 
+// The array of a checkpoint that holds the site's own changes not yet
+// applied to its model (sync.own_changes WITH_PEERS: own_change_hold.h).
+inline constexpr char kHeldOwnChanges[] = "held_own_changes";
+
 // The store's arrays for a checkpoint: "model", "velocity" (when server
 // momentum ran) and "acc/<peer>" for each peer of `sync` (null: none).
 // Call from the thread that applies updates (a consistent snapshot).

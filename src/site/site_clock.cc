@@ -22,12 +22,12 @@ void SiteClock::Advance(uint64_t policy_clock, bool running) {
   }
   if (clock - last_clock_ > 2) {
     last_clock_ = clock;
-    sync_->OnLocalClock(last_clock_);
+    Complete(last_clock_);
     return;
   }
   while (last_clock_ < clock) {
     ++last_clock_;
-    sync_->OnLocalClock(last_clock_);
+    Complete(last_clock_);
   }
 }
 

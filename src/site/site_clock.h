@@ -3,13 +3,20 @@
 // from a checkpoint, or it was more than DS clocks behind the reachable
 // peers after a freeze or a partition: SyncEngine::ClockFloor).
 //
+// With sync.own_changes WITH_PEERS it owns the site's held own changes
+// (own_change_hold.h): each clock the site completes queues its changes,
+// which reach the replica when the peers have announced that clock.
+//
 // Ownership and threads: owned by SiteServer::Impl, driven by its event
-// loop alone. Size: fixed.
+// loop alone. Size: fixed, and the hold's bound.
 #ifndef MERIDIAN_SITE_SITE_CLOCK_H_
 #define MERIDIAN_SITE_SITE_CLOCK_H_
 
 #include <cstdint>
+#include <memory>
+#include <utility>
 
+#include "site/own_change_hold.h"
 #include "sync/sync_engine.h"
 
 namespace meridian {
@@ -18,7 +25,10 @@ class SiteClock {
  public:
   // `sync` (not owned; null for a site that syncs with nobody) is told
   // every clock the site completes.
-  explicit SiteClock(SyncEngine* sync) : sync_(sync) {}
+  // `hold`: the site's own changes held back (null: applied at once).
+  explicit SiteClock(SyncEngine* sync,
+                     std::unique_ptr<OwnChangeHold> hold = nullptr)
+      : sync_(sync), hold_(std::move(hold)) {}
 
   // The clock the sync was last told about.
   int64_t value() const { return last_clock_; }
@@ -35,8 +45,30 @@ class SiteClock {
     clock_offset_ = clock;
   }
 
+  // Applies the held own changes of every clock the peers have announced
+  // (each turn of the event loop); ApplyAllOwnChanges applies all of them
+  // (the end of training, before the final flush). No-ops without a hold.
+  void ApplyOwnChanges() {
+    if (hold_) hold_->Release(sync_->bounding_clock());
+  }
+  void ApplyAllOwnChanges() {
+    if (hold_) hold_->ReleaseAll();
+  }
+  // The hold, null when own changes are applied at once (checkpoints,
+  // metrics).
+  OwnChangeHold* hold() { return hold_.get(); }
+  const OwnChangeHold* hold() const { return hold_.get(); }
+
  private:
+  // The clock `clock` is complete: its held changes queue, then the sync
+  // sends what it has for it.
+  void Complete(int64_t clock) {
+    if (hold_) hold_->OnClock(clock);
+    sync_->OnLocalClock(clock);
+  }
+
   SyncEngine* const sync_;
+  const std::unique_ptr<OwnChangeHold> hold_;
   int64_t last_clock_ = 0;
   int64_t clock_offset_ = 0;  // site clock = policy clock + this
 };

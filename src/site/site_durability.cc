@@ -109,6 +109,21 @@ Status SiteDurability::Recover(const SiteCheckpointer::Recovered& recovered) {
     clock = std::max<int64_t>(clock, parts_.sync->Summary().clock());
   }
   parts_.clock->Restore(clock);  // the policy starts again at 0
+  if (const NamedArray* held = recovered.checkpoint.Find(kHeldOwnChanges)) {
+    if (OwnChangeHold* hold = parts_.clock->hold()) {
+      // Queued at the restored clock: applied once the peers announce it.
+      MERIDIAN_RETURN_IF_ERROR(hold->Restore(held->values, clock));
+    } else if (held->values.size() == store->num_elements()) {
+      // Held by a run that held its own changes: this one applies them.
+      const UpdateSegment all{0, held->values};
+      store->ApplyExternal(std::span<const UpdateSegment>(&all, 1));
+    } else {
+      return DataLossError("the checkpoint's held own changes have " +
+                           std::to_string(held->values.size()) +
+                           " elements, the model " +
+                           std::to_string(store->num_elements()));
+    }
+  }
   RestoreWorkers(meta, recovered.checkpoint.sequence, recovered.applied);
   parts_.counters->commits = meta.commits();
   parts_.counters->rejected = meta.rejected();
@@ -317,6 +332,12 @@ void SiteDurability::TakeCheckpoint(bool finished) {
   }
   if (parts_.sync != nullptr) parts_.sync->SaveState(meta.mutable_sync());
   std::vector<NamedArray> arrays = StoreArrays(store, parts_.sync);
+  if (const OwnChangeHold* hold = parts_.clock->hold()) {
+    NamedArray held{kHeldOwnChanges,
+                    std::vector<float>(store.num_elements(), 0.0f)};
+    hold->AddTo(held.values);
+    arrays.push_back(std::move(held));
+  }
   const UpdateAccumulator& aggregate = parts_.policy->aggregate();
   if (aggregate.count() > 0) {
     meta.set_aggregate_commits(aggregate.count());

@@ -141,6 +141,17 @@ void SiteMetrics::PublishWorkers(const SiteMetricsSnapshot& s) {
   }
 }
 
+void SiteMetrics::PublishOwnChanges(const OwnChangeHold& hold) {
+  Gauge("meridian_sync_own_changes_held_clocks",
+        "Clocks of this site's own changes held until the peers announce "
+        "them (sync.own_changes WITH_PEERS)",
+        static_cast<double>(hold.queued_clocks()));
+  Counter("meridian_sync_own_changes_forced_total",
+          "Clocks of own changes applied before the peers announced them, "
+          "because max_clock_skew + 2 were held",
+          static_cast<double>(hold.forced()));
+}
+
 void SiteMetrics::PublishSync(const SyncEngine& sync, int64_t clock) {
   Gauge("meridian_sync_theta", "Current significance threshold", sync.theta());
   Gauge("meridian_sync_slowest_peer_clock",

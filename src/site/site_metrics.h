@@ -12,6 +12,7 @@
 
 #include "meridian/metrics/metrics.h"
 #include "meridian/wan/front.h"
+#include "site/own_change_hold.h"
 #include "sync/sync_engine.h"
 
 namespace meridian {
@@ -68,6 +69,9 @@ class SiteMetrics {
   // Copies `snapshot` into the cells (relaxed atomic stores; the per-peer
   // and per-worker series are created on first sight).
   void Publish(const SiteMetricsSnapshot& snapshot);
+  // sync.own_changes WITH_PEERS: the clocks of own changes held back and
+  // those applied early because the hold was full.
+  void PublishOwnChanges(const OwnChangeHold& hold);
 
  private:
   MetricCell* Cell(const std::string& name, const char* help, bool counter,

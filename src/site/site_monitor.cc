@@ -70,6 +70,9 @@ void SiteMonitor::Publish(bool force) {
   s.sync = sources_.sync;
   if (sources_.front != nullptr) s.front = sources_.front->stats();
   metrics_.Publish(s);
+  if (const OwnChangeHold* hold = sources_.clock->hold()) {
+    metrics_.PublishOwnChanges(*hold);
+  }
 }
 
 void SiteMonitor::FillStatus(pb::SiteStatus* status) const {

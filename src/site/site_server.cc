@@ -398,7 +398,16 @@ Status SiteServer::Impl::CreateSync() {
 
 void SiteServer::Impl::BuildParts() {
   SyncEngine* sync = sync_.get();
-  clock_ = std::make_unique<SiteClock>(sync);
+  std::unique_ptr<OwnChangeHold> hold;
+  if (sync != nullptr &&
+      site_.job.sync().own_changes() == pb::OWN_CHANGES_WITH_PEERS) {
+    // At most DS + 1 clocks ahead of the slowest counted peer, and the
+    // clock being trained: the queue's bound.
+    store_.HoldOwnChanges();
+    hold = std::make_unique<OwnChangeHold>(
+        &store_, site_.job.sync().max_clock_skew() + 2);
+  }
+  clock_ = std::make_unique<SiteClock>(sync, std::move(hold));
   replies_ =
       std::make_unique<Replies>(site_, &endpoint_, &workers_, &store_,
                                 policy_.get(), sync, &phase_, clock_.get());
@@ -467,9 +476,11 @@ Status SiteServer::Impl::Run() {
   StartTraining();
   MERIDIAN_RETURN_IF_ERROR(Serve());
   MERIDIAN_RETURN_IF_ERROR(Drain());
-  // Every accepted commit is in; what the peers have not got yet goes out
-  // losslessly, and theirs comes in, before the final evaluation. The
-  // loop keeps answering status requests meanwhile.
+  // Every accepted commit is in (and in the replica, held or not); what
+  // the peers have not got yet goes out losslessly, and theirs comes in,
+  // before the final evaluation. The loop keeps answering status requests
+  // meanwhile.
+  clock_->ApplyAllOwnChanges();
   if (sync_) sync_->Finish([this] { return loop_->PollOnce(); });
   Finish();
   return Status::Ok();
@@ -500,6 +511,7 @@ Status SiteServer::Impl::CompleteFlush() {
   if (Status status = sync_->Connect(); !status.ok()) {
     MLOG(ERROR) << "cannot reach the peer sites: " << status;
   }
+  clock_->ApplyAllOwnChanges();
   sync_->Finish([this] { return loop_->PollOnce(); });
   return Status::Ok();
 }

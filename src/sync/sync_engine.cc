@@ -485,6 +485,9 @@ uint64_t SyncEngine::bytes_sent() const { return impl_->bytes_sent(); }
 int64_t SyncEngine::slowest_peer_clock() const {
   return impl_->peers().SlowestClock();
 }
+int64_t SyncEngine::bounding_clock() const {
+  return impl_->peers().BoundingClock();
+}
 pb::SyncSummary SyncEngine::Summary() const { return impl_->Summary(); }
 std::vector<SyncEngine::PeerCounters> SyncEngine::peer_counters() const {
   return impl_->peers().Counters();

@@ -154,6 +154,10 @@ class SyncEngine {
   std::optional<double> skew_knob() const;
   uint64_t bytes_sent() const;
   int64_t slowest_peer_clock() const;
+  // The slowest clock the DS bound counts: under PARTITION_CONTINUE the
+  // reachable peers' (this site's own clock when none is), else every
+  // peer's. A peer's clock c means its changes up to c are applied here.
+  int64_t bounding_clock() const;
   pb::SyncSummary Summary() const;
 
   // The clock this site should be at least at: under PARTITION_CONTINUE,

@@ -587,15 +587,21 @@ class NoniidTest(unittest.TestCase):
         self.assertIsNone(noniid.streamed(algos, "fedavg-10@0.02"))
         self.assertIsNone(noniid.streamed(algos, "dense@soon"))
         self.assertIsNone(noniid.streamed(algos, "dense"))
+        held = noniid.streamed(algos, "dense+held@0.02")
+        self.assertIn("own_changes: OWN_CHANGES_WITH_PEERS", held)
+        self.assertIn("send_period_s: 0.02", held)
+        self.assertIn("kind: DENSE", noniid.streamed(algos, "dense+held"))
+        self.assertIsNone(noniid.streamed(algos, "fedavg-10+held"))
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "job.pbtxt")
-            with open(path, "w") as f:
-                f.write(noniid.job_text(noniid.Setup(budget=60), "x",
-                                        "disjoint", sync))
-            proc = subprocess.run([MERIDIAN, "validate", path],
-                                  stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
-            self.assertEqual(proc.returncode, 0, proc.stdout)
+            for variant in (sync, held):
+                with open(path, "w") as f:
+                    f.write(noniid.job_text(noniid.Setup(budget=60), "x",
+                                            "disjoint", variant))
+                proc = subprocess.run([MERIDIAN, "validate", path],
+                                      stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+                self.assertEqual(proc.returncode, 0, proc.stdout)
 
     def test_every_algorithm_is_a_valid_job(self):
         noniid = scenario("noniid")

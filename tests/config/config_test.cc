@@ -1304,6 +1304,27 @@ TEST(ValidateJobConfigTest, SendPeriod) {
       pb::DENSE, [](pb::SyncConfig*) {}, "", cases);
 }
 
+// Own changes held for the peers': for the kinds that apply a peer's
+// changes as they come; DiLoCo's rounds apply every site's together.
+TEST(ValidateJobConfigTest, OwnChangesWithThePeersIsGaiaAndDenseOnly) {
+  const SyncCase dense_cases[] = {
+      {[](auto*) {}, "", ""},
+      {[](auto* s) { s->set_own_changes(pb::OWN_CHANGES_WITH_PEERS); }, "",
+       ""},
+      {[](auto* s) { s->set_own_changes(pb::OWN_CHANGES_UNSPECIFIED); },
+       "sync.own_changes", ""},
+  };
+  ExpectSyncCases(
+      pb::DENSE, [](pb::SyncConfig*) {}, "", dense_cases);
+  const SyncCase diloco_cases[] = {
+      {[](auto* s) { s->set_own_changes(pb::OWN_CHANGES_WITH_PEERS); },
+       "sync.own_changes", "GAIA and DENSE only"},
+  };
+  ExpectSyncCases(
+      pb::DILOCO, [](pb::SyncConfig* s) { s->set_averaging_period(20); }, "",
+      diloco_cases);
+}
+
 // FedAvg is DiLoCo's outer step with lr 1 and no momentum: the same rounds,
 // the same full mesh.
 TEST(ValidateJobConfigTest, ModelAveragingNeedsAFullMesh) {

@@ -420,5 +420,43 @@ TEST(ParameterStoreTest, ConcurrentAppliesSumExactlyWithMomentumOff) {
   EXPECT_EQ(SnapshotOf(store), expected);
 }
 
+// sync.own_changes WITH_PEERS: Apply's change (after the rule and
+// momentum) goes to the held buffer and the accumulators, not the model;
+// TakeHeld moves it out, AddHeldTo copies it.
+TEST(ParameterStoreTest, HeldOwnChangesStayOutOfTheModelUntilTaken) {
+  ParameterStore store(TenElements(), 3, Rule(pb::MEAN, 1.0, 0.5, 2));
+  const size_t acc = store.AddAccumulator();
+  store.HoldOwnChanges();
+  ASSERT_TRUE(store.holds_own_changes());
+  std::vector<float> initial(10);
+  std::iota(initial.begin(), initial.end(), 1.0f);
+  ASSERT_OK(store.Assign(initial));
+  const std::vector<float> u(10, 2.0f);
+  const UpdateSegment all{0, u};
+  std::vector<float> reply(10, -1.0f);
+  const ReadSegment read{0, reply};
+  store.Apply(std::span<const UpdateSegment>(&all, 1),
+              std::span<const ReadSegment>(&read, 1));
+  store.Apply(std::span<const UpdateSegment>(&all, 1));
+  // The model, and the commit's read-back, are untouched.
+  EXPECT_EQ(SnapshotOf(store), initial);
+  EXPECT_EQ(reply, initial);
+  // v = 0.5 v + 2 / 2: 1, then 1.5; the accumulator has both.
+  EXPECT_EQ(store.CopyAccumulator(acc), std::vector<float>(10, 2.5f));
+  std::vector<float> copy(10, 1.0f);
+  store.AddHeldTo(copy);
+  EXPECT_EQ(copy, std::vector<float>(10, 3.5f));
+  std::vector<float> held(10, -1.0f);
+  store.TakeHeld(held);
+  EXPECT_EQ(held, std::vector<float>(10, 2.5f));
+  store.TakeHeld(held);
+  EXPECT_EQ(held, std::vector<float>(10, 0.0f));
+  // A peer's change still reaches the model at once.
+  store.ApplyExternal(std::span<const UpdateSegment>(&all, 1));
+  std::vector<float> expected = initial;
+  for (float& value : expected) value += 2.0f;
+  EXPECT_EQ(SnapshotOf(store), expected);
+}
+
 }  // namespace
 }  // namespace meridian

@@ -130,10 +130,10 @@ class MirrorInputTest : public ::testing::Test {
         << reply->message->header.error().message();
   }
 
-  // Sends b's final clock and waits (kTimeout) until the site
+  // Sends b's final clock (`clock`) and waits (kTimeout) until the site
   // acknowledges it; whether it did.
-  bool SendFinalAndAwaitItsAck() {
-    pb::Header final_clock = Clock("b", 1);
+  bool SendFinalAndAwaitItsAck(int64_t clock = 1) {
+    pb::Header final_clock = Clock("b", clock);
     final_clock.mutable_mirror_clock()->set_final(true);
     const uint64_t final_sequence = final_clock.sequence();
     Send(final_clock);
@@ -186,6 +186,29 @@ class MirrorInputTest : public ::testing::Test {
   }
 
   void ExpectModelUntouched() { EXPECT_EQ(server_->Snapshot(), initial_); }
+
+  // Worker `index`'s HELLO with the model's layout.
+  pb::Header WorkerHello(uint32_t index) const {
+    pb::Header hello;
+    hello.set_type(pb::HELLO);
+    hello.mutable_hello()->set_worker_index(index);
+    LayoutToSpecs(layout_, hello.mutable_hello()->mutable_layout());
+    return hello;
+  }
+
+  // A worker's COMMIT from version 0 of `value` in every element, its
+  // frames into `update`.
+  pb::Header CommitOf(float value, std::vector<zmq::message_t>* update) {
+    pb::Header commit;
+    commit.set_type(pb::COMMIT);
+    AddLayoutSlices(layout_, &commit);
+    commit.mutable_commit()->set_base_version(0);
+    for (const TensorInfo& tensor : layout_.tensors()) {
+      update->push_back(
+          CopyFloatFrame(std::vector<float>(tensor.size, value)));
+    }
+    return commit;
+  }
 
   // Worker answers the site holds, from its metrics endpoint (0 when it
   // cannot be read).
@@ -457,16 +480,9 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
 
   RpcClient w0(context_, server_->endpoint(), WorkerOf(0));
   RpcClient w1(context_, server_->endpoint(), WorkerOf(1));
-  auto hello = [&](uint32_t index) {
-    pb::Header header;
-    header.set_type(pb::HELLO);
-    header.mutable_hello()->set_worker_index(index);
-    LayoutToSpecs(layout_, header.mutable_hello()->mutable_layout());
-    return header;
-  };
   Result<Envelope> welcome1 = DeadlineExceededError("not answered");
-  std::thread join1([&] { welcome1 = w1.Call(hello(1), {}, kTimeout); });
-  Result<Envelope> welcome0 = w0.Call(hello(0), {}, kTimeout);
+  std::thread join1([&] { welcome1 = w1.Call(WorkerHello(1), {}, kTimeout); });
+  Result<Envelope> welcome0 = w0.Call(WorkerHello(0), {}, kTimeout);
   join1.join();
   ASSERT_OK(welcome0);
   ASSERT_OK(welcome1);
@@ -476,14 +492,8 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   Result<Envelope> commit_reply = DeadlineExceededError("not answered");
   std::atomic<bool> commit_answered{false};
   std::thread committer([&] {
-    pb::Header commit;
-    commit.set_type(pb::COMMIT);
-    AddLayoutSlices(layout_, &commit);
-    commit.mutable_commit()->set_base_version(0);
     std::vector<zmq::message_t> update;
-    for (const TensorInfo& tensor : layout_.tensors()) {
-      update.push_back(CopyFloatFrame(std::vector<float>(tensor.size, 0.0f)));
-    }
+    const pb::Header commit = CommitOf(0.0f, &update);
     commit_reply = w0.Call(commit, std::move(update), kTimeout);
     commit_answered = true;
   });
@@ -556,6 +566,60 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   EXPECT_TRUE(server_->summary().sync().flushed());
 }
 
+// sync.own_changes WITH_PEERS: the site's own worker's commit reaches the
+// site's replica only once peer b has announced the clock it belongs to
+// (b's changes of that clock are then in too); before, neither the
+// worker's reply nor the replica has it.
+class MirrorInputHeldOwnChangesTest : public MirrorInputTest {
+ protected:
+  void ConfigureJob(pb::JobConfig* job) override {
+    job->mutable_sync()->set_kind(pb::DENSE);
+    job->mutable_sync()->set_max_clock_skew(4);
+    job->mutable_sync()->set_own_changes(pb::OWN_CHANGES_WITH_PEERS);
+  }
+};
+
+TEST_F(MirrorInputHeldOwnChangesTest, OwnChangesWaitForThePeersClock) {
+  Hello("b", layout_);
+  RpcClient worker(context_, server_->endpoint(), WorkerOf(0));
+  ASSERT_OK(worker.Call(WorkerHello(0), {}, kTimeout));
+
+  // One commit of the only worker (the site's clock 1): 0.5 everywhere,
+  // which the MEAN rule over the job's two workers makes 0.25.
+  std::vector<zmq::message_t> update;
+  const pb::Header commit = CommitOf(0.5f, &update);
+  Result<Envelope> reply = worker.Call(commit, std::move(update), kTimeout);
+  ASSERT_OK(reply);
+  ASSERT_EQ(reply->header.type(), pb::MODEL);
+  // Applied (answered) but held: the reply and the replica are as before.
+  const float* got = static_cast<const float*>(reply->payload[0].data());
+  EXPECT_FLOAT_EQ(got[0], initial_[0]);
+  ExpectModelUntouched();
+
+  // b announces clock 1: the held change reaches the replica.
+  Send(Clock("b", 1));
+  std::vector<float> expected = initial_;
+  for (float& value : expected) value += 0.25f;
+  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+  while (server_->Snapshot() != expected &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(server_->Snapshot(), expected);
+
+  // b ends its job; the worker leaves: the site flushes and finishes.
+  testing::AckingPeer b_mirror(b_mirror_.get(), "b");
+  EXPECT_TRUE(SendFinalAndAwaitItsAck(2));
+  pb::Header bye;
+  bye.set_type(pb::BYE);
+  bye.mutable_bye();
+  (void)worker.Call(bye, {}, kTimeout);
+  thread_.join();
+  EXPECT_OK(run_status_);
+  EXPECT_TRUE(server_->summary().sync().flushed());
+  EXPECT_EQ(server_->Snapshot(), expected);
+}
+
 // After the exchange: the site's flush with b is complete here (it has b's
 // final, and b acknowledged the site's), but b has not said its own is
 // complete there — it may not have the site's acknowledgement of its final
@@ -569,11 +633,7 @@ TEST_F(MirrorInputTest, AFlushedSiteStaysUntilThePeerSaysItsFlushIsComplete) {
   Hello("b", layout_);
   testing::AckingPeer b_mirror(b_mirror_.get(), "b", /*says_flushed=*/false);
   RpcClient worker(context_, server_->endpoint(), WorkerOf(0));
-  pb::Header hello;
-  hello.set_type(pb::HELLO);
-  hello.mutable_hello()->set_worker_index(0);
-  LayoutToSpecs(layout_, hello.mutable_hello()->mutable_layout());
-  ASSERT_OK(worker.Call(hello, {}, kTimeout));
+  ASSERT_OK(worker.Call(WorkerHello(0), {}, kTimeout));
 
   ASSERT_TRUE(SendFinalAndAwaitItsAck())
       << "the site never acknowledged b's final clock";

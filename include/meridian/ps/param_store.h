@@ -143,6 +143,23 @@ class ParameterStore {
   void AddToAccumulator(size_t id, std::span<const uint64_t> indices,
                         std::span<const float> values);
 
+  // ---- Held own changes (sync.own_changes: OWN_CHANGES_WITH_PEERS) --------
+  // From now on Apply adds the change it makes (after the apply rule and
+  // momentum) into a held buffer instead of the model; the accumulators
+  // still get it at once. The site's own changes wait there until TakeHeld
+  // moves them out, and reach the model through ApplyExternal when the
+  // peers' changes of the same clock have (site/own_change_hold.h). Size:
+  // one more float per element. Not thread-safe with Apply: call before
+  // training starts.
+  void HoldOwnChanges();
+  bool holds_own_changes() const { return !held_.empty(); }
+  // Moves the held changes into `out` (size num_elements(), overwritten)
+  // and zeroes the buffer. From the thread that applies updates.
+  void TakeHeld(std::span<float> out);
+  // out += the held changes, which stay held (a checkpoint's copy). From
+  // the thread that applies updates.
+  void AddHeldTo(std::span<float> out) const;
+
   // ---- Checkpoints ---------------------------------------------------------
   // The state beyond the model, copied out for a checkpoint: the velocity
   // of server momentum (empty when it never ran) and accumulator `id`. For
@@ -170,6 +187,7 @@ class ParameterStore {
     std::span<float> values GUARDED_BY(mu);
     std::span<float> velocity GUARDED_BY(mu);  // empty without momentum
     std::vector<std::span<float>> accumulators GUARDED_BY(mu);  // by id
+    std::span<float> held GUARDED_BY(mu);  // empty unless HoldOwnChanges
   };
 
   // Calls fn(shard) for every shard, in key order, with that shard locked.
@@ -182,13 +200,14 @@ class ParameterStore {
   // an update (a commit carries one segment per tensor, and a shard may
   // straddle tensors). Each value u becomes the change c = scale * u, or,
   // with `momentum`, v = momentum * v + scale * u and c = v; w += c, and c
-  // goes into every accumulator in `accumulate`. Then copies the shard's
-  // part of `read_back` while it is locked and still in cache. Returns the
-  // new version.
+  // goes into every accumulator in `accumulate`; with `hold`, c goes into
+  // the held buffer instead of w. Then copies the shard's part of
+  // `read_back` while it is locked and still in cache. Returns the new
+  // version.
   uint64_t AddSegments(std::span<const UpdateSegment> segments, float scale,
                        std::optional<float> momentum,
                        std::span<const size_t> accumulate,
-                       std::span<const ReadSegment> read_back);
+                       std::span<const ReadSegment> read_back, bool hold);
   // Copies the parts of `reads` inside `shard`.
   static void CopyOut(const Shard& shard, std::span<const ReadSegment> reads)
       REQUIRES(shard.mu);
@@ -203,6 +222,7 @@ class ParameterStore {
   // valid).
   std::vector<float> values_;
   std::vector<float> velocity_;
+  std::vector<float> held_;  // empty unless HoldOwnChanges
   std::vector<std::vector<float>> accumulators_;
   std::vector<size_t> accumulator_ids_;  // 0, 1, ...: Apply feeds them all
   std::atomic<uint64_t> version_{0};

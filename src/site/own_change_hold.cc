@@ -1,0 +1,62 @@
+#include "site/own_change_hold.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace meridian {
+
+OwnChangeHold::OwnChangeHold(ParameterStore* store, size_t max_clocks)
+    : store_(store), max_clocks_(std::max<size_t>(max_clocks, 1)) {}
+
+void OwnChangeHold::OnClock(int64_t clock) {
+  std::vector<float> change = std::move(spare_);
+  change.resize(store_->num_elements());
+  store_->TakeHeld(change);
+  queue_.push_back({clock, std::move(change)});
+  while (queue_.size() > max_clocks_) {
+    ApplyFront();
+    ++forced_;
+  }
+}
+
+void OwnChangeHold::Release(int64_t peers_clock) {
+  while (!queue_.empty() && queue_.front().clock <= peers_clock) ApplyFront();
+}
+
+void OwnChangeHold::ReleaseAll() {
+  while (!queue_.empty()) ApplyFront();
+  std::vector<float> held(store_->num_elements());
+  store_->TakeHeld(held);
+  const UpdateSegment all{0, held};
+  store_->ApplyExternal(std::span<const UpdateSegment>(&all, 1));
+}
+
+void OwnChangeHold::AddTo(std::span<float> out) const {
+  for (const Entry& entry : queue_) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] += entry.change[i];
+  }
+  store_->AddHeldTo(out);
+}
+
+Status OwnChangeHold::Restore(std::span<const float> change, int64_t clock) {
+  if (change.size() != store_->num_elements()) {
+    return DataLossError("the checkpoint's held own changes have " +
+                         std::to_string(change.size()) +
+                         " elements, the model " +
+                         std::to_string(store_->num_elements()));
+  }
+  queue_.clear();
+  queue_.push_back({clock, {change.begin(), change.end()}});
+  return Status::Ok();
+}
+
+void OwnChangeHold::ApplyFront() {
+  Entry& front = queue_.front();
+  const UpdateSegment all{0, front.change};
+  store_->ApplyExternal(std::span<const UpdateSegment>(&all, 1));
+  spare_ = std::move(front.change);
+  queue_.pop_front();
+}
+
+}  // namespace meridian
