@@ -9,11 +9,15 @@ namespace meridian {
 OwnChangeHold::OwnChangeHold(ParameterStore* store, size_t max_clocks)
     : store_(store), max_clocks_(std::max<size_t>(max_clocks, 1)) {}
 
-void OwnChangeHold::OnClock(int64_t clock) {
+void OwnChangeHold::QueueHeld(int64_t clock) {
   std::vector<float> change = std::move(spare_);
   change.resize(store_->num_elements());
   store_->TakeHeld(change);
   queue_.push_back({clock, std::move(change)});
+}
+
+void OwnChangeHold::OnClock(int64_t clock) {
+  QueueHeld(clock);
   while (queue_.size() > max_clocks_) {
     ApplyFront();
     ++forced_;
@@ -25,11 +29,9 @@ void OwnChangeHold::Release(int64_t peers_clock) {
 }
 
 void OwnChangeHold::ReleaseAll() {
+  // What the clock being trained holds goes last (its clock is unknown).
+  QueueHeld(queue_.empty() ? 0 : queue_.back().clock);
   while (!queue_.empty()) ApplyFront();
-  std::vector<float> held(store_->num_elements());
-  store_->TakeHeld(held);
-  const UpdateSegment all{0, held};
-  store_->ApplyExternal(std::span<const UpdateSegment>(&all, 1));
 }
 
 void OwnChangeHold::AddTo(std::span<float> out) const {

@@ -66,6 +66,8 @@ class OwnChangeHold {
     int64_t clock = 0;
     std::vector<float> change;
   };
+  // Moves what the store holds into the queue as `clock`'s change.
+  void QueueHeld(int64_t clock);
   void ApplyFront();
 
   ParameterStore* const store_;
