@@ -351,7 +351,9 @@ def parse_args():
                         help="read back the runs that finished in OUTDIR "
                              "(report.json written) and run the rest: a "
                              "sweep stopped midway goes on; the same flags")
-    repeats.add_argument(parser, "best setting")
+    # Medians of 3 by default: the comparisons are best against
+    # best, each a median with its range.
+    repeats.add_argument(parser, "best setting", default=3)
     workloads.add_argument(parser)
     cli.add_binary(parser)
     cli.add_dry_run(parser)

@@ -41,15 +41,29 @@ void OwnChangeHold::AddTo(std::span<float> out) const {
   store_->AddHeldTo(out);
 }
 
+namespace {
+
+Status CheckHeldSize(const ParameterStore& store, size_t size) {
+  if (size == store.num_elements()) return Status::Ok();
+  return DataLossError("the checkpoint's held own changes have " +
+                       std::to_string(size) + " elements, the model " +
+                       std::to_string(store.num_elements()));
+}
+
+}  // namespace
+
 Status OwnChangeHold::Restore(std::span<const float> change, int64_t clock) {
-  if (change.size() != store_->num_elements()) {
-    return DataLossError("the checkpoint's held own changes have " +
-                         std::to_string(change.size()) +
-                         " elements, the model " +
-                         std::to_string(store_->num_elements()));
-  }
+  MERIDIAN_RETURN_IF_ERROR(CheckHeldSize(*store_, change.size()));
   queue_.clear();
   queue_.push_back({clock, {change.begin(), change.end()}});
+  return Status::Ok();
+}
+
+Status OwnChangeHold::ApplyHeld(ParameterStore* store,
+                                std::span<const float> change) {
+  MERIDIAN_RETURN_IF_ERROR(CheckHeldSize(*store, change.size()));
+  const UpdateSegment all{0, change};
+  store->ApplyExternal(std::span<const UpdateSegment>(&all, 1));
   return Status::Ok();
 }
 

@@ -55,6 +55,11 @@ class OwnChangeHold {
   // clock (Restore).
   void AddTo(std::span<float> out) const;
   Status Restore(std::span<const float> change, int64_t clock);
+  // The same array restored into a site that does not hold its own
+  // changes: applied to `store` at once. Both refuse an array whose size
+  // is not the model's (DataLoss: the checkpoint is not this model's).
+  static Status ApplyHeld(ParameterStore* store,
+                          std::span<const float> change);
 
   // Clocks queued now, and changes released before the peers' clocks
   // came because the queue was full.

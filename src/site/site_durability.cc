@@ -113,15 +113,10 @@ Status SiteDurability::Recover(const SiteCheckpointer::Recovered& recovered) {
     if (OwnChangeHold* hold = parts_.clock->hold()) {
       // Queued at the restored clock: applied once the peers announce it.
       MERIDIAN_RETURN_IF_ERROR(hold->Restore(held->values, clock));
-    } else if (held->values.size() == store->num_elements()) {
-      // Held by a run that held its own changes: this one applies them.
-      const UpdateSegment all{0, held->values};
-      store->ApplyExternal(std::span<const UpdateSegment>(&all, 1));
     } else {
-      return DataLossError("the checkpoint's held own changes have " +
-                           std::to_string(held->values.size()) +
-                           " elements, the model " +
-                           std::to_string(store->num_elements()));
+      // Held by a run that held its own changes: this one applies them.
+      MERIDIAN_RETURN_IF_ERROR(
+          OwnChangeHold::ApplyHeld(store, held->values));
     }
   }
   RestoreWorkers(meta, recovered.checkpoint.sequence, recovered.applied);

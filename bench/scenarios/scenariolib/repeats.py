@@ -48,13 +48,13 @@ def repeat_count(text: str) -> int:
 
 
 def add_argument(parser: argparse.ArgumentParser,
-                 what: str = "variant") -> None:
-    """--repeat N, every `what` N times."""
+                 what: str = "variant", default: int = 1) -> None:
+    """--repeat N, every `what` N times (`default` when not given)."""
     parser.add_argument(
-        "--repeat", type=repeat_count, default=1, metavar="N",
+        "--repeat", type=repeat_count, default=default, metavar="N",
         help=f"run every {what} N times (round-robin: run 1 of every {what}, "
              "then run 2, ...) and report the median of the N runs with "
-             "their range [1]")
+             f"their range [{default}]")
 
 
 def label(name: str, run: int, repeat: int) -> str:
