@@ -731,6 +731,9 @@ class ChaosTest(unittest.TestCase):
             self.assertEqual(proc.returncode, 0, proc.stdout)
             self.assertIn("[chaos] schedule: 5 s worker_kill", proc.stdout)
             self.assertIn("38 s partition ap 40 s", proc.stdout)
+            # The crashed site is killed again within its checkpoint period.
+            self.assertIn("12 s site_crash us,", proc.stdout)
+            self.assertIn("17 s site_crash_again us,", proc.stdout)
             self.assertIn("runs, in this order: r1/fault-free, r1/chaos, "
                           "r2/fault-free, r2/chaos", proc.stdout)
             self.assertIn("OK (3 sites, 12 workers, ASYNC)", proc.stdout)
@@ -759,6 +762,27 @@ class ChaosTest(unittest.TestCase):
             self.assertEqual(sorted(os.listdir(out)),
                              ["builtin.pbtxt", "initial.safetensors",
                               "job.pbtxt"])
+
+    def test_updates_lost_counts_every_crash_of_the_site(self):
+        report = scenario("chaos_scenario.report")
+        faults = [{"fault": "site_crash", "target": "site 'us'"},
+                  {"fault": "site_crash_again", "target": "site 'us'"},
+                  {"fault": "wanem_crash", "target": "wanem"}]
+
+        def run(lost, restarts, site_lost=0):
+            recovery = {"restarts": restarts, "lost_commits": site_lost}
+            return {"lost_commits": lost,
+                    "sites": {"us": {"recovery": recovery},
+                              "eu": {"recovery": None}}}
+        met = report.updates_lost_goal(run(0, 2), faults)
+        self.assertTrue(met.met, met)
+        self.assertIn("us crashed 2×, restarted 2×", met.measured)
+        # Commits lost to either crash, or a crash the site never came
+        # back from, miss the goal.
+        self.assertFalse(report.updates_lost_goal(run(12, 2, 12),
+                                                  faults).met)
+        self.assertFalse(report.updates_lost_goal(run(0, 2, 3), faults).met)
+        self.assertFalse(report.updates_lost_goal(run(0, 1), faults).met)
 
     def test_slow_link_phase_reads_its_runs_back_and_judges_them(self):
         slow_phase = scenario("chaos_scenario.slow_phase")

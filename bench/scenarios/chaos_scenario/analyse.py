@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from chaos_scenario.job import SITES, WORKERS_PER_SITE
 from chaos_scenario.run import Run
 from chaos_scenario.sampler import commits_between, cumulative_commits
-from chaos_scenario.schedule import SLOW_LINK, TIMED
+from chaos_scenario.schedule import SITE_CRASHES, SLOW_LINK, TIMED
 
 Event = dict    # an event of report.json: kind, subject, site, unix_s, ...
 Series = list[tuple[float, float]]  # (unix_s, value)
@@ -435,7 +435,7 @@ def theta_reaction(r: Runs, t_in: float, t_end: float) -> dict:
     return res
 
 
-MAIN_KINDS = ("site_crash", "wanem_crash", *TIMED)
+MAIN_KINDS = (*SITE_CRASHES, "wanem_crash", *TIMED)
 
 
 def analyse_faults(chaos: Run, ff: Run, report: Optional[dict]) -> list[dict]:
@@ -456,7 +456,7 @@ def analyse_faults(chaos: Run, ff: Run, report: Optional[dict]) -> list[dict]:
             row["notes"].append(inj["note"])
         if kind == "worker_kill":
             affected = worker_kill(r, inj, row)
-        elif kind == "site_crash":
+        elif kind in SITE_CRASHES:
             affected = site_crash(r, inj, row)
         elif kind == "wanem_crash":
             affected = wanem_crash(r, inj, row, injections)
@@ -468,7 +468,7 @@ def analyse_faults(chaos: Run, ff: Run, report: Optional[dict]) -> list[dict]:
         if kind in TIMED:
             window_end = max(window_end, t_end)
         extra = None
-        if kind == "site_crash":
+        if kind == "site_crash":  # the site's lost commits, counted once
             site = subject_site(inj["target"])
             extra = {site: r.recoveries.get(site, {}).get("lost_commits", 0)}
         lost, parts = r.lost_seconds(t_in, window_end, affected, extra)

@@ -37,11 +37,15 @@ class Injector:
         self.run.injections.append(entry)
         return entry
 
-    def kill9(self, kind: str, role: tuple, target: str) -> dict:
-        """kill -9 of the run's processes in `role` (processes.role_of)."""
+    def kill9(self, kind: str, role: tuple, target: str,
+              exclude: frozenset = frozenset(), tries: int = 6) -> dict:
+        """kill -9 of the run's processes in `role` (processes.role_of),
+        but not those in `exclude` (already killed: the kill waits, up to
+        `tries` × 0.5 s, for their restarted successors)."""
         pids = []
-        for _ in range(6):  # restarting right now: try again shortly
-            pids = processes.find_pids(self.run.dir, role)
+        for _ in range(tries):  # restarting right now: try again shortly
+            pids = [p for p in processes.find_pids(self.run.dir, role)
+                    if p not in exclude]
             if pids:
                 break
             time.sleep(0.5)
@@ -156,6 +160,7 @@ def run_schedule(run: Run, schedule: list[Event]) -> None:
     actions.sort(key=lambda a: (a[0], -a[1]))  # ends before starts
     inject = Injector(run)
     open_faults = {}
+    killed: dict[str, list[int]] = {}  # site -> its server's killed pids
     try:
         for offset, is_end, kind, target, duration in actions:
             if not run.sleep_until(offset):
@@ -172,8 +177,14 @@ def run_schedule(run: Run, schedule: list[Event]) -> None:
                 inject.kill9("worker_kill", ("worker", site, index),
                              f"{site}/{index}")
             elif kind == "site_crash":
-                inject.kill9("site_crash", ("site", target),
-                             f"site '{target}'")
+                killed[target] = inject.kill9(
+                    "site_crash", ("site", target), f"site '{target}'")["pids"]
+            elif kind == "site_crash_again":
+                # The restarted server, however long its restart takes
+                # (up to 20 s).
+                inject.kill9("site_crash_again", ("site", target),
+                             f"site '{target}'",
+                             frozenset(killed.get(target, [])), tries=40)
             elif kind == "wanem_crash":
                 inject.kill9("wanem_crash", ("wanem",), "wanem")
             elif kind == "partition":

@@ -35,6 +35,9 @@ Schedule of the chaos run, in seconds after every site has committed
                          `meridian run`
   20  [12]   kill -9 of a random site server (restarted with --resume
              from its checkpoint)
+  26  [17]   kill -9 of the same site server again, once restarted: within
+             its checkpoint period (10 s), so the commits it answered since
+             its restart are in no checkpoint (its workers replay them)
   45  [25]   kill -9 of the emulator (`meridian wanem`; restarted, its
              routes added again)
   70  [38]   partition of ap from us and eu (`wanem ctl partition us-ap`,
@@ -56,7 +59,8 @@ the recovery time (end of the fault to the event that ends it), the
 training time lost (commit deficit of every site against the fault-free
 run over the same window, in seconds of that site's fault-free training);
 final accuracy and time to 0.87 of both runs; updates lost (report.json
-lost_commits and each site's recovery); the largest difference between the
+lost_commits and each site's recovery: 0 wanted, both crashes included, and
+the crashed site restarted once per crash); the largest difference between the
 final replicas (OUTDIR/<run>/model-<site>.f32); processes and listening
 ports left behind; the commit rate of us and eu during the partition
 against the fault-free run; the issue's goals, met or missed. Each run's

@@ -4,6 +4,9 @@ The schedule is in seconds after t0 (when every site commits); --budget
 stretches or shrinks the start times in proportion (the durations stay).
 The sites killed and stopped and the workers (and when) come from the
 seed; the partitioned site (ap) and the slowed link (us-eu) are fixed.
+The crashed site is killed a second time a few seconds after the first,
+once it has restarted: within one checkpoint period (10 s, the job's
+default), so what it answered since its restart is in no checkpoint yet.
 """
 
 import random
@@ -17,22 +20,27 @@ SLOW_FACTOR = 20
 
 # name -> (start offset s, duration s), full and --quick.
 SCHEDULES = {
-    "full": {"budget": 330.0, "site_crash": (20, 0), "wanem_crash": (45, 0),
+    "full": {"budget": 330.0, "site_crash": (20, 0),
+             "site_crash_again": (26, 0), "wanem_crash": (45, 0),
              "partition": (70, 90), "sigstop": (180, 30),
              "slow_link": (235, 60)},
-    "quick": {"budget": 155.0, "site_crash": (12, 0), "wanem_crash": (25, 0),
+    "quick": {"budget": 155.0, "site_crash": (12, 0),
+              "site_crash_again": (17, 0), "wanem_crash": (25, 0),
               "partition": (38, 40), "sigstop": (88, 15),
               "slow_link": (110, 30)},
 }
 WORKER_KILL_FIRST_S = 5.0
 WORKER_KILL_GAP_S = (10.0, 20.0)
 SETTLE_S = 10.0             # quiet time wanted after the last fault
+# The crashes of a site server (the second one kills the restarted server).
+SITE_CRASHES = ("site_crash", "site_crash_again")
 # The faults that last (a start and an end) rather than happen once.
 TIMED = ("partition", "sigstop", "slow_link")
 
 FAULT_NAMES = {
     "worker_kill": "kill -9 worker",
     "site_crash": "kill -9 site server",
+    "site_crash_again": "kill -9 site server again",
     "wanem_crash": "kill -9 emulator",
     "partition": "partition",
     "sigstop": "SIGSTOP site server",
@@ -51,7 +59,9 @@ def build_schedule(rng: random.Random, sched: dict,
     events = []
     crash_site = rng.choice(SITES)
     stop_site = rng.choice(SITES)
-    for kind, target in (("site_crash", crash_site), ("wanem_crash", "wanem"),
+    for kind, target in (("site_crash", crash_site),
+                         ("site_crash_again", crash_site),
+                         ("wanem_crash", "wanem"),
                          ("partition", PARTITIONED), ("sigstop", stop_site),
                          ("slow_link", "-".join(SLOW_LINK))):
         start, duration = sched[kind]
