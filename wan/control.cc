@@ -7,6 +7,7 @@
 #include <zmq.hpp>
 
 #include "meridian/core/log.h"
+#include "meridian/core/socket_close.h"
 #include "meridian/wan/control.h"
 #include "meridian/wan/units.h"
 #include "wan/emulator.h"
@@ -106,7 +107,7 @@ class ControlServer::Impl {
 
   Status Bind(const std::string& endpoint) {
     try {
-      socket_.set(zmq::sockopt::linger, 0);
+      socket_.set(zmq::sockopt::linger, kSocketCloseLingerMs);
       socket_.bind(ZmqBindEndpoint(endpoint));
       endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& error) {
@@ -209,7 +210,7 @@ class ControlClient::Socket {
       : socket(context, ZMQ_REQ) {
     const int ms = static_cast<int>(
         std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
-    socket.set(zmq::sockopt::linger, 0);
+    socket.set(zmq::sockopt::linger, kSocketCloseLingerMs);
     socket.set(zmq::sockopt::sndtimeo, ms);
     socket.set(zmq::sockopt::rcvtimeo, ms);
     socket.connect(endpoint);

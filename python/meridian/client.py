@@ -69,6 +69,8 @@ _MAX_BUSY_PAUSE_S = 1.0
 # Longest single wait on the socket: how promptly heartbeats go out and a
 # stop request is noticed.
 _POLL_SLICE_S = 0.05
+# ZMQ_LINGER of a closed connection (kSocketCloseLingerMs).
+_CLOSE_LINGER_MS = 100
 
 
 @dataclass
@@ -230,7 +232,13 @@ class _Channel:
     # ---- connection ------------------------------------------------------
     def _connect(self) -> None:
         sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
+        # Not 0: libzmq 4.3 aborts the process when a socket closed with
+        # linger 0 is mid-way through a multipart message and its connection
+        # fails at that moment (zeromq/libzmq#3442). A short linger may
+        # deliver a queued request on the old connection too; the site
+        # applies a commit once per commit id (include/meridian/core/
+        # socket_close.h).
+        sock.setsockopt(zmq.LINGER, _CLOSE_LINGER_MS)
         # A request the socket cannot queue within the silence timeout
         # fails instead of blocking forever.
         sock.setsockopt(zmq.SNDTIMEO, int(self.server_timeout_s * 1000))

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "meridian/core/log.h"
+#include "meridian/core/socket_close.h"
 
 namespace meridian {
 namespace {
@@ -575,7 +576,7 @@ Result<std::unique_ptr<ZapHandler>> ZapHandler::Start(
   }
   try {
     zmq::socket_t socket(context, zmq::socket_type::rep);
-    socket.set(zmq::sockopt::linger, 0);
+    socket.set(zmq::sockopt::linger, kSocketCloseLingerMs);
     socket.bind(kZapEndpoint);
     return std::unique_ptr<ZapHandler>(new ZapHandler(
         std::move(socket), std::move(allowed), std::move(owner)));

@@ -11,6 +11,7 @@
 #include <zmq_addon.hpp>
 
 #include "meridian/core/log.h"
+#include "meridian/core/socket_close.h"
 #include "meridian/net/security.h"
 
 namespace meridian {
@@ -248,7 +249,7 @@ Status RpcClient::SetCurve(std::string public_key, std::string secret_key,
 
 void RpcClient::Connect() {
   socket_.emplace(context_, zmq::socket_type::dealer);
-  socket_->set(zmq::sockopt::linger, 0);
+  socket_->set(zmq::sockopt::linger, kSocketCloseLingerMs);
   if (curve_) {
     const CurveKeyPair own{curve_->public_key, curve_->secret_key};
     if (Status status =

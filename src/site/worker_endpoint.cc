@@ -5,6 +5,7 @@
 
 #include "meridian/core/format.h"
 #include "meridian/core/log.h"
+#include "meridian/core/socket_close.h"
 #include "meridian/sync/addresses.h"
 #include "sync/front_receive.h"
 
@@ -100,7 +101,7 @@ Status WorkerEndpoint::Bind(const std::string& bind_to,
   const std::string socket_bind = fronted ? "tcp://127.0.0.1:*" : bind;
   MERIDIAN_RETURN_IF_ERROR(Secure(secret_key_file));
   try {
-    socket_.set(zmq::sockopt::linger, 0);
+    socket_.set(zmq::sockopt::linger, kSocketCloseLingerMs);
     // Fail loudly (EHOSTUNREACH) instead of dropping a reply to a worker
     // that went away.
     socket_.set(zmq::sockopt::router_mandatory, 1);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "meridian/core/log.h"
+#include "meridian/core/socket_close.h"
 #include "meridian/net/message.h"
 
 namespace meridian {
@@ -30,7 +31,7 @@ Status Outbox::Open(Peer& peer) {
   auto socket =
       std::make_unique<zmq::socket_t>(*context_.zmq, zmq::socket_type::dealer);
   try {
-    socket->set(zmq::sockopt::linger, 0);
+    socket->set(zmq::sockopt::linger, kSocketCloseLingerMs);
     socket->set(zmq::sockopt::sndhwm, kChannelHighWaterMark);
     // The same id after every reconnect of this process: the peer keeps
     // the channel's state across broken connections.
