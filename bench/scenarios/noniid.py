@@ -45,10 +45,11 @@ Skews (how the training set is split across the three sites):
   dirichlet01 DIRICHLET alpha = 0.1
   disjoint    LABEL_SUBSET {0,1,2} {3,4,5} {6,7,8,9} (no class in two sites)
 
-Algorithms (in --only also ALGORITHM[+held][@SECONDS] of a GAIA or DENSE
-one: +held holds each site's own changes until the peers announce the same
-clock, sync.own_changes WITH_PEERS; @SECONDS also sends its changes every
-SECONDS between clocks, sync.send_period_s):
+Algorithms (in --only also ALGORITHM[+held|+sent][@SECONDS] of a GAIA or
+DENSE one: +held holds each site's own changes until the peers announce the
+same clock, sync.own_changes WITH_PEERS; +sent also until they are sent,
+AS_SENT; @SECONDS also sends its changes every SECONDS between clocks,
+sync.send_period_s):
   one-ps      one parameter server (at us) for all 12 workers: the reference
   dense       every change to every site every clock (fp32)
   gaia-0      Gaia with theta 0 (every change, sparse, fp32)
@@ -207,18 +208,23 @@ def algorithms(ds: int, w: workloads.Workload = workloads.get("mlp")
     }
 
 
-HELD = "+held"  # the suffix of a variant that holds its own changes
+# The suffixes of a variant that holds its own changes, and how.
+OWN_CHANGES = {"+held": "OWN_CHANGES_WITH_PEERS",
+               "+sent": "OWN_CHANGES_AS_SENT"}
 
 
 def streamed(algos: dict[str, Optional[str]], name: str) -> Optional[str]:
     """The sync block of a variant of a GAIA or DENSE algorithm: NAME =
-    ALGORITHM[+held][@SECONDS]. +held: the site's own changes wait for the
-    peers' of the same clock (sync.own_changes WITH_PEERS); @SECONDS: it
+    ALGORITHM[+held|+sent][@SECONDS]. +held: the site's own changes wait
+    for the peers' of the same clock (sync.own_changes WITH_PEERS); +sent:
+    and until they are sent (AS_SENT); @SECONDS: it
     also sends its significant changes every SECONDS between clocks
     (sync.send_period_s). None for any other name."""
     base, at, period = name.partition("@")
-    base, held = (base[:-len(HELD)], True) if base.endswith(HELD) else (
-        base, False)
+    held = next((mode for suffix, mode in OWN_CHANGES.items()
+                 if base.endswith(suffix)), None)
+    if held:
+        base = base[:base.rindex("+")]
     sync = algos.get(base)
     if not (at or held) or not sync or "MODEL_AVERAGING" in sync:
         return None
@@ -230,8 +236,7 @@ def streamed(algos: dict[str, Optional[str]], name: str) -> Optional[str]:
         sync = jobs.prepend_to_block(sync, "sync",
                                      f"send_period_s: {seconds}")
     if held:
-        sync = jobs.prepend_to_block(sync, "sync",
-                                     "own_changes: OWN_CHANGES_WITH_PEERS")
+        sync = jobs.prepend_to_block(sync, "sync", f"own_changes: {held}")
     return sync
 
 

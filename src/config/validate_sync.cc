@@ -176,12 +176,19 @@ void ValidateSync(const pb::JobConfig& config, const IssueReporter& r) {
           "applies to GAIA and DENSE only (MODEL_AVERAGING and DILOCO send "
           "in rounds)");
   r.Specified("own_changes", sync.own_changes());
-  r.Check(sync.own_changes() != pb::OWN_CHANGES_WITH_PEERS ||
-              sync.kind() == pb::GAIA || sync.kind() == pb::DENSE,
+  const bool held = sync.own_changes() == pb::OWN_CHANGES_WITH_PEERS ||
+                    sync.own_changes() == pb::OWN_CHANGES_AS_SENT;
+  r.Check(!held || sync.kind() == pb::GAIA || sync.kind() == pb::DENSE,
           "own_changes",
-          "OWN_CHANGES_WITH_PEERS applies to GAIA and DENSE only "
-          "(MODEL_AVERAGING and DILOCO apply every site's change together "
-          "at each outer step already)");
+          pb::OwnChanges_Name(sync.own_changes()) +
+              " applies to GAIA and DENSE only (MODEL_AVERAGING and DILOCO "
+              "apply every site's change together at each outer step "
+              "already)");
+  r.Check(sync.own_changes() != pb::OWN_CHANGES_AS_SENT ||
+              sync.topology() == pb::FULL_MESH,
+          "own_changes",
+          "OWN_CHANGES_AS_SENT needs topology FULL_MESH (what a hub sends "
+          "includes the changes it relays)");
   if (sync.has_bandwidth_budget()) {
     Result<double> budget = wan::ParseBandwidth(sync.bandwidth_budget());
     if (!budget.ok()) {

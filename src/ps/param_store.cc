@@ -2,6 +2,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace meridian {
@@ -186,12 +187,26 @@ void ParameterStore::HoldOwnChanges() {
   });
 }
 
-void ParameterStore::TakeHeld(std::span<float> out) {
+void ParameterStore::TakeHeld(std::span<float> out,
+                              std::span<const size_t> unsent_in) {
   ForEachShardLocked([&](Shard& shard) REQUIRES(shard.mu) {
     if (shard.held.empty()) return;
-    std::memcpy(out.data() + shard.range.begin, shard.held.data(),
-                shard.range.size() * sizeof(float));
-    std::fill(shard.held.begin(), shard.held.end(), 0.0f);
+    float* taken = out.data() + shard.range.begin;
+    if (unsent_in.empty()) {
+      std::memcpy(taken, shard.held.data(),
+                  shard.range.size() * sizeof(float));
+      std::fill(shard.held.begin(), shard.held.end(), 0.0f);
+      return;
+    }
+    for (size_t i = 0; i < shard.held.size(); ++i) {
+      float unsent = 0.0f;
+      for (size_t id : unsent_in) {
+        const float value = shard.accumulators[id][i];
+        if (std::abs(value) > std::abs(unsent)) unsent = value;
+      }
+      taken[i] = shard.held[i] - unsent;
+      shard.held[i] = unsent;
+    }
   });
 }
 

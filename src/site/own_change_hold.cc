@@ -6,18 +6,22 @@
 
 namespace meridian {
 
-OwnChangeHold::OwnChangeHold(ParameterStore* store, size_t max_clocks)
-    : store_(store), max_clocks_(std::max<size_t>(max_clocks, 1)) {}
+OwnChangeHold::OwnChangeHold(ParameterStore* store, size_t max_clocks,
+                             bool as_sent)
+    : store_(store),
+      max_clocks_(std::max<size_t>(max_clocks, 1)),
+      as_sent_(as_sent) {}
 
-void OwnChangeHold::QueueHeld(int64_t clock) {
+void OwnChangeHold::QueueHeld(int64_t clock,
+                              std::span<const size_t> unsent_in) {
   std::vector<float> change = std::move(spare_);
   change.resize(store_->num_elements());
-  store_->TakeHeld(change);
+  store_->TakeHeld(change, unsent_in);
   queue_.push_back({clock, std::move(change)});
 }
 
-void OwnChangeHold::OnClock(int64_t clock) {
-  QueueHeld(clock);
+void OwnChangeHold::OnClock(int64_t clock, std::span<const size_t> unsent_in) {
+  QueueHeld(clock, as_sent_ ? unsent_in : std::span<const size_t>());
   while (queue_.size() > max_clocks_) {
     ApplyFront();
     ++forced_;

@@ -12,6 +12,13 @@
 // thus takes each site's clock-c changes at about the same time: the
 // moment the last site's clock c is known.
 //
+// AS_SENT goes further: at each clock only the part of the held changes
+// the sync has sent to every counted peer queues (ParameterStore::TakeHeld
+// with their accumulators); what the significance filter holds back stays
+// held, as it stays in the peers' accumulators. The replica is then the
+// changes every site sent, the same model at every site one clock apart,
+// whatever the threshold.
+//
 // Ownership and threads: owned by SiteServer::Impl, driven by its event
 // loop alone (the thread that applies to the store). Size: at most
 // max_clocks queued changes of one model each (DS + 2 by default); a clock
@@ -37,12 +44,17 @@ namespace meridian {
 class OwnChangeHold {
  public:
   // `store` (not owned) must hold its own changes already; `max_clocks`
-  // (at least 1) bounds the queue.
-  OwnChangeHold(ParameterStore* store, size_t max_clocks);
+  // (at least 1) bounds the queue. `as_sent`: sync.own_changes AS_SENT.
+  OwnChangeHold(ParameterStore* store, size_t max_clocks,
+                bool as_sent = false);
 
   // The site completed `clock`: what the store holds is that clock's
   // change (a jump of several clocks queues them as one, at `clock`).
-  void OnClock(int64_t clock);
+  // AS_SENT: only the part of it sent to every peer in `unsent_in` (the
+  // accumulators of the peers the DS bound counts; call after the sync
+  // sent what it sends at this clock); the rest stays held until it is.
+  void OnClock(int64_t clock, std::span<const size_t> unsent_in = {});
+  bool as_sent() const { return as_sent_; }
   // Applies every queued change of a clock at most `peers_clock` (the
   // slowest clock the DS bound counts: SyncEngine::bounding_clock()).
   void Release(int64_t peers_clock);
@@ -71,12 +83,14 @@ class OwnChangeHold {
     int64_t clock = 0;
     std::vector<float> change;
   };
-  // Moves what the store holds into the queue as `clock`'s change.
-  void QueueHeld(int64_t clock);
+  // Moves what the store holds (AS_SENT: of it, what left every
+  // accumulator in `unsent_in`) into the queue as `clock`'s change.
+  void QueueHeld(int64_t clock, std::span<const size_t> unsent_in = {});
   void ApplyFront();
 
   ParameterStore* const store_;
   const size_t max_clocks_;
+  const bool as_sent_;
   std::deque<Entry> queue_;
   // A released entry's buffer, reused by the next clock (no allocation
   // per clock in the steady state).

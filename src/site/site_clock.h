@@ -63,6 +63,12 @@ class SiteClock {
   // The clock `clock` is complete: its held changes queue, then the sync
   // sends what it has for it.
   void Complete(int64_t clock) {
+    if (hold_ && hold_->as_sent()) {
+      // What the sync sends at this clock is what the hold lets go of.
+      sync_->OnLocalClock(clock);
+      hold_->OnClock(clock, sync_->bounding_accumulators());
+      return;
+    }
     if (hold_) hold_->OnClock(clock);
     sync_->OnLocalClock(clock);
   }

@@ -144,7 +144,7 @@ void SiteMetrics::PublishWorkers(const SiteMetricsSnapshot& s) {
 void SiteMetrics::PublishOwnChanges(const OwnChangeHold& hold) {
   Gauge("meridian_sync_own_changes_held_clocks",
         "Clocks of this site's own changes held until the peers announce "
-        "them (sync.own_changes WITH_PEERS)",
+        "them (sync.own_changes WITH_PEERS or AS_SENT)",
         static_cast<double>(hold.queued_clocks()));
   Counter("meridian_sync_own_changes_forced_total",
           "Clocks of own changes applied before the peers announced them, "

@@ -399,13 +399,15 @@ Status SiteServer::Impl::CreateSync() {
 void SiteServer::Impl::BuildParts() {
   SyncEngine* sync = sync_.get();
   std::unique_ptr<OwnChangeHold> hold;
-  if (sync != nullptr &&
-      site_.job.sync().own_changes() == pb::OWN_CHANGES_WITH_PEERS) {
+  const pb::OwnChanges own = site_.job.sync().own_changes();
+  if (sync != nullptr && (own == pb::OWN_CHANGES_WITH_PEERS ||
+                          own == pb::OWN_CHANGES_AS_SENT)) {
     // At most DS + 1 clocks ahead of the slowest counted peer, and the
     // clock being trained: the queue's bound.
     store_.HoldOwnChanges();
     hold = std::make_unique<OwnChangeHold>(
-        &store_, site_.job.sync().max_clock_skew() + 2);
+        &store_, site_.job.sync().max_clock_skew() + 2,
+        own == pb::OWN_CHANGES_AS_SENT);
   }
   clock_ = std::make_unique<SiteClock>(sync, std::move(hold));
   replies_ =

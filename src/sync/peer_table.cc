@@ -103,6 +103,14 @@ int64_t PeerTable::BoundingClock() const {
                                                         : slowest;
 }
 
+std::vector<size_t> PeerTable::BoundingAccumulators() const {
+  std::vector<size_t> ids;
+  for (const auto& peer : peers_) {
+    if (Bounding(*peer)) ids.push_back(peer->acc);
+  }
+  return ids;
+}
+
 int64_t PeerTable::ClockFloor() const {
   if (context_.fault.partition_policy() != pb::PARTITION_CONTINUE) return 0;
   int64_t slowest = std::numeric_limits<int64_t>::max();

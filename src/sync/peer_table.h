@@ -158,6 +158,9 @@ class PeerTable {
   int64_t ClockOfSite(int site) const;
   // The slowest clock the DS bound counts (this site's own when none).
   int64_t BoundingClock() const;
+  // The accumulators (ParameterStore ids) of the peers the DS bound
+  // counts: what each of them has not been sent yet.
+  std::vector<size_t> BoundingAccumulators() const;
   // Under PARTITION_CONTINUE, DS below the slowest reachable peer; 0
   // otherwise (SyncEngine::ClockFloor).
   int64_t ClockFloor() const;

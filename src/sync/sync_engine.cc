@@ -488,6 +488,9 @@ int64_t SyncEngine::slowest_peer_clock() const {
 int64_t SyncEngine::bounding_clock() const {
   return impl_->peers().BoundingClock();
 }
+std::vector<size_t> SyncEngine::bounding_accumulators() const {
+  return impl_->peers().BoundingAccumulators();
+}
 pb::SyncSummary SyncEngine::Summary() const { return impl_->Summary(); }
 std::vector<SyncEngine::PeerCounters> SyncEngine::peer_counters() const {
   return impl_->peers().Counters();

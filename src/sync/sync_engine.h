@@ -158,6 +158,10 @@ class SyncEngine {
   // reachable peers' (this site's own clock when none is), else every
   // peer's. A peer's clock c means its changes up to c are applied here.
   int64_t bounding_clock() const;
+  // The accumulators (ParameterStore ids) of the peers the DS bound
+  // counts: what each of them has not been sent yet (sync.own_changes
+  // AS_SENT lets go of a change as it leaves all of them).
+  std::vector<size_t> bounding_accumulators() const;
   pb::SyncSummary Summary() const;
 
   // The clock this site should be at least at: under PARTITION_CONTINUE,

@@ -592,9 +592,12 @@ class NoniidTest(unittest.TestCase):
         self.assertIn("send_period_s: 0.02", held)
         self.assertIn("kind: DENSE", noniid.streamed(algos, "dense+held"))
         self.assertIsNone(noniid.streamed(algos, "fedavg-10+held"))
+        sent = noniid.streamed(algos, "skewscout+sent")
+        self.assertIn("own_changes: OWN_CHANGES_AS_SENT", sent)
+        self.assertNotIn("WITH_PEERS", sent)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "job.pbtxt")
-            for variant in (sync, held):
+            for variant in (sync, held, sent):
                 with open(path, "w") as f:
                     f.write(noniid.job_text(noniid.Setup(budget=60), "x",
                                             "disjoint", variant))

@@ -1313,12 +1313,30 @@ TEST(ValidateJobConfigTest, OwnChangesWithThePeersIsGaiaAndDenseOnly) {
        ""},
       {[](auto* s) { s->set_own_changes(pb::OWN_CHANGES_UNSPECIFIED); },
        "sync.own_changes", ""},
+      {[](auto* s) { s->set_own_changes(pb::OWN_CHANGES_AS_SENT); }, "", ""},
+      // A hub's accumulators carry what it relays: not only its own.
+      {[](auto* s) {
+         s->set_own_changes(pb::OWN_CHANGES_AS_SENT);
+         s->set_topology(pb::STAR);
+         s->set_hub("a");
+       },
+       "sync.own_changes", "needs topology FULL_MESH"},
+      {[](auto* s) {
+         s->set_own_changes(pb::OWN_CHANGES_WITH_PEERS);
+         s->set_topology(pb::STAR);
+         s->set_hub("a");
+       },
+       "", ""},
   };
   ExpectSyncCases(
       pb::DENSE, [](pb::SyncConfig*) {}, "", dense_cases);
+  ExpectSyncCases(
+      pb::GAIA, [](pb::SyncConfig*) {}, "", dense_cases);
   const SyncCase diloco_cases[] = {
       {[](auto* s) { s->set_own_changes(pb::OWN_CHANGES_WITH_PEERS); },
        "sync.own_changes", "GAIA and DENSE only"},
+      {[](auto* s) { s->set_own_changes(pb::OWN_CHANGES_AS_SENT); },
+       "sync.own_changes", "OWN_CHANGES_AS_SENT applies to GAIA and DENSE"},
   };
   ExpectSyncCases(
       pb::DILOCO, [](pb::SyncConfig* s) { s->set_averaging_period(20); }, "",

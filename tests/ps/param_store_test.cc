@@ -458,5 +458,56 @@ TEST(ParameterStoreTest, HeldOwnChangesStayOutOfTheModelUntilTaken) {
   EXPECT_EQ(SnapshotOf(store), expected);
 }
 
+// sync.own_changes AS_SENT: TakeHeld with the peers' accumulators moves
+// only what every peer was sent; what the peer sent the least still waits
+// for stays held, and is taken once it is sent.
+TEST(ParameterStoreTest, HeldOwnChangesAreTakenAsTheyAreSentToEveryPeer) {
+  ParameterStore store(TenElements(), 3, Rule(pb::SUM));
+  const size_t to_b = store.AddAccumulator();
+  const size_t to_c = store.AddAccumulator();
+  store.HoldOwnChanges();
+  const std::vector<float> u(10, 2.0f);
+  const UpdateSegment all{0, u};
+  store.Apply(std::span<const UpdateSegment>(&all, 1));
+  // Sent: elements 0-4 to b (all of it); to c, elements 2 and 3 (1.5 of
+  // 2, the rest a coding's residual) and 5 and 6 (all of it).
+  store.VisitAccumulator(to_b, [](const KeyRange& range, auto,
+                                  std::span<float> acc) {
+    for (uint64_t i = range.begin; i < range.end && i < 5; ++i) {
+      acc[i - range.begin] = 0.0f;
+    }
+  });
+  store.VisitAccumulator(to_c, [](const KeyRange& range, auto,
+                                  std::span<float> acc) {
+    for (uint64_t i = range.begin; i < range.end; ++i) {
+      if (i == 2 || i == 3) acc[i - range.begin] = 0.5f;
+      if (i == 5 || i == 6) acc[i - range.begin] = 0.0f;
+    }
+  });
+  const std::vector<size_t> peers{to_b, to_c};
+  std::vector<float> taken(10, -1.0f);
+  store.TakeHeld(taken, peers);
+  // Sent to both: 2 and 3 (1.5 each, c's residual 0.5 held); 4 went to b
+  // only, 5 and 6 to c only, 7-9 to nobody: none of it taken.
+  const std::vector<float> first{0, 0, 1.5f, 1.5f, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(taken, first);
+  std::vector<float> held(10, 0.0f);
+  store.AddHeldTo(held);
+  const std::vector<float> still{2, 2, 0.5f, 0.5f, 2, 2, 2, 2, 2, 2};
+  EXPECT_EQ(held, still);
+  // The rest is sent to both: all of it is taken, nothing stays.
+  for (size_t id : peers) {
+    store.VisitAccumulator(id, [](const KeyRange&, auto, std::span<float> acc) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+    });
+  }
+  store.TakeHeld(taken, peers);
+  EXPECT_EQ(taken, still);
+  store.TakeHeld(taken, peers);
+  EXPECT_EQ(taken, std::vector<float>(10, 0.0f));
+  // The model never moved: what was taken is the caller's to apply.
+  EXPECT_EQ(SnapshotOf(store), std::vector<float>(10, 0.0f));
+}
+
 }  // namespace
 }  // namespace meridian

@@ -4,6 +4,7 @@
 // problem, and the model stays untouched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -210,18 +211,40 @@ class MirrorInputTest : public ::testing::Test {
     return commit;
   }
 
-  // Worker answers the site holds, from its metrics endpoint (0 when it
-  // cannot be read).
-  double HeldReplies() {
+  // The sum of the samples of metric `name` on the site's metrics
+  // endpoint (-1 when it cannot be read).
+  double MetricValue(const std::string& name) {
     Result<std::string> text = FetchMetricsText(server_->metrics_address(), 5);
-    if (!text.ok()) return 0;
+    if (!text.ok()) return -1;
     Result<std::vector<MetricSample>> samples = ParseMetricsText(*text);
-    if (!samples.ok()) return 0;
-    double held = 0;
+    if (!samples.ok()) return -1;
+    double sum = 0;
     for (const MetricSample& sample : *samples) {
-      if (sample.name == "meridian_site_held_replies") held += sample.value;
+      if (sample.name == name) sum += sample.value;
     }
-    return held;
+    return sum;
+  }
+  // Worker answers the site holds (0 when they cannot be read).
+  double HeldReplies() {
+    return std::max(0.0, MetricValue("meridian_site_held_replies"));
+  }
+  // Waits until the replica is `expected` (true) or kTimeout passes.
+  bool AwaitReplica(const std::vector<float>& expected) {
+    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+    while (server_->Snapshot() != expected &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return server_->Snapshot() == expected;
+  }
+  // Waits until metric `name` is `value` (true) or kTimeout passes.
+  bool AwaitMetric(const std::string& name, double value) {
+    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+    while (MetricValue(name) != value &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return MetricValue(name) == value;
   }
 
   std::string data_dir_;
@@ -440,11 +463,7 @@ TEST_F(MirrorInputTest, AValidUpdateIsApplied) {
   const TensorInfo* bias = layout_.Find("fc0.bias");
   std::vector<float> expected = initial_;
   for (int i = 0; i < 3; ++i) expected[bias->offset + i] += 0.25f;
-  for (int attempt = 0; attempt < 200 && server_->Snapshot() != expected;
-       ++attempt) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  EXPECT_EQ(server_->Snapshot(), expected);
+  EXPECT_TRUE(AwaitReplica(expected));
 }
 
 }  // namespace
@@ -486,6 +505,11 @@ TEST_F(MirrorInputTest, SelectiveBarrierBlocksOnlyTheAnnouncedParameters) {
   join1.join();
   ASSERT_OK(welcome0);
   ASSERT_OK(welcome1);
+  // The site reads its mirror socket once training starts, and nothing
+  // orders that against the workers' requests: wait until it has taken
+  // b's MIRROR_HELLO and MIRROR_INDICES (on a loaded machine the commit
+  // below could otherwise come first and be answered at once).
+  ASSERT_TRUE(AwaitMetric("meridian_sync_messages_received_total", 2));
 
   // Worker 0 commits: its reply is the whole model, which includes the
   // announced parameters, so it waits.
@@ -600,16 +624,72 @@ TEST_F(MirrorInputHeldOwnChangesTest, OwnChangesWaitForThePeersClock) {
   Send(Clock("b", 1));
   std::vector<float> expected = initial_;
   for (float& value : expected) value += 0.25f;
-  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
-  while (server_->Snapshot() != expected &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  EXPECT_EQ(server_->Snapshot(), expected);
+  EXPECT_TRUE(AwaitReplica(expected));
 
   // b ends its job; the worker leaves: the site flushes and finishes.
   testing::AckingPeer b_mirror(b_mirror_.get(), "b");
   EXPECT_TRUE(SendFinalAndAwaitItsAck(2));
+  pb::Header bye;
+  bye.set_type(pb::BYE);
+  bye.mutable_bye();
+  (void)worker.Call(bye, {}, kTimeout);
+  thread_.join();
+  EXPECT_OK(run_status_);
+  EXPECT_TRUE(server_->summary().sync().flushed());
+  EXPECT_EQ(server_->Snapshot(), expected);
+}
+
+// sync.own_changes AS_SENT: of the site's own change, only what the
+// significance filter has sent to b reaches the replica (at b's clock);
+// what it holds back stays out of the replica, as it stays out of b's.
+class MirrorInputOwnChangesAsSentTest : public MirrorInputTest {
+ protected:
+  void ConfigureJob(pb::JobConfig* job) override {
+    pb::SyncConfig* sync = job->mutable_sync();
+    sync->set_kind(pb::GAIA);
+    sync->set_threshold_mode(pb::ABSOLUTE);
+    sync->set_threshold(0.3);
+    sync->set_max_clock_skew(4);
+    sync->set_own_changes(pb::OWN_CHANGES_AS_SENT);
+    sync->mutable_compression()->set_value_coding(pb::VALUE_FP32);
+  }
+};
+
+TEST_F(MirrorInputOwnChangesAsSentTest, OnlyWhatWasSentReachesTheReplica) {
+  TearDown();
+  StartSite(/*metrics=*/true);  // to see the held clocks
+  ASSERT_FALSE(server_->metrics_address().empty());
+  const std::string held_clocks = "meridian_sync_own_changes_held_clocks";
+  Hello("b", layout_);
+  testing::AckingPeer b_mirror(b_mirror_.get(), "b");
+  RpcClient worker(context_, server_->endpoint(), WorkerOf(0));
+  ASSERT_OK(worker.Call(WorkerHello(0), {}, kTimeout));
+
+  // Clock 1: 0.5 everywhere, 0.25 after the MEAN over the job's two
+  // workers: below θ 0.3, so nothing is sent. Its (empty) share queues
+  // for b's clock 1, and b's clock 1 lets it go: the replica stays as it
+  // was (WITH_PEERS would add the 0.25 now).
+  std::vector<zmq::message_t> update;
+  pb::Header commit = CommitOf(0.5f, &update);
+  ASSERT_OK(worker.Call(commit, std::move(update), kTimeout));
+  ASSERT_TRUE(AwaitMetric(held_clocks, 1));
+  Send(Clock("b", 1));
+  ASSERT_TRUE(AwaitMetric(held_clocks, 0));
+  ExpectModelUntouched();
+
+  // Clock 2: another 0.25, 0.5 unsent: above θ, all of it goes to b, and
+  // reaches the replica with b's clock 2, not before.
+  update.clear();
+  commit = CommitOf(0.5f, &update);
+  ASSERT_OK(worker.Call(commit, std::move(update), kTimeout));
+  ASSERT_TRUE(AwaitMetric(held_clocks, 1));
+  ExpectModelUntouched();
+  Send(Clock("b", 2));
+  std::vector<float> expected = initial_;
+  for (float& value : expected) value += 0.5f;
+  EXPECT_TRUE(AwaitReplica(expected));
+
+  EXPECT_TRUE(SendFinalAndAwaitItsAck(3));
   pb::Header bye;
   bye.set_type(pb::BYE);
   bye.mutable_bye();

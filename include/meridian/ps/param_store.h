@@ -154,8 +154,13 @@ class ParameterStore {
   void HoldOwnChanges();
   bool holds_own_changes() const { return !held_.empty(); }
   // Moves the held changes into `out` (size num_elements(), overwritten)
-  // and zeroes the buffer. From the thread that applies updates.
-  void TakeHeld(std::span<float> out);
+  // and zeroes the buffer. With `unsent_in` (sync.own_changes AS_SENT:
+  // accumulators that hold only this site's own changes), only the part
+  // already sent to every one of them moves: per element, held - r, where
+  // r is the value of those accumulators largest in magnitude (what the
+  // peer sent the least still waits for), and the buffer keeps r. From the
+  // thread that applies updates.
+  void TakeHeld(std::span<float> out, std::span<const size_t> unsent_in = {});
   // out += the held changes, which stay held (a checkpoint's copy). From
   // the thread that applies updates.
   void AddHeldTo(std::span<float> out) const;
