@@ -14,6 +14,7 @@ updates, and each site's validation loss falls.
 """
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -238,7 +239,9 @@ class ModelTest(unittest.TestCase):
 
 
 # A model small enough to learn the fixture in seconds on a loaded machine.
-TINY = ["--model", "vocab_size=300,context=32,width=32,layers=1,heads=2",
+VOCABULARY = 300
+TINY = ["--model",
+        f"vocab_size={VOCABULARY},context=32,width=32,layers=1,heads=2",
         "--batch", "8", "--lr", "5e-4", "--warmup", "10"]
 
 
@@ -355,12 +358,16 @@ class TwoSitesTest(unittest.TestCase):
             # The sites exchanged their changes.
             self.assertGreater(summary["sync"]["updates_sent"], 0)
             self.assertGreater(summary["sync"]["entries_received"], 0)
-            # From the initial model (about ln 300 = 5.7 nats) the loss on
-            # the held-out fixture texts falls by far more than noise; it
-            # may rise again later, as the thirty-sentence fixture is
-            # learnt by heart.
+            # From the untrained model's loss on the held-out fixture texts
+            # (a uniform guess over the vocabulary: ln 300 = 5.7 nats) it
+            # falls by far more than noise; it may rise again later, as
+            # the thirty-sentence fixture is learnt by heart. The
+            # reference is not the first evaluation: on a loaded machine
+            # the evaluator starts after training has, and its first
+            # point is already lower (5.03 in one run under tools/test
+            # --stress, against 5.67 unloaded).
             self.assertGreaterEqual(len(losses), 3)
-            self.assertLess(min(losses[1:]), losses[0] - 1.0)
+            self.assertLess(min(losses), math.log(VOCABULARY) - 1.0)
 
 
 if __name__ == "__main__":
