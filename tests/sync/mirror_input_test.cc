@@ -228,6 +228,21 @@ class MirrorInputTest : public ::testing::Test {
   double HeldReplies() {
     return std::max(0.0, MetricValue("meridian_site_held_replies"));
   }
+  // b sends its final clock `clock` (its mirror socket must be served, e.g.
+  // by an AckingPeer); `worker`, the site's only one, leaves: the site
+  // flushes, finishes, and ends with the replica `expected`.
+  void FinishWithBAtClock(int64_t clock, RpcClient* worker,
+                          const std::vector<float>& expected) {
+    EXPECT_TRUE(SendFinalAndAwaitItsAck(clock));
+    pb::Header bye;
+    bye.set_type(pb::BYE);
+    bye.mutable_bye();
+    (void)worker->Call(bye, {}, kTimeout);
+    thread_.join();
+    EXPECT_OK(run_status_);
+    EXPECT_TRUE(server_->summary().sync().flushed());
+    EXPECT_EQ(server_->Snapshot(), expected);
+  }
   // Waits until the replica is `expected` (true) or kTimeout passes.
   bool AwaitReplica(const std::vector<float>& expected) {
     const auto deadline = std::chrono::steady_clock::now() + kTimeout;
@@ -628,15 +643,7 @@ TEST_F(MirrorInputHeldOwnChangesTest, OwnChangesWaitForThePeersClock) {
 
   // b ends its job; the worker leaves: the site flushes and finishes.
   testing::AckingPeer b_mirror(b_mirror_.get(), "b");
-  EXPECT_TRUE(SendFinalAndAwaitItsAck(2));
-  pb::Header bye;
-  bye.set_type(pb::BYE);
-  bye.mutable_bye();
-  (void)worker.Call(bye, {}, kTimeout);
-  thread_.join();
-  EXPECT_OK(run_status_);
-  EXPECT_TRUE(server_->summary().sync().flushed());
-  EXPECT_EQ(server_->Snapshot(), expected);
+  FinishWithBAtClock(2, &worker, expected);
 }
 
 // sync.own_changes AS_SENT: of the site's own change, only what the
@@ -689,15 +696,7 @@ TEST_F(MirrorInputOwnChangesAsSentTest, OnlyWhatWasSentReachesTheReplica) {
   for (float& value : expected) value += 0.5f;
   EXPECT_TRUE(AwaitReplica(expected));
 
-  EXPECT_TRUE(SendFinalAndAwaitItsAck(3));
-  pb::Header bye;
-  bye.set_type(pb::BYE);
-  bye.mutable_bye();
-  (void)worker.Call(bye, {}, kTimeout);
-  thread_.join();
-  EXPECT_OK(run_status_);
-  EXPECT_TRUE(server_->summary().sync().flushed());
-  EXPECT_EQ(server_->Snapshot(), expected);
+  FinishWithBAtClock(3, &worker, expected);
 }
 
 // After the exchange: the site's flush with b is complete here (it has b's
