@@ -53,8 +53,8 @@ class OwnChangeHold {
   // AS_SENT: only the part of it sent to every peer in `unsent_in` (the
   // accumulators of the peers the DS bound counts; call after the sync
   // sent what it sends at this clock); the rest stays held until it is.
+  // Without AS_SENT `unsent_in` is ignored: all of it queues.
   void OnClock(int64_t clock, std::span<const size_t> unsent_in = {});
-  bool as_sent() const { return as_sent_; }
   // Applies every queued change of a clock at most `peers_clock` (the
   // slowest clock the DS bound counts: SyncEngine::bounding_clock()).
   void Release(int64_t peers_clock);

@@ -60,17 +60,12 @@ class SiteClock {
   const OwnChangeHold* hold() const { return hold_.get(); }
 
  private:
-  // The clock `clock` is complete: its held changes queue, then the sync
-  // sends what it has for it.
+  // The clock `clock` is complete: the sync sends what it has for it,
+  // then its held changes queue.
   void Complete(int64_t clock) {
-    if (hold_ && hold_->as_sent()) {
-      // What the sync sends at this clock is what the hold lets go of.
-      sync_->OnLocalClock(clock);
-      hold_->OnClock(clock, sync_->bounding_accumulators());
-      return;
-    }
-    if (hold_) hold_->OnClock(clock);
+    // The sync sends first: under AS_SENT the hold lets go of what it sent.
     sync_->OnLocalClock(clock);
+    if (hold_) hold_->OnClock(clock, sync_->bounding_accumulators());
   }
 
   SyncEngine* const sync_;
