@@ -60,6 +60,16 @@ void LinkDelivery::Acknowledged(double now, bool in_flight) {
   rate_bytes_ = 0;
   rate_start_s_ = now;
   idle_ = !in_flight;
+  last_sample_s_ = now;
+  stale_ = false;
+  stall_rate_ = 0;  // the head changed: the next Waiting says
+}
+
+void LinkDelivery::Waiting(double now, uint64_t head_bytes, double waited_s) {
+  stall_rate_ = head_bytes > 0 && waited_s > kSampleS
+                    ? static_cast<double>(head_bytes) / waited_s
+                    : 0;
+  stale_ = last_sample_s_ >= 0 && now - last_sample_s_ > kPeakS;
 }
 
 // ---- OutboundChannel --------------------------------------------------------
@@ -84,6 +94,7 @@ void OutboundChannel::Attach(std::unique_ptr<zmq::socket_t> socket,
   }
   hello_ = std::move(hello);
   hello_pending_ = true;
+  head_since_s_ = now;
   next_to_send_ =
       retained_.empty() ? next_sequence_ : retained_.front().sequence;
   Pump(now);
@@ -106,6 +117,23 @@ uint64_t OutboundChannel::Enqueue(pb::Header header,
 
 void OutboundChannel::Pump(double now) {
   if (!socket_) return;
+  SendWaiting(now);
+  TrackHead(now);
+}
+
+void OutboundChannel::TrackHead(double now) {
+  for (const RetainedMessage& message : retained_) {
+    if (message.sequence <= applied_sequence_) continue;
+    if (message.sequence >= next_to_send_ || message.sent_s < 0) break;
+    const double waited = now - std::max(message.sent_s, head_since_s_) -
+                          std::max(link_.min_round_trip_s(), 0.0);
+    link_.Waiting(now, message.bytes, waited);
+    return;
+  }
+  link_.Waiting(now, 0, 0);
+}
+
+void OutboundChannel::SendWaiting(double now) {
   if (hello_pending_) {
     SendHello(now);
     if (hello_pending_) return;  // ZeroMQ would block: later
@@ -144,6 +172,7 @@ bool OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
   peer_clock_ = ack.clock();
   const uint64_t applied = std::min(ack.applied_sequence(), last_sequence());
   if (applied > applied_sequence_) {
+    head_since_s_ = now;
     for (const RetainedMessage& message : retained_) {
       if (message.sequence > applied) break;
       if (message.sequence > applied_sequence_) {
@@ -183,8 +212,10 @@ bool OutboundChannel::OnAck(const pb::MirrorAck& ack, double now) {
     next_to_send_ = restart;
     last_sent_sequence_ = applied_sequence_;
     hello_pending_ = true;
+    head_since_s_ = now;
     Pump(now);
   }
+  TrackHead(now);
   return true;
 }
 
@@ -207,7 +238,7 @@ uint64_t OutboundChannel::window() const {
 }
 
 uint64_t OutboundChannel::max_message_bytes() const {
-  if (!link_.measured()) return kMinMessageBytes;
+  if (!link_.measured() || link_.stale()) return kMinMessageBytes;
   return std::max<uint64_t>(kMinMessageBytes,
                             static_cast<uint64_t>(kMessageS * link_.rate()));
 }

@@ -95,6 +95,14 @@ struct RetainedMessage {
 // sender never filled it is not taken for its old speed for long (a
 // decaying peak still read 226 kB/s 12 s after the link fell to 6 kB/s,
 // and the final flush sent 56 kB messages the peer took 10 s to hear).
+// Samples need acknowledgements, and a link that stalls delivers none:
+// between them the channel reports what waits (Waiting), and the rate is
+// at most what would have delivered it by now, so a rate measured before
+// the link crawled does not size messages and the window for long (one
+// measured at 128.8 kB/s stood 11 s after the link fell to 6 kB/s, both
+// directions full, no acknowledgement getting through: the final flush
+// sent 32 kB messages and each site declared the other unreachable). With
+// no sample for kPeakS the rate is stale(): it may be anything now.
 // Part of an OutboundChannel; fixed size.
 class LinkDelivery {
  public:
@@ -117,10 +125,27 @@ class LinkDelivery {
   // keep the link busy (the channel: at least kMinMessageBytes).
   void Acknowledged(double now, bool in_flight);
 
-  // Bytes/s; 0 before the first sample.
-  double rate() const { return rate_; }
-  // A sample delivered bytes: rate() is the link's, not "unknown".
-  bool measured() const { return rate_ > 0; }
+  // Called on every turn of the channel: the oldest message handed to
+  // ZeroMQ and not acknowledged has `head_bytes` (0: none) and has had the
+  // link for `waited_s` (since it was sent or since the last delivery,
+  // whichever is later, less the shortest round trip). Beyond kSampleS
+  // the link delivers less than head_bytes / waited_s now: rate() is at
+  // most that until the next sample.
+  void Waiting(double now, uint64_t head_bytes, double waited_s);
+
+  // Bytes/s; 0 before the first sample (or stall).
+  double rate() const {
+    if (stall_rate_ > 0 && (rate_ <= 0 || stall_rate_ < rate_)) {
+      return stall_rate_;
+    }
+    return rate_;
+  }
+  // A sample delivered bytes, or a message waits: rate() is the link's,
+  // not "unknown".
+  bool measured() const { return rate() > 0; }
+  // The last sample is older than kPeakS (as of the last Waiting): the
+  // link may have slowed since without the rate showing it.
+  bool stale() const { return stale_; }
   double min_round_trip_s() const { return min_round_trip_s_; }
   uint64_t delivered_bytes() const { return delivered_bytes_; }
 
@@ -134,6 +159,9 @@ class LinkDelivery {
       static_cast<size_t>(kPeakS / kSampleS) + 1;
 
   double rate_ = 0;
+  double stall_rate_ = 0;  // bound from the waiting head (0: none)
+  double last_sample_s_ = -1;
+  bool stale_ = false;
   double min_round_trip_s_ = -1;  // send to acknowledgement, shortest seen
   uint64_t rate_bytes_ = 0;       // delivered since rate_start_s_
   double rate_start_s_ = -1;
@@ -213,13 +241,13 @@ class OutboundChannel {
   static constexpr uint64_t kSmallMessageBytes = 1024;
   // The most a message should carry (bytes): what the link delivers in
   // kMessageS at its measured rate, at least kMinMessageBytes (and that
-  // before the rate is known). While a flush crosses, the peer hears from
-  // this site at least that often.
+  // before the rate is known, or while it is stale()). While a flush
+  // crosses, the peer hears from this site at least that often.
   static constexpr double kMessageS = 0.25;
   static constexpr uint64_t kMinMessageBytes = 8 * 1024;
   uint64_t max_message_bytes() const;
-  // The link's delivery rate as acknowledgements show it (bytes/s; the
-  // recent peak, decaying 10% per half second), 0 before any.
+  // The link's delivery rate as acknowledgements show it (bytes/s; see
+  // LinkDelivery), 0 before any.
   double delivery_rate() const { return link_.rate(); }
   // The link is saturated: it is congested(), or its oldest
   // unacknowledged message has waited more than kSaturationS, or 4 round
@@ -277,6 +305,10 @@ class OutboundChannel {
   void RestoreLogged(RetainedMessage message);
 
  private:
+  // Pump's sending, without the link bookkeeping.
+  void SendWaiting(double now);
+  // Tells link_ what waits for it (LinkDelivery::Waiting).
+  void TrackHead(double now);
   void SendHello(double now);
   // Hands one message to ZeroMQ without blocking; false when it would
   // block.
@@ -308,6 +340,9 @@ class OutboundChannel {
 
   double last_send_s_ = -1;  // anything handed to ZeroMQ
   double last_ack_s_ = -1;
+  // Since then the oldest unacknowledged message has the link to itself
+  // (a delivery, a resend or a new connection).
+  double head_since_s_ = -1;
   LinkDelivery link_;
   uint64_t bytes_sent_ = 0;
   uint64_t messages_resent_ = 0;

@@ -37,6 +37,19 @@ pb::Header Clock(int64_t clock) {
   return header;
 }
 
+// A MIRROR_UPDATE carrying `bytes` of raw float values, and its frames.
+pb::Header Update(size_t bytes) {
+  pb::Header header = MakeHeader(pb::MIRROR_UPDATE, Site("a"), 0);
+  header.mutable_mirror_update()->set_origin_site("a");
+  pb::TensorSlice* slice = header.add_slices();
+  slice->set_tensor("w");
+  slice->set_dtype(pb::DTYPE_FLOAT32);
+  slice->set_codec(pb::CODEC_RAW);
+  slice->set_length(bytes / 4);
+  slice->set_payload_bytes(bytes / 4 * 4);
+  return header;
+}
+
 // The receiving site: a ROUTER and the InboundChannel of its one peer.
 class Receiver {
  public:
@@ -367,6 +380,83 @@ TEST(InboundChannelTest, AcknowledgesOnChangeAndEveryInterval) {
   ack = in.AckDue(1.4, 4);
   EXPECT_TRUE(!ack || !ack->resend());
   EXPECT_EQ(in.Admit(1, 1.5), InboundChannel::Admission::kDuplicate);
+}
+
+// A link that stalls acknowledges nothing, so no sample shows it: the
+// message waiting at its head bounds the rate instead. A rate measured
+// before stands no longer than it takes that message to prove it wrong,
+// and messages and the window shrink with it, so what the peer hears next
+// is small (a final flush at a rate from before a slowdown sent 32 kB
+// messages on a 6 kB/s link, and each site declared the other dead).
+TEST_F(MirrorDeliveryTest, AStalledLinkShrinksMessagesAndTheWindow) {
+  DeliveryOptions options;
+  Receiver receiver(context_, endpoint_, options);
+  auto out = Sender(context_, endpoint_, 7, options);
+  const std::string payload(30000, 'x');
+  out->Enqueue(Update(payload.size()), {payload}, 0.1);
+  receiver.Receive(0.15);
+  ReadAcks(*out, 0.16);
+  for (int i = 0; i < 4; ++i) out->Enqueue(Update(payload.size()), {payload}, 0.2);
+  receiver.Receive(0.7);
+  ReadAcks(*out, 0.7);
+  ASSERT_TRUE(out->Delivered(5));
+  const double fast = out->delivery_rate();
+  ASSERT_GT(fast, 200000);
+  ASSERT_GT(out->max_message_bytes(), 4 * OutboundChannel::kMinMessageBytes);
+
+  // The link stalls: what was sent at 1.0 is not acknowledged.
+  out->Enqueue(Update(payload.size()), {payload}, 1.0);
+  const uint64_t backlog = out->backlog_bytes();
+  ASSERT_GE(backlog, payload.size());
+  out->Pump(1.3);
+  EXPECT_DOUBLE_EQ(out->delivery_rate(), fast) << "not yet a stall";
+  out->Pump(6.0);
+  EXPECT_LT(out->delivery_rate(), 7000);
+  EXPECT_EQ(out->max_message_bytes(), OutboundChannel::kMinMessageBytes);
+  EXPECT_EQ(out->window(), OutboundChannel::kMinWindowBytes);
+  EXPECT_TRUE(out->congested());
+  // Nothing more goes into the stalled link but clocks.
+  out->Enqueue(Update(payload.size()), {payload}, 6.0);
+  EXPECT_EQ(out->backlog_bytes(), backlog);
+
+  // It delivers again: a sample, and the waiting message goes.
+  receiver.Receive(6.1);
+  ReadAcks(*out, 6.2);
+  EXPECT_TRUE(out->Delivered(6));
+  EXPECT_GT(out->delivery_rate(), 0);
+  EXPECT_LT(out->delivery_rate(), 7000);
+  out->Pump(6.2);
+  EXPECT_GT(out->backlog_bytes(), 0u);
+}
+
+// No sample for kPeakS: the link may have slowed while it carried nothing,
+// so the next messages are small until a sample shows its rate again.
+TEST(LinkDeliveryTest, ARateWithoutASampleForThePeakTimeIsStale) {
+  LinkDelivery link;
+  link.Acknowledged(0.0, true);
+  link.Delivered(100000);
+  link.Acknowledged(0.5, true);
+  link.Waiting(1.0, 0, 0);
+  EXPECT_FALSE(link.stale());
+  link.Acknowledged(2.0, false);
+  link.Waiting(3.6, 0, 0);
+  EXPECT_TRUE(link.stale());
+  EXPECT_DOUBLE_EQ(link.rate(), 200000) << "the window keeps it";
+  link.Delivered(20000);
+  link.Acknowledged(4.0, true);
+  EXPECT_FALSE(link.stale());
+}
+
+// Before any sample, a message that waits gives the first bound: the
+// window is no longer kInitialWindowBytes on a link that delivers nothing.
+TEST(LinkDeliveryTest, AWaitingMessageMeasuresAnUnmeasuredLink) {
+  LinkDelivery link;
+  link.Acknowledged(0.0, true);
+  link.Waiting(0.4, 8000, 0.4);
+  EXPECT_FALSE(link.measured());
+  link.Waiting(2.0, 8000, 2.0);
+  EXPECT_TRUE(link.measured());
+  EXPECT_DOUBLE_EQ(link.rate(), 4000);
 }
 
 // The rate is what the link delivered while it was busy; a sample with
