@@ -122,13 +122,19 @@ void OutboundChannel::Pump(double now) {
 }
 
 void OutboundChannel::TrackHead(double now) {
-  for (const RetainedMessage& message : retained_) {
-    if (message.sequence <= applied_sequence_) continue;
-    if (message.sequence >= next_to_send_ || message.sent_s < 0) break;
-    const double waited = now - std::max(message.sent_s, head_since_s_) -
-                          std::max(link_.min_round_trip_s(), 0.0);
-    link_.Waiting(now, message.bytes, waited);
-    return;
+  // Sequence numbers in the retention are contiguous: the head is found by
+  // index (this runs on every turn of the event loop).
+  const uint64_t head = applied_sequence_ + 1;
+  if (!retained_.empty() && head >= retained_.front().sequence &&
+      head < next_to_send_ && head <= retained_.back().sequence) {
+    const RetainedMessage& message =
+        retained_[head - retained_.front().sequence];
+    if (message.sent_s >= 0) {
+      const double waited = now - std::max(message.sent_s, head_since_s_) -
+                            std::max(link_.min_round_trip_s(), 0.0);
+      link_.Waiting(now, message.bytes, waited);
+      return;
+    }
   }
   link_.Waiting(now, 0, 0);
 }
