@@ -34,7 +34,7 @@ median run did not), the range is that of the runs that did, "2 of 3
 reached" when not all did; the loss against one parameter server and the
 goals are computed from the medians of each side. results.json has every
 run's numbers and each cell's median, min and max
-(bench/scenarios/scenariolib/repeats.py). Every run has seed 1: repeats differ
+(bench/scenarios/scenariolib/repeats.py). Every run has seed 1 (--seed): repeats differ
 by timing, as runs on a shared machine do. --summarize-only runs nothing and
 rebuilds the tables from the runs already in OUTDIR (the same --skews, --only,
 --repeat, --budget and --workload as the invocation that ran them).
@@ -44,6 +44,11 @@ Skews (how the training set is split across the three sites):
   dirichlet1  DIRICHLET alpha = 1
   dirichlet01 DIRICHLET alpha = 0.1
   disjoint    LABEL_SUBSET {0,1,2} {3,4,5} {6,7,8,9} (no class in two sites)
+Held-out skews, only when --skews names them (to check a method on splits
+it was not tuned on; --seed N draws other Dirichlet shares):
+  dirichlet03 DIRICHLET alpha = 0.3
+  disjoint2   LABEL_SUBSET {0,4,8} {1,5,9} {2,3,6,7}
+  classes4    CLASSES_PER_PART 4 (each site 4 classes, some in two sites)
 
 Algorithms (in --only also ALGORITHM[+held|+sent][@SECONDS] of a GAIA or
 DENSE one: +held holds each site's own changes until the peers announce the
@@ -100,6 +105,16 @@ SKEWS = {
                  "classes { label: [0, 1, 2] } classes { label: [3, 4, 5] } "
                  "classes { label: [6, 7, 8, 9] } }"),
 }
+# Held-out splits: not in a complete run; for checking on splits the
+# algorithms were not tuned on (--skews NAME, with --seed for other draws).
+CHECK_SKEWS = {
+    "dirichlet03": "site_partition { kind: DIRICHLET alpha: 0.3 }",
+    "disjoint2": ("site_partition { kind: LABEL_SUBSET "
+                  "classes { label: [0, 4, 8] } classes { label: [1, 5, 9] } "
+                  "classes { label: [2, 3, 6, 7] } }"),
+    "classes4": ("site_partition { kind: CLASSES_PER_PART "
+                 "classes_per_part: 4 }"),
+}
 QUICK_SKEWS = ["iid", "disjoint"]
 # A workload whose programs split the data (the language model: by text,
 # or by genre) is skewed by their `--split`, not by a data block.
@@ -124,10 +139,11 @@ def skewscout(w: workloads.Workload) -> str:
 
 def skews_of(w: workloads.Workload) -> dict[str, Optional[str]]:
     """The skews of workload `w`: name -> the data block's site_partition,
-    or None for a workload whose programs split the data themselves."""
+    or None for a workload whose programs split the data themselves. The
+    held-out CHECK_SKEWS come last."""
     if w.splits:
         return {split: None for split in w.splits}
-    return dict(SKEWS)
+    return {**SKEWS, **CHECK_SKEWS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +153,7 @@ class Setup:
     budget: float = 60.0     # seconds per run
     ds: int = 1              # sync.max_clock_skew of the multi-site runs
     checkpoints: bool = True
+    seed: int = 1            # the job's seed: initial model, Dirichlet draws
 
     @property
     def target(self) -> float:
@@ -250,10 +267,11 @@ def job_text(s: Setup, name: str, skew: str, sync: Optional[str]) -> str:
     if w.splits:
         w = workloads.with_split(w, skew)
     else:
-        data = f"data {{ normalization: STANDARDIZE {SKEWS[skew]} }}"
+        data = f"data {{ normalization: STANDARDIZE {skews_of(w)[skew]} }}"
     server = w.server + " " if w.server else ""
     return "\n".join(part for part in [
-        jobs.header(name, workloads.target_field(w), s.target, s.budget),
+        jobs.header(name, workloads.target_field(w), s.target, s.budget,
+                    s.seed),
         jobs.sites(jobs.THREE_REGIONS, s.per_site, w.step_time_s,
                    "us" if sync is None else None,
                    workloads.command_field(w.worker_command)),
@@ -520,6 +538,9 @@ def parse_args():
     parser.add_argument("--ds", type=int, default=1,
                         help="sync.max_clock_skew of the multi-site runs")
     parser.add_argument("--checkpoints", choices=["on", "off"], default="on")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="the jobs' seed (initial model, data order, "
+                        "Dirichlet draws) [1]")
     workloads.add_argument(parser)
     cli.add_binary(parser)
     cli.add_summarize_only(parser)
@@ -543,9 +564,9 @@ def main() -> int:
     w = workloads.get(args.workload)
     s = Setup(workload=w, budget=args.budget or (
         w.budget_s * 2 / 3 if args.quick else w.budget_s), ds=args.ds,
-        checkpoints=args.checkpoints == "on")
+        checkpoints=args.checkpoints == "on", seed=args.seed)
     known = skews_of(w)
-    cell_skews = list(known)
+    cell_skews = [sk for sk in known if sk not in CHECK_SKEWS]
     algos = algorithms(args.ds, w)
     names = list(algos)
     if args.quick:

@@ -619,6 +619,26 @@ class NoniidTest(unittest.TestCase):
                                       stderr=subprocess.STDOUT, text=True)
                 self.assertEqual(proc.returncode, 0, name + ": " + proc.stdout)
 
+    def test_held_out_skews_are_valid_jobs_with_their_seed(self):
+        noniid = scenario("noniid")
+        mlp = noniid.workloads.get("mlp")
+        self.assertEqual(set(noniid.skews_of(mlp)),
+                         set(noniid.SKEWS) | set(noniid.CHECK_SKEWS))
+        self.assertFalse(set(noniid.SKEWS) & set(noniid.CHECK_SKEWS))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "job.pbtxt")
+            for skew in noniid.CHECK_SKEWS:
+                text = noniid.job_text(noniid.Setup(budget=60, seed=7), skew,
+                                       skew, noniid.algorithms(1)["gaia-0.05"])
+                self.assertIn("seed: 7", text)
+                self.assertIn(noniid.CHECK_SKEWS[skew], text)
+                with open(path, "w") as f:
+                    f.write(text)
+                proc = subprocess.run([MERIDIAN, "validate", path],
+                                      stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+                self.assertEqual(proc.returncode, 0, skew + ": " + proc.stdout)
+
     def test_final_knob_of_fedavg_is_the_agreed_period(self):
         noniid = scenario("noniid")
 
