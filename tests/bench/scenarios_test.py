@@ -577,6 +577,19 @@ class CompressionUpdatesTest(unittest.TestCase):
         self.assertIn("n/a", significant)  # int4 not measured
 
 
+def validate_job(test, directory, name, text):
+    """Writes job `text` to DIRECTORY/NAME.pbtxt and asserts that
+    `meridian validate` accepts it; returns its output."""
+    path = os.path.join(directory, name + ".pbtxt")
+    with open(path, "w") as f:
+        f.write(text)
+    proc = subprocess.run([MERIDIAN, "validate", path],
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    test.assertEqual(proc.returncode, 0, name + ": " + proc.stdout)
+    return proc.stdout
+
+
 class NoniidTest(unittest.TestCase):
     def test_streamed_variant_is_a_valid_job(self):
         noniid = scenario("noniid")
@@ -596,28 +609,16 @@ class NoniidTest(unittest.TestCase):
         self.assertIn("own_changes: OWN_CHANGES_AS_SENT", sent)
         self.assertNotIn("WITH_PEERS", sent)
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "job.pbtxt")
             for variant in (sync, held, sent):
-                with open(path, "w") as f:
-                    f.write(noniid.job_text(noniid.Setup(budget=60), "x",
-                                            "disjoint", variant))
-                proc = subprocess.run([MERIDIAN, "validate", path],
-                                      stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)
-                self.assertEqual(proc.returncode, 0, proc.stdout)
+                validate_job(self, tmp, "x", noniid.job_text(
+                    noniid.Setup(budget=60), "x", "disjoint", variant))
 
     def test_every_algorithm_is_a_valid_job(self):
         noniid = scenario("noniid")
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "job.pbtxt")
             for name, sync in noniid.algorithms(1).items():
-                with open(path, "w") as f:
-                    f.write(noniid.job_text(noniid.Setup(budget=60), name,
-                                            "dirichlet01", sync))
-                proc = subprocess.run([MERIDIAN, "validate", path],
-                                      stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)
-                self.assertEqual(proc.returncode, 0, name + ": " + proc.stdout)
+                validate_job(self, tmp, name, noniid.job_text(
+                    noniid.Setup(budget=60), name, "dirichlet01", sync))
 
     def test_held_out_skews_are_valid_jobs_with_their_seed(self):
         noniid = scenario("noniid")
@@ -626,18 +627,12 @@ class NoniidTest(unittest.TestCase):
                          set(noniid.SKEWS) | set(noniid.CHECK_SKEWS))
         self.assertFalse(set(noniid.SKEWS) & set(noniid.CHECK_SKEWS))
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "job.pbtxt")
             for skew in noniid.CHECK_SKEWS:
                 text = noniid.job_text(noniid.Setup(budget=60, seed=7), skew,
                                        skew, noniid.algorithms(1)["gaia-0.05"])
                 self.assertIn("seed: 7", text)
                 self.assertIn(noniid.CHECK_SKEWS[skew], text)
-                with open(path, "w") as f:
-                    f.write(text)
-                proc = subprocess.run([MERIDIAN, "validate", path],
-                                      stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)
-                self.assertEqual(proc.returncode, 0, skew + ": " + proc.stdout)
+                validate_job(self, tmp, skew, text)
 
     def test_final_knob_of_fedavg_is_the_agreed_period(self):
         noniid = scenario("noniid")
@@ -890,14 +885,7 @@ class LanguageModelWorkloadTest(unittest.TestCase):
         self.tmp.cleanup()
 
     def validate(self, name, text):
-        path = os.path.join(self.tmp.name, name + ".pbtxt")
-        with open(path, "w") as f:
-            f.write(text)
-        proc = subprocess.run([MERIDIAN, "validate", path],
-                              stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-        self.assertEqual(proc.returncode, 0, name + ": " + proc.stdout)
-        return proc.stdout
+        return validate_job(self, self.tmp.name, name, text)
 
     def test_geo_vs_lan_jobs_run_the_programs(self):
         geo = scenario("geo_vs_lan")
